@@ -1,0 +1,187 @@
+"""Training-curve plots from Tune trial folders (synthetic progress.csv / result.json)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from r3_rllib.eval.plot import (
+    DEFAULT_METRICS,
+    add_plot_args,
+    build_figure,
+    find_trial_dirs,
+    load_runs,
+    plot_runs,
+    run_plot,
+)
+
+ALL_COLUMNS = [
+    "training_iteration",
+    "time_total_s",
+    "rollout/accuracy",
+    "rollout/reward_mean",
+    "rollout/zero_adv_frac",
+    "rollout/response_len_mean",
+    "eval/accuracy",
+    "trial_id",
+]
+
+
+def write_progress(
+    trial_dir: Path, n_iters: int, slope: float, columns=ALL_COLUMNS, eval_every: int = 2
+) -> Path:
+    """A progress.csv as Tune writes it: one row per iteration, empty cells for keys a row lacks."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    with open(trial_dir / "progress.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for it in range(1, n_iters + 1):
+            row = {
+                "training_iteration": it,
+                "time_total_s": 1.5 * it,
+                "rollout/accuracy": min(1.0, slope * it),
+                "rollout/reward_mean": slope * it - 0.5,
+                "rollout/zero_adv_frac": 1.0 / it,
+                "rollout/response_len_mean": 100 + 10 * it,
+                "eval/accuracy": slope * it if it % eval_every == 0 else "",
+                "trial_id": "abc_00000",
+            }
+            writer.writerow({k: row[k] for k in columns})
+    return trial_dir
+
+
+def all_axes_text(fig) -> tuple[list[str], list[str], list[str]]:
+    axes = fig.get_axes()
+    return [a.get_title() for a in axes], [a.get_xlabel() for a in axes], [a.get_ylabel() for a in axes]
+
+
+def test_two_runs_png_and_axes(tmp_path):
+    run_a = write_progress(tmp_path / "run_a", 8, 0.1)
+    run_b = write_progress(tmp_path / "run_b", 6, 0.05)
+    out = plot_runs([run_a, run_b], tmp_path / "figs" / "curves.png")
+    assert out == tmp_path / "figs" / "curves.png" and out.is_file()
+
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(out)
+    # 5 metric columns x 4.2 in, 6.6 in tall, at 100 dpi.
+    assert img.shape[:2] == (660, 2100)
+    assert float(np.var(img[..., :3])) > 1e-3, "the PNG is blank"
+
+    runs = load_runs([run_a, run_b])
+    assert [r.label for r in runs] == ["run_a", "run_b"]
+    assert "trial_id" not in runs[0].columns  # text columns are dropped
+    np.testing.assert_allclose(runs[0].columns["time_total_s"], 1.5 * np.arange(1, 9))
+    assert np.isnan(runs[0].columns["eval/accuracy"][0]) and runs[0].columns["eval/accuracy"][
+        1
+    ] == pytest.approx(0.2)
+
+    fig = build_figure(runs)
+    titles, xlabels, ylabels = all_axes_text(fig)
+    assert len(fig.get_axes()) == 10
+    assert xlabels == ["training_iteration"] * 5 + ["time_total_s"] * 5
+    assert ylabels == list(DEFAULT_METRICS) * 2
+    assert titles[0] == "rollout/accuracy vs iteration" and titles[5] == "rollout/accuracy vs time (s)"
+    # One line per run in each panel; the sparse eval curve keeps only the rows that have a value.
+    top_left = fig.get_axes()[0]
+    assert len(top_left.get_lines()) == 2
+    eval_line = fig.get_axes()[4].get_lines()[0]
+    np.testing.assert_allclose(eval_line.get_xdata(), [2, 4, 6, 8])
+    np.testing.assert_allclose(fig.get_axes()[5].get_lines()[1].get_xdata(), 1.5 * np.arange(1, 7))
+
+
+def test_missing_metric_is_skipped_with_warning(tmp_path):
+    cols = ["training_iteration", "time_total_s", "rollout/accuracy"]
+    run = write_progress(tmp_path / "run", 4, 0.2, columns=cols)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig = build_figure(load_runs([run]))
+    skipped = sorted(str(w.message).split("'")[1] for w in caught)
+    assert skipped == ["rollout/response_len_mean", "rollout/reward_mean", "rollout/zero_adv_frac"]
+    assert [a.get_ylabel() for a in fig.get_axes()] == ["rollout/accuracy", "rollout/accuracy"]
+
+
+def test_eval_accuracy_absent_is_silent(tmp_path):
+    cols = [c for c in ALL_COLUMNS if c != "eval/accuracy"]
+    run = write_progress(tmp_path / "run", 4, 0.2, columns=cols)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = build_figure(load_runs([run]))
+    assert len(fig.get_axes()) == 8
+
+
+def test_no_metric_at_all_is_clear_error(tmp_path):
+    run = write_progress(tmp_path / "run", 3, 0.2, columns=["training_iteration", "time_total_s"])
+    with (
+        pytest.warns(UserWarning, match="in no run"),
+        pytest.raises(
+            ValueError, match=r"none of the metrics .* columns there: time_total_s, training_iteration"
+        ),
+    ):
+        plot_runs([run], tmp_path / "x.png", metrics=["rollout/accuracy"])
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_experiment_folder_and_result_json(tmp_path):
+    # An experiment folder with two trials; one has only result.json (nested keys), with checkpoints inside.
+    exp = tmp_path / "exp"
+    write_progress(exp / "R3_trial_00000", 5, 0.1)
+    trial_b = exp / "R3_trial_00001"
+    (trial_b / "checkpoint_000000").mkdir(parents=True)
+    with open(trial_b / "result.json", "w") as f:
+        for it in range(1, 4):
+            f.write(
+                json.dumps(
+                    {"training_iteration": it, "time_total_s": 2.0 * it, "rollout": {"accuracy": 0.3 * it}}
+                )
+            )
+            f.write("\n")
+        f.write('{"training_iteration": 4, "rollo')  # a partial line from a killed trial
+    assert find_trial_dirs(exp) == [exp / "R3_trial_00000", trial_b]
+    with pytest.warns(UserWarning, match="not JSON"):
+        runs = load_runs([exp], labels=["grpo"])
+    assert [r.label for r in runs] == ["grpo/R3_trial_00000", "grpo/R3_trial_00001"]
+    np.testing.assert_allclose(runs[1].columns["rollout/accuracy"], [0.3, 0.6, 0.9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig = build_figure(runs, metrics=["rollout/accuracy"])
+    lines = fig.get_axes()[1].get_lines()
+    np.testing.assert_allclose(lines[1].get_xdata(), [2.0, 4.0, 6.0])
+
+
+def test_nested_column_suffix_match(tmp_path):
+    # Metrics nested one level deeper by the framework are still found by their own name.
+    run = write_progress(
+        tmp_path / "run", 3, 0.2, columns=["training_iteration", "time_total_s", "rollout/accuracy"]
+    )
+    text = (run / "progress.csv").read_text().replace("rollout/accuracy", "info/rollout/accuracy")
+    (run / "progress.csv").write_text(text)
+    fig = build_figure(load_runs([run]), metrics=["rollout/accuracy"])
+    np.testing.assert_allclose(fig.get_axes()[0].get_lines()[0].get_ydata(), [0.2, 0.4, 0.6])
+
+
+def test_bad_paths_and_labels(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_runs([tmp_path / "nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no progress.csv or result.json"):
+        load_runs([tmp_path / "empty"])
+    run = write_progress(tmp_path / "run", 2, 0.2)
+    with pytest.raises(ValueError, match="2 labels given for 1 run folders"):
+        load_runs([run], labels=["a", "b"])
+
+
+def test_cli(tmp_path, capsys):
+    run_a = write_progress(tmp_path / "a", 3, 0.2)
+    parser = add_plot_args(argparse.ArgumentParser())
+    args = parser.parse_args([str(run_a), "--out", str(tmp_path / "c.png"), "--metrics", "rollout/accuracy"])
+    assert run_plot(args) == 0 and (tmp_path / "c.png").is_file()
+    args = parser.parse_args([str(tmp_path / "missing"), "--out", str(tmp_path / "d.png")])
+    assert run_plot(args) == 2
+    assert "does not exist" in capsys.readouterr().err
