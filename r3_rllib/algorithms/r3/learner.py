@@ -1,0 +1,441 @@
+"""`R3Learner`: an RLlib TorchLearner that trains a Hugging Face causal LM with the GRPO family of losses.
+
+RLlib's LearnerGroup starts the learner workers (through Ray Train's torch backend, which sets up the process group:
+gloo on CPU, NCCL on GPUs). With several learners the policy is sharded with FSDP2 (`fully_shard` per decoder
+layer, then the root) instead of RLlib's DDP wrapping, so a 1.5B policy and its optimizer state are split across
+GPUs. Every rank receives the whole batch by reference and takes its slice of every minibatch; losses are
+normalised by *global* token/sequence counts so any number of learners computes the same gradient.
+
+Checkpoints use torch.distributed.checkpoint (DCP): every rank writes its own shard of model and optimizer state,
+and a run restored with the same number of learners continues bit-for-bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+from ray.rllib.utils.torch_utils import get_device
+
+from r3_rllib.algorithms.r3.groups import Sample
+from r3_rllib.core.losses import aggregate_loss, clipped_policy_loss, kl_penalty, truncated_importance_weights
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class CausalLMModule(TorchRLModule):
+    """RLModule holding the policy: a transformers causal LM loaded from `model_config["model_path"]`."""
+
+    def setup(self):
+        from transformers import AutoModelForCausalLM
+
+        path = self.model_config.get("model_path")
+        if path is None:
+            from r3_rllib.models import default_tiny_model_path
+
+            path = str(default_tiny_model_path())
+        kwargs = {}
+        if self.model_config.get("attn_implementation"):
+            kwargs["attn_implementation"] = self.model_config["attn_implementation"]
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+
+    def _forward(self, batch, **kwargs):
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
+        return {"logits": out.logits}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Batch packing and log-probs (pure torch)
+# ------------------------------------------------------------------------------------------------------------------
+def pack_samples(samples: Sequence[Sample], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Right-pad prompt+response rows; return ids, attention mask and a response mask aligned with log-probs.
+
+    `response_mask[b, t]` marks positions t of `logprobs[b, t]`, which scores token `input_ids[b, t + 1]`.
+    """
+    seqs = [list(s.prompt_ids) + list(s.response_ids) for s in samples]
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    resp = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
+    behav = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
+    for b, (s, seq) in enumerate(zip(samples, seqs, strict=True)):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        attn[b, : len(seq)] = 1
+        start, n = len(s.prompt_ids) - 1, len(s.response_ids)
+        resp[b, start : start + n] = True
+        behav[b, start : start + n] = torch.as_tensor(np.asarray(s.behavior_logprobs, dtype=np.float32)[:n])
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": attn.to(device),
+        "response_mask": resp.to(device),
+        "behavior_logprobs": behav.to(device),
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+    }
+
+
+def token_logprobs(model, input_ids, attention_mask, *, with_entropy: bool = False):
+    """Log-probs of each next token (and optionally the entropy of each next-token distribution), fp32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = torch.gather(logp_all, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def minibatch_plan(n: int, num_minibatches: int, seed: int) -> list[np.ndarray]:
+    """Deterministic shuffled split of n sample indices into minibatches (same on every rank)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    return [mb for mb in np.array_split(perm, min(num_minibatches, n)) if len(mb)]
+
+
+class R3Learner(TorchLearner):
+    """Trains the policy on batches of `Sample`s with advantages (see module docstring)."""
+
+    # -- building -----------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        if self._is_built:
+            return
+        torch.set_num_threads(
+            max(
+                1,
+                int(self.config.num_cpus_per_learner or 1)
+                if self.config.num_cpus_per_learner != "auto"
+                else 1,
+            )
+        )
+        self._device = get_device(self.config, self.config.num_gpus_per_learner)
+        self._module = self._make_module()
+        self._rank = dist.get_rank() if dist.is_initialized() else 0
+        self._world = dist.get_world_size() if dist.is_initialized() else 1
+        self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device))
+        policy = self.policy
+        if self.config.gradient_checkpointing:
+            policy.gradient_checkpointing_enable()
+        if self._world > 1 and self.config.use_fsdp:
+            self._shard(policy)
+        elif self._dtype != torch.float32:
+            policy.to(self._dtype)
+        self._optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
+        )
+        self._reference = self._load_reference() if self.config.kl_coef > 0 else None
+        self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
+        self._policy_version = 0
+        self._is_built = True
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self._module[DEFAULT_MODULE_ID].model
+
+    def _shard(self, policy: torch.nn.Module) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        device_type = torch.device(self._device).type
+        mesh = init_device_mesh(device_type, (self._world,))
+        mp = MixedPrecisionPolicy(param_dtype=self._dtype, reduce_dtype=torch.float32)
+        for layer in _decoder_layers(policy):
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(policy, mesh=mesh, mp_policy=mp)
+
+    def _load_reference(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        path = self.config.get_default_rl_module_spec().model_config["model_path"]
+        if path is None:
+            from r3_rllib.models import default_tiny_model_path
+
+            path = str(default_tiny_model_path())
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
+        ref.eval().requires_grad_(False)
+        return ref
+
+    def _make_modules_ddp_if_necessary(self) -> None:
+        """FSDP2 sharding happens in build(); RLlib's DDP wrapping would duplicate the policy per rank."""
+
+    # -- training -----------------------------------------------------------------------------------------------
+    def update_from_samples(self, batch: Any, *, seed: int) -> dict[str, float]:
+        """PPO-style epochs over `batch` (a list of Samples, or an ObjectRef to one); returns metrics (same on
+        every rank: losses are reduced over ranks)."""
+        samples: list[Sample] = ray.get(batch) if isinstance(batch, ray.ObjectRef) else batch
+        cfg = self.config
+        t0 = time.perf_counter()
+        policy = self.policy
+        policy.train()
+        # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
+        # old log-probs it recomputes once cover every sample it trains on.
+        plan = minibatch_plan(len(samples), cfg.num_minibatches, seed)
+        plans = [plan] * cfg.num_epochs
+        # The proximal ("old") policy is the one at the start of this update: recompute its log-probs once.
+        old_lp, ref_lp = self._recompute_old_logprobs(samples, plan)
+        totals: dict[str, float] = {}
+        grad_norms = []
+        trained_tokens = 0
+        for plan in plans:
+            for mb in plan:
+                stats, tokens = self._minibatch_step(samples, mb, old_lp, ref_lp)
+                trained_tokens += tokens
+                grad_norms.append(stats.pop("grad_norm"))
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        steps = sum(len(p) for p in plans)
+        metrics = {k: v / steps for k, v in totals.items()}
+        metrics["grad_norm"] = float(np.mean(grad_norms))
+        metrics["optimizer_steps"] = float(steps)
+        elapsed = time.perf_counter() - t0
+        metrics["update_s"] = elapsed
+        metrics["trained_tokens"] = float(trained_tokens)
+        metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
+        self._policy_version += 1
+        return metrics
+
+    def _local_slice(self, mb: np.ndarray) -> np.ndarray:
+        return mb[self._rank :: self._world]
+
+    def _micro_chunks(self, mb: np.ndarray) -> list[np.ndarray]:
+        """Split this rank's part of a minibatch into micro-batches; every rank gets the same number of chunks
+        (FSDP's collectives must line up), padded with empty chunks where a rank has fewer samples."""
+        local = self._local_slice(mb)
+        per_rank = math.ceil(len(mb) / self._world)
+        n_chunks = max(1, math.ceil(per_rank / self.config.micro_batch_size))
+        chunks = [c for c in np.array_split(local, n_chunks)] if len(local) else []
+        return chunks + [np.array([], dtype=int)] * (n_chunks - len(chunks))
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(
+        self, samples, plan
+    ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        old, ref = {}, {}
+        for mb in plan:
+            for chunk in self._micro_chunks(mb):
+                idx, real = self._chunk_or_dummy(chunk)
+                packed = pack_samples([samples[i] for i in idx], self._pad_id, self._device)
+                lp, _ = token_logprobs(self.policy, packed["input_ids"], packed["attention_mask"])
+                rlp = None
+                if self._reference is not None:
+                    rlp, _ = token_logprobs(self._reference, packed["input_ids"], packed["attention_mask"])
+                if real:
+                    for j, i in enumerate(idx):
+                        old[int(i)] = lp[j]
+                        if rlp is not None:
+                            ref[int(i)] = rlp[j]
+        return old, ref
+
+    def _chunk_or_dummy(self, chunk: np.ndarray) -> tuple[np.ndarray, bool]:
+        # An empty chunk still runs one forward/backward (on sample 0, weighted 0) to keep collectives in step.
+        return (chunk, True) if len(chunk) else (np.array([0]), False)
+
+    def _minibatch_step(self, samples, mb, old_lp, ref_lp) -> tuple[dict[str, float], int]:
+        cfg = self.config
+        policy = self.policy
+        self._optimizer.zero_grad(set_to_none=True)
+        # Global normalisers: the loss of a minibatch must not depend on how it is split over ranks/chunks.
+        n_tokens = sum(len(samples[i].response_ids) for i in mb)
+        n_seqs = len(mb)
+        denom_global = n_tokens if cfg.loss_agg_mode == "token-mean" else n_seqs
+        acc = {
+            "loss": 0.0,
+            "pg_loss": 0.0,
+            "kl": 0.0,
+            "clip_frac": 0.0,
+            "entropy": 0.0,
+            "approx_kl": 0.0,
+            "is_weight_mean": 0.0,
+        }
+        local_tokens = 0
+        for chunk in self._micro_chunks(mb):
+            idx, real = self._chunk_or_dummy(chunk)
+            chunk_samples = [samples[i] for i in idx]
+            packed = pack_samples(chunk_samples, self._pad_id, self._device)
+            mask = packed["response_mask"]
+            width = mask.shape[1]
+            old = torch.stack([_fit(old_lp[int(i)], width) for i in idx]) if real else None
+            logp, entropy = token_logprobs(
+                policy, packed["input_ids"], packed["attention_mask"], with_entropy=True
+            )
+            if old is None:
+                old = logp.detach()
+            is_w = None
+            if cfg.off_policy_correction:
+                is_w = truncated_importance_weights(old, packed["behavior_logprobs"], cfg.is_cap)
+                is_w = torch.where(mask, is_w, torch.ones_like(is_w))
+            pg, pg_metrics = clipped_policy_loss(
+                logp,
+                old,
+                packed["advantages"],
+                mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                agg_mode=cfg.loss_agg_mode,
+                norm_len=cfg.max_new_tokens,
+                is_weights=is_w,
+            )
+            loss = pg
+            kl_val = torch.zeros((), device=logp.device)
+            if self._reference is not None:
+                ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx]) if real else logp.detach()
+                kl_val = aggregate_loss(
+                    kl_penalty(logp, ref, cfg.kl_type), mask, cfg.loss_agg_mode, norm_len=cfg.max_new_tokens
+                )
+                loss = loss + cfg.kl_coef * kl_val
+            local_count = int(mask.sum()) if cfg.loss_agg_mode == "token-mean" else len(idx)
+            # aggregate_loss divides by the local count; rescale to the global one, times world size because
+            # FSDP/DDP average gradients over ranks.
+            weight = (local_count / denom_global) if real else 0.0
+            (loss * weight * self._world).backward()
+            if real:
+                local_tokens += int(mask.sum())
+                acc["loss"] += float(loss) * weight
+                acc["pg_loss"] += float(pg) * weight
+                acc["kl"] += float(kl_val) * weight
+                acc["clip_frac"] += float(pg_metrics.get("clip_frac", 0.0)) * weight
+                acc["approx_kl"] += float(pg_metrics.get("approx_kl", 0.0)) * weight
+                acc["entropy"] += float((entropy * mask).sum() / mask.sum().clamp(min=1)) * weight
+                if is_w is not None:
+                    acc["is_weight_mean"] += float((is_w * mask).sum() / mask.sum().clamp(min=1)) * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip or float("inf"))
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self._optimizer.step()
+        reduced = self._all_reduce_sum(acc)
+        reduced["grad_norm"] = float(grad_norm)
+        return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
+
+    def _all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        if self._world == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._device)
+        dist.all_reduce(t)
+        return dict(zip(keys, t.tolist(), strict=True))
+
+    # -- weights for the EnvRunners -----------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full (unsharded) CPU state dict on rank 0, None elsewhere. Collective: call on every rank."""
+        policy = self.policy
+        if self._world > 1 and self.config.use_fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(
+                policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        else:
+            sd = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+        if self._rank != 0:
+            return None
+        # vLLM needs the tied output embedding under its own name (without it, reloads silently go wrong).
+        if getattr(policy.config, "tie_word_embeddings", False) and "lm_head.weight" not in sd:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        return sd
+
+    def weights_ref(self) -> tuple[Any, int]:
+        """(ObjectRef of the full state dict or None on ranks != 0, policy version). Collective."""
+        sd = self.full_state_dict()
+        return (ray.put(sd) if sd is not None else None), self._policy_version
+
+    def export_hf(self, path: str, tokenizer_path: str | None = None) -> str | None:
+        """Write a Hugging Face folder of the current policy (rank 0). Collective."""
+        sd = self.full_state_dict()
+        if self._rank != 0:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(self.policy.config)
+        model.load_state_dict(sd, strict=False)
+        model.save_pretrained(path)
+        return path
+
+    # -- checkpoints (DCP) --------------------------------------------------------------------------------------
+    def _dcp_state(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.policy, self._optimizer)
+        return {"model": msd, "optim": osd}
+
+    def save_dcp(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._dcp_state(), checkpoint_id=path)
+        rng = {"torch": torch.get_rng_state(), "version": self._policy_version}
+        torch.save(rng, os.path.join(path, f"rank{self._rank}_extra.pt"))
+
+    def load_dcp(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(
+            self.policy, self._optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        extra = torch.load(os.path.join(path, f"rank{self._rank}_extra.pt"), weights_only=False)
+        torch.set_rng_state(extra["torch"])
+        self._policy_version = int(extra["version"])
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        # Weights and optimizer state are saved with DCP (save_dcp), not through RLlib's pickled state.
+        return {"policy_version": getattr(self, "_policy_version", 0)}
+
+    def set_state(self, state: dict) -> None:
+        if "policy_version" in state:
+            self._policy_version = int(state["policy_version"])
+
+    def get_checkpointable_components(self):
+        return []
+
+    def parameter_checksum(self) -> float:
+        """Sum of all parameters (global, collective): cheap fingerprint for tests."""
+        total = torch.zeros((), dtype=torch.float64)
+        for p in self.policy.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            total += local.detach().double().sum().cpu()
+        if self._world > 1 and self.config.use_fsdp:
+            dist.all_reduce(total)
+        return float(total)
+
+
+def _fit(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad/trim a per-position row recomputed in another packing to `width` (positions past a row's end are
+    masked out of every loss)."""
+    if t.shape[0] >= width:
+        return t[:width]
+    return torch.nn.functional.pad(t, (0, width - t.shape[0]))
+
+
+def _decoder_layers(model) -> list[torch.nn.Module]:
+    for attr in ("model.layers", "transformer.h", "gpt_neox.layers"):
+        obj = model
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return list(obj)
+    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} for FSDP sharding")
+
+
+def export_dir_ok(path: str | Path) -> bool:
+    return (Path(path) / "config.json").exists()

@@ -1,0 +1,359 @@
+"""`R3`: the RLlib Algorithm. One `training_step` = sample groups -> R^3 batch -> learner update -> weight sync.
+
+    EnvRunners (engine + TextEnv)  --groups-->  driver: replay/ranking/advantages (groups.py)  --batch-->
+    LearnerGroup (R3Learner, FSDP2)  --weights ObjectRef-->  EnvRunners;   replay actor <--> driver, runners
+
+The replay buffer is a Ray actor of its own: runner or learner restarts lose nothing, and its state is part of the
+algorithm's checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+
+from r3_rllib.algorithms.r3.config import R3Config
+from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
+
+R3_STATE_FILE = "r3_state.pkl"
+LEARNER_DIR = "learner_dcp"
+
+
+class R3(Algorithm):
+    """GRPO-family RL of causal LMs on text environments, with R^3 (replay, reflection, ranking rewards)."""
+
+    @classmethod
+    def get_default_config(cls) -> R3Config:
+        return R3Config()
+
+    # -- setup ----------------------------------------------------------------------------------------------------
+    def setup(self, config: R3Config) -> None:
+        super().setup(config)
+        self._policy_version = 0
+        self._dataset_epoch = 0
+        self._rng = np.random.default_rng(self.config.seed)
+        self._weight_sync_s = 0.0
+        self._replay = None
+        if self.config.needs_replay_actor:
+            from r3_rllib.replay import create_replay_actor
+
+            self._replay = create_replay_actor(
+                {
+                    "max_per_query": self.config.replay_max_per_query,
+                    "max_total_samples": self.config.replay_max_total,
+                    "max_staleness": self.config.replay_max_staleness,
+                    "seed": self.config.seed,
+                }
+            )
+            handle = self._replay
+            self.env_runner_group.foreach_env_runner(
+                lambda r, h=handle: r.set_replay_actor(h), local_env_runner=False
+            )
+        # Runners start from the same checkpoint as the learner; version 0 on both sides.
+
+    # -- one iteration ------------------------------------------------------------------------------------------
+    def training_step(self) -> None:
+        cfg: R3Config = self.config
+        t_iter = time.perf_counter()
+        switches = self._active_switches()
+        reflection = None
+        if cfg.reflection and self._dataset_epoch >= cfg.reflection_start_epoch:
+            reflection = {
+                "tau": cfg.reflection_tau,
+                "guidance": cfg.reflection_guidance,
+                "template": cfg.reflection_template,
+                "max_per_batch": cfg.reflection_max_per_batch,
+                "max_answer_chars": cfg.reflection_max_answer_chars,
+                "current_version": self._policy_version,
+            }
+
+        # 1. Rollouts (DAPO dynamic sampling: keep sampling until enough informative groups or out of rounds).
+        t0 = time.perf_counter()
+        groups, rollout = self._sample_groups(cfg.queries_per_iteration, reflection)
+        all_fresh = [g for g in groups if not g.is_reflection]
+        if cfg.dynamic_sampling:
+            groups = [g for g in groups if not is_degenerate([s.reward for s in g.samples])]
+            rounds = 0
+            while (
+                sum(not g.is_reflection for g in groups) < cfg.queries_per_iteration
+                and rounds < cfg.dynamic_sampling_max_rounds
+            ):
+                more, more_info = self._sample_groups(cfg.queries_per_iteration, reflection)
+                all_fresh += [g for g in more if not g.is_reflection]
+                groups += [g for g in more if not is_degenerate([s.reward for s in g.samples])]
+                for k, v in more_info.items():
+                    rollout[k] = rollout.get(k, 0.0) + v
+                rounds += 1
+            self.metrics.log_value(("rollout", "dynamic_sampling_rounds"), rounds)
+        sample_s = time.perf_counter() - t0
+
+        # 2. R^3 batch: replay, ranking, advantages.
+        t0 = time.perf_counter()
+        fetch = self._fetch_replay if (switches.replay and self._replay is not None) else None
+        batch, r3_metrics = build_training_batch(groups, switches, fetch)
+        # Every fresh sample enters the per-query buffer after the batch is built (reflection samples do not:
+        # their prompt is not the query's, see groups.py).
+        if self._replay is not None:
+            self._replay.add.remote(_to_replay_samples([g for g in groups if not g.is_reflection]))
+        r3_s = time.perf_counter() - t0
+
+        # 3. Learner update, 4. weight sync.
+        learner_metrics, update_s = {}, 0.0
+        if batch:
+            t0 = time.perf_counter()
+            ref = ray.put(batch)
+            seed = int(self._rng.integers(2**31))
+            results = self.learner_group.foreach_learner(
+                lambda learner, _ref=ref, _seed=seed: learner.update_from_samples(_ref, seed=_seed)
+            )
+            learner_metrics = _first_result(results)
+            update_s = time.perf_counter() - t0
+            self._sync_weights()
+
+        self._log_metrics(all_fresh, groups, rollout, r3_metrics, learner_metrics)
+        self.metrics.log_dict(
+            {
+                "sample_s": sample_s,
+                "r3_batch_s": r3_s,
+                "learner_update_s": update_s,
+                "weight_sync_s": self._weight_sync_s,
+                "iteration_s": time.perf_counter() - t_iter,
+            },
+            key="timers_s",
+        )
+        if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
+            self._log_eval()
+        return None
+
+    def _active_switches(self) -> R3Switches:
+        cfg = self.config
+        params: dict[str, Any]
+        if cfg.advantage_estimator == "mixed":
+            params = {"alpha": cfg.adv_alpha, "lam": cfg.adv_lambda}
+        elif cfg.advantage_estimator == "grpo":
+            params = {"eps": cfg.adv_eps}
+        else:
+            params = {}
+        return R3Switches(
+            replay=cfg.replay and self._dataset_epoch >= cfg.replay_start_epoch,
+            replay_k=cfg.replay_k,
+            ranking=cfg.ranking and self._dataset_epoch >= cfg.ranking_start_epoch,
+            ranking_p=cfg.ranking_p,
+            ranking_r_max=cfg.ranking_r_max,
+            advantage_estimator=cfg.advantage_estimator,
+            advantage_params=params,
+        )
+
+    def _sample_groups(
+        self, num_queries: int, reflection: dict | None
+    ) -> tuple[list[Group], dict[str, float]]:
+        n_runners = max(1, self.env_runner_group.num_healthy_remote_workers())
+        per_runner = [num_queries // n_runners + (i < num_queries % n_runners) for i in range(n_runners)]
+        ids = self.env_runner_group.healthy_worker_ids()
+        results = []
+        for wid, n in zip(ids, per_runner, strict=False):
+            if n == 0:
+                continue
+            results.append(
+                self.env_runner_group.foreach_env_runner(
+                    lambda r, _n=n, _refl=reflection: r.sample(num_queries=_n, reflection=_refl),
+                    remote_worker_ids=[wid],
+                    local_env_runner=False,
+                    timeout_seconds=None,
+                    return_obj_refs=True,
+                )
+            )
+        outs = [ray.get(refs[0]) for refs in results]
+        groups = [g for out in outs for g in out["groups"]]
+        self._dataset_epoch = min(out["env_epoch"] for out in outs)
+        gen_s = max(out["timing"]["generate_s"] for out in outs)
+        tokens = float(sum(out["generated_tokens"] for out in outs))
+        info = {
+            "generate_s": gen_s,
+            "grade_s": max(out["timing"]["grade_s"] for out in outs),
+            "generated_tokens": tokens,
+        }
+        return groups, info
+
+    def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
+        full = [(qid, want, k, self._policy_version) for qid, want, k in requests]
+        got = ray.get(self._replay.sample_batch.remote(full))
+        return [[_from_replay_sample(s) for s in samples] for samples in got]
+
+    def _sync_weights(self) -> None:
+        t0 = time.perf_counter()
+        results = self.learner_group.foreach_learner(lambda learner: learner.weights_ref())
+        refs = [r for r in _all_results(results) if r[0] is not None]
+        weights_ref, version = refs[0]
+        self._policy_version = version
+        self.env_runner_group.foreach_env_runner(
+            lambda r, _w=weights_ref, _v=version: r.update_weights(_w, _v), local_env_runner=False
+        )
+        self._weight_sync_s = time.perf_counter() - t0
+
+    # -- metrics --------------------------------------------------------------------------------------------------
+    def _log_metrics(self, fresh, groups, rollout, r3_metrics, learner_metrics) -> None:
+        samples = [s for g in fresh for s in g.samples]
+        lengths = np.asarray([len(s.response_ids) for s in samples], dtype=np.float64)
+        correct = np.asarray([s.correct for s in samples], dtype=np.float64)
+        reflected = [s for g in groups if g.is_reflection for s in g.samples]
+        entropies = [float(np.mean(s.entropies)) for s in samples if len(s.entropies)]
+        rollout_metrics = {
+            "accuracy": float(correct.mean()) if len(correct) else 0.0,
+            "reward_mean": float(np.mean([s.reward for s in samples])) if samples else 0.0,
+            "response_len_mean": float(lengths.mean()) if len(lengths) else 0.0,
+            "response_len_max": float(lengths.max()) if len(lengths) else 0.0,
+            "truncated_frac": float(np.mean([s.truncated for s in samples])) if samples else 0.0,
+            "entropy_mean": float(np.mean(entropies)) if entropies else 0.0,
+            "zero_adv_frac_before": r3_metrics["zero_adv_frac_before"],
+            "zero_adv_frac": r3_metrics["zero_adv_frac"],
+            "gen_tokens_per_s": rollout["generated_tokens"] / max(rollout["generate_s"], 1e-9),
+            "grade_s": rollout["grade_s"],
+            "dataset_epoch": float(self._dataset_epoch),
+            "policy_version": float(self._policy_version),
+        }
+        self.metrics.log_dict(rollout_metrics, key="rollout")
+        r3 = {k: v for k, v in r3_metrics.items() if k not in ("zero_adv_frac_before", "zero_adv_frac")}
+        r3["reflection_prompts"] = float(sum(g.is_reflection for g in groups))
+        r3["reflection_success"] = float(np.mean([s.correct for s in reflected])) if reflected else 0.0
+        self.metrics.log_dict(r3, key="r3")
+        if learner_metrics:
+            self.metrics.log_dict(learner_metrics, key="learner")
+        self.metrics.log_value("num_env_steps_sampled_lifetime", len(samples), reduce="lifetime_sum")
+        if self._replay is not None:
+            self.metrics.log_dict(ray.get(self._replay.metrics.remote()), key="replay")
+
+    def _log_eval(self) -> None:
+        results = self.env_runner_group.foreach_env_runner(
+            lambda r, _n=self.config.eval_num_queries: r.evaluate(_n),
+            remote_worker_ids=self.env_runner_group.healthy_worker_ids()[:1],
+            local_env_runner=False,
+        )
+        self.metrics.log_dict(results[0], key="eval")
+
+    def evaluate_heldout(self, num_queries: int | None = None) -> dict[str, float]:
+        """Greedy accuracy of the current policy on the held-out env (runner 1)."""
+        n = num_queries or self.config.eval_num_queries
+        return self.env_runner_group.foreach_env_runner(
+            lambda r, _n=n: r.evaluate(_n),
+            remote_worker_ids=self.env_runner_group.healthy_worker_ids()[:1],
+            local_env_runner=False,
+        )[0]
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Learner shards via DCP (every rank writes its part) + driver, runner and replay state in a pickle."""
+        path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
+        self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p))
+        state = {
+            "iteration": self.iteration,
+            "policy_version": self._policy_version,
+            "dataset_epoch": self._dataset_epoch,
+            "rng": self._rng.bit_generator.state,
+            "runners": self.env_runner_group.foreach_env_runner(
+                lambda r: r.get_state(), local_env_runner=False
+            ),
+            "replay": ray.get(self._replay.get_state.remote()) if self._replay is not None else None,
+            "metrics": self.metrics.get_state(),
+            "r3_settings": self.config.r3_settings(),
+        }
+        with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "wb") as f:
+            pickle.dump(state, f)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "rb") as f:
+            state = pickle.load(f)
+        path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
+        self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p))
+        self._policy_version = state["policy_version"]
+        self._dataset_epoch = state["dataset_epoch"]
+        self._rng.bit_generator.state = state["rng"]
+        self._iteration = state["iteration"]
+        ids = self.env_runner_group.healthy_worker_ids()
+        for wid, runner_state in zip(ids, state["runners"], strict=False):
+            self.env_runner_group.foreach_env_runner(
+                lambda r, _s=runner_state: r.set_state(_s), remote_worker_ids=[wid], local_env_runner=False
+            )
+        if self._replay is not None and state["replay"] is not None:
+            ray.get(self._replay.set_state.remote(state["replay"]))
+        self.metrics.set_state(state["metrics"])
+        self._sync_weights()
+
+    def export_policy(self, path: str | Path) -> str:
+        """Write the current policy as a Hugging Face folder (loads with AutoModelForCausalLM.from_pretrained),
+        with the tokenizer next to it."""
+        path = os.path.abspath(str(path))
+        results = self.learner_group.foreach_learner(lambda learner, _p=path: learner.export_hf(_p))
+        assert any(r is not None for r in _all_results(results))
+        from r3_rllib.algorithms.r3.env_runner import load_policy_tokenizer
+
+        load_policy_tokenizer(self.config).save_pretrained(path)
+        return path
+
+    def learner_call(self, fn) -> list[Any]:
+        """Run `fn(learner)` on every learner (collective helpers, tests)."""
+        return _all_results(self.learner_group.foreach_learner(fn))
+
+    @classmethod
+    def default_resource_request(cls, config):
+        # RLlib's request covers runners and learners; the replay actor asks for no CPU so it fits any bundle.
+        return super().default_resource_request(config)
+
+
+def _all_results(results) -> list[Any]:
+    out = []
+    for r in results:
+        if not r.ok:
+            raise r.get()
+        out.append(r.get())
+    return out
+
+
+def _first_result(results) -> Any:
+    return _all_results(results)[0]
+
+
+def _to_replay_samples(groups: list[Group]):
+    from r3_rllib.replay import ReplaySample
+
+    out = []
+    for g in groups:
+        for s in g.samples:
+            out.append(
+                ReplaySample(
+                    query_id=s.query_id,
+                    prompt_ids=np.asarray(s.prompt_ids, dtype=np.int32),
+                    response_ids=np.asarray(s.response_ids, dtype=np.int32),
+                    behavior_logprobs=np.asarray(s.behavior_logprobs, dtype=np.float32),
+                    # The correctness reward, not a ranking reward given within this batch's group.
+                    reward=float(s.reward) if s.correct else 0.0,
+                    correct=bool(s.correct),
+                    policy_version=int(s.policy_version),
+                    truncated=bool(s.truncated),
+                    response_text=s.response_text,
+                )
+            )
+    return out
+
+
+def _from_replay_sample(r) -> Sample:
+    return Sample(
+        query_id=r.query_id,
+        prompt_ids=[int(x) for x in r.prompt_ids],
+        response_ids=[int(x) for x in r.response_ids],
+        behavior_logprobs=np.asarray(r.behavior_logprobs, dtype=np.float32),
+        entropies=np.zeros(0, dtype=np.float32),
+        reward=float(r.reward) if r.correct else 0.0,  # failures replay with their correctness reward
+        correct=bool(r.correct),
+        truncated=bool(r.truncated),
+        policy_version=int(r.policy_version),
+        response_text=r.response_text,
+        is_replay=True,
+    )

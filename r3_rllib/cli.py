@@ -1,0 +1,113 @@
+"""The `r3` command: train (through Ray Tune), sft (tiny warm start), eval (benchmarks), plot (learning curves)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+PROGRESS_COLUMNS = {
+    "training_iteration": "iter",
+    "rollout/accuracy": "acc",
+    "rollout/reward_mean": "reward",
+    "rollout/zero_adv_frac": "zero_adv",
+    "eval/accuracy": "eval_acc",
+    "rollout/gen_tokens_per_s": "gen_tok/s",
+}
+
+
+def _train(args) -> int:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from r3_rllib.train_config import ConfigError, load_run_file
+
+    try:
+        spec = load_run_file(args.config, args.set or [])
+    except ConfigError as e:
+        print(f"r3 train: {e}", file=sys.stderr)
+        return 2
+    import ray
+    from ray import tune
+
+    import r3_rllib  # noqa: F401  (registers "R3" with Tune)
+
+    if not ray.is_initialized():
+        ray.init(
+            address=args.address, include_dashboard=False, log_to_driver=args.verbose, num_cpus=args.num_cpus
+        )
+    run = spec.run
+    name = run.get("name", Path(args.config).stem)
+    storage = os.path.abspath(run.get("storage_path", "runs"))
+    reporter = tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5)
+    run_config = tune.RunConfig(
+        name=name,
+        storage_path=storage,
+        stop=spec.stop or None,
+        checkpoint_config=tune.CheckpointConfig(
+            checkpoint_frequency=int(run.get("checkpoint_frequency", 0)),
+            checkpoint_at_end=bool(run.get("checkpoint_at_end", True)),
+            num_to_keep=run.get("keep_checkpoints_num"),
+        ),
+        progress_reporter=reporter,
+        verbose=int(run.get("verbose", 1)),
+    )
+    exp_dir = os.path.join(storage, name)
+    if args.resume:
+        if not tune.Tuner.can_restore(exp_dir):
+            print(f"r3 train: nothing to resume in {exp_dir}", file=sys.stderr)
+            return 2
+        tuner = tune.Tuner.restore(exp_dir, trainable="R3", resume_errored=True, param_space=spec.config)
+    else:
+        tuner = tune.Tuner(
+            "R3",
+            param_space=spec.config,
+            tune_config=tune.TuneConfig(num_samples=int(run.get("num_samples", 1))),
+            run_config=run_config,
+        )
+    results = tuner.fit()
+    failed = [r for r in results if r.error]
+    for r in results:
+        m = r.metrics or {}
+        acc = (m.get("rollout") or {}).get("accuracy")
+        print(f"trial {r.path}: iterations={m.get('training_iteration')} accuracy={acc} error={r.error}")
+    print(f"results in {exp_dir}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="r3", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train from a YAML run file through Ray Tune")
+    p.add_argument("config", help="YAML run file (see examples/)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. training.lr=1e-4")
+    p.add_argument("--resume", action="store_true", help="continue the experiment of the same name")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray")
+    p.add_argument("--verbose", action="store_true", help="show actor logs")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("sft", help="warm-start the tiny arithmetic model (supervised)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda a: __import__("r3_rllib.models.sft", fromlist=["main"]).main(a.rest))
+
+    try:
+        from r3_rllib.eval.evaluate import add_eval_args, run_eval
+
+        p = sub.add_parser("eval", help="pass@1 over n samples on math benchmarks")
+        add_eval_args(p)
+        p.set_defaults(func=run_eval)
+    except ImportError:  # pragma: no cover - eval module optional during development
+        pass
+    from r3_rllib.eval.plot import add_plot_args, run_plot
+
+    p = sub.add_parser("plot", help="learning curves of one or more runs into a PNG")
+    add_plot_args(p)
+    p.set_defaults(func=run_plot)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""YAML run files -> `R3Config` + Tune run settings, with errors that name the bad key.
+
+A run file has one section per builder method of `R3Config` plus `preset`, `stop` and `run`::
+
+    preset: grpo                      # grpo | dapo | r3 (optional)
+    environment: {env: arithmetic, env_config: {digits: 2}}
+    env_runners: {num_env_runners: 1}
+    learners: {num_learners: 0}
+    training: {group_size: 8, lr: 1.0e-4}
+    r3: {replay: true}
+    stop: {training_iteration: 20}
+    run: {name: tiny, storage_path: runs, checkpoint_frequency: 5}
+
+Relative paths in `training.model_path`, `training.tokenizer_path` and `environment.env_config.data` are resolved
+against the run file's folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUILDER_SECTIONS = (
+    "environment",
+    "env_runners",
+    "learners",
+    "training",
+    "r3",
+    "resources",
+    "debugging",
+    "reporting",
+)
+RUN_KEYS = {
+    "name",
+    "storage_path",
+    "checkpoint_frequency",
+    "checkpoint_at_end",
+    "num_samples",
+    "verbose",
+    "keep_checkpoints_num",
+}
+TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run", "algorithm"}
+PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
+
+
+class ConfigError(ValueError):
+    """A run file or --set override that cannot become a config; the message names the key."""
+
+
+@dataclass
+class RunSpec:
+    config: Any  # R3Config
+    stop: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
+
+
+def _unknown(key: str, known, where: str) -> ConfigError:
+    hint = difflib.get_close_matches(key, sorted(known), n=1)
+    return ConfigError(f"unknown key {key!r} in {where}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'training.lr=1e-4' -> (['training', 'lr'], 1e-4); values are parsed as YAML scalars/lists/maps."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set has an empty key in {text!r}")
+    return parts, yaml.safe_load(value)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    raw = copy.deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = raw
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {p!r} is not a section")
+        node[parts[-1]] = value
+    return raw
+
+
+def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as e:
+        raise ConfigError(f"run file not found: {path}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    raw = apply_overrides(raw, overrides or [])
+    return build_run_spec(raw, base_dir=path.parent)
+
+
+def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
+    from r3_rllib.algorithms.r3.config import R3_FIELDS, R3Config
+
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise _unknown(key, TOP_KEYS, "the run file's top level")
+    preset = raw.get("preset")
+    if preset is None:
+        config = R3Config()
+    elif preset in PRESETS:
+        config = getattr(R3Config, PRESETS[preset])()
+    else:
+        raise _unknown(str(preset), PRESETS, "preset")
+
+    for section in BUILDER_SECTIONS:
+        values = raw.get(section)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"section {section!r} must be a mapping")
+        values = dict(values)
+        if base_dir is not None:
+            _resolve_paths(section, values, base_dir)
+        method = getattr(config, section)
+        if section == "r3":
+            known = set(R3_FIELDS)
+        else:
+            known = {
+                n
+                for n, p in inspect.signature(method).parameters.items()
+                if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+            }
+            if section == "training":
+                known |= R3_FIELDS
+        for key in values:
+            if key not in known:
+                raise _unknown(key, known, f"section {section!r}")
+        try:
+            method(**values)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"section {section!r}: {e}") from e
+
+    stop = raw.get("stop") or {}
+    run = raw.get("run") or {}
+    for key in run:
+        if key not in RUN_KEYS:
+            raise _unknown(key, RUN_KEYS, "section 'run'")
+    _check_paths(config)
+    try:
+        config.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return RunSpec(config=config, stop=dict(stop), run=dict(run))
+
+
+def _resolve_paths(section: str, values: dict, base_dir: Path) -> None:
+    def fix(p):
+        if isinstance(p, str) and (p.startswith("./") or p.startswith("../")):
+            return str((base_dir / p).resolve())
+        return p
+
+    if section == "training":
+        for key in ("model_path", "tokenizer_path"):
+            if key in values:
+                values[key] = fix(values[key])
+    if section == "environment" and isinstance(values.get("env_config"), dict):
+        env_config = dict(values["env_config"])
+        for key in ("data", "tokenizer"):
+            if key in env_config:
+                env_config[key] = fix(env_config[key])
+        values["env_config"] = env_config
+
+
+def _check_paths(config) -> None:
+    """Local paths that do not exist are named now, not deep inside a remote actor."""
+    data = (config.env_config or {}).get("data")
+    if isinstance(data, str) and _looks_local(data) and not Path(data).exists():
+        raise ConfigError(f"environment.env_config.data: file not found: {data}")
+    for key in ("model_path", "tokenizer_path"):
+        value = getattr(config, key)
+        if isinstance(value, str) and _looks_local(value) and not Path(value).exists():
+            raise ConfigError(f"training.{key}: folder not found: {value}")
+
+
+def _looks_local(value: str) -> bool:
+    # Hub names look like "org/name"; local paths are absolute, relative with ./, or have a file extension.
+    return value.startswith(("/", "./", "../", "~")) or Path(value).suffix in {".json", ".jsonl", ".parquet"}

@@ -1,0 +1,41 @@
+"""Shared fixtures: one local Ray session for the whole run, the shared data folder, thread limits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"shared data folder {SHARED_DATA} is absent")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One Ray instance for all tests (start-up costs ~5 s). Logical CPUs exceed the 2 cores on purpose: actors
+    here mostly wait on each other, and Tune trials need room for a runner and a learner each."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            address="local",
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}},
+        )
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,108 @@
+"""R^3 batch assembly: replay requests, ranking in all-wrong groups, mixed-group advantages (hand-computed)."""
+
+import numpy as np
+import pytest
+
+from r3_rllib.algorithms.r3.groups import (
+    Group,
+    R3Switches,
+    Sample,
+    build_training_batch,
+    is_degenerate,
+    replay_requests,
+)
+
+
+def _sample(qid, reward, correct, entropies=(1.0,), version=0):
+    n = len(entropies)
+    return Sample(
+        query_id=qid,
+        prompt_ids=[1, 2],
+        response_ids=list(range(3, 3 + n)),
+        behavior_logprobs=np.zeros(n, np.float32),
+        entropies=np.asarray(entropies, np.float32),
+        reward=reward,
+        correct=correct,
+        truncated=False,
+        policy_version=version,
+    )
+
+
+def _group(qid, rewards, entropies=None):
+    entropies = entropies or [(1.0,)] * len(rewards)
+    return Group(qid, [_sample(qid, r, r >= 1.0, e) for r, e in zip(rewards, entropies, strict=True)])
+
+
+def test_degenerate_and_requests():
+    assert is_degenerate([0, 0, 0]) and is_degenerate([1, 1]) and not is_degenerate([0, 1])
+    groups = [_group("a", [0, 0]), _group("b", [1, 1]), _group("c", [0, 1])]
+    assert replay_requests(groups, 3) == [("a", True, 3), ("b", False, 3)]
+    assert replay_requests(groups, 0) == []
+
+
+def test_plain_grpo_drops_collapsed_groups_and_normalises():
+    groups = [_group("a", [0, 0, 0, 0]), _group("b", [1, 0, 0, 0])]
+    batch, m = build_training_batch(
+        groups, R3Switches(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+    )
+    assert m["zero_adv_frac_before"] == 0.5 and m["zero_adv_frac"] == 0.5
+    assert len(batch) == 4 and all(s.query_id == "b" for s in batch)
+    # rewards [1,0,0,0]: mean 0.25, population std sqrt(3)/4 -> advantages sqrt(3) and -1/sqrt(3)
+    np.testing.assert_allclose(
+        [s.advantage for s in batch], [np.sqrt(3), -1 / np.sqrt(3)] + [-1 / np.sqrt(3)] * 2
+    )
+
+
+def test_replay_revives_all_wrong_group_with_mixed_advantages():
+    groups = [_group("a", [0, 0, 0])]
+
+    def fetch(requests):
+        assert requests == [("a", True, 1)]
+        return [[_sample("a", 1.0, True, version=0)]]
+
+    sw = R3Switches(
+        replay=True, replay_k=1, advantage_estimator="mixed", advantage_params={"alpha": 1.0, "lam": 0.0}
+    )
+    batch, m = build_training_batch(groups, sw, fetch)
+    assert m["zero_adv_frac_before"] == 1.0 and m["zero_adv_frac"] == 0.0
+    assert m["replay_hits"] == 1 and m["replay_samples"] == 1
+    # G_mix rewards [0,0,0,1]: mean 0.25, std sqrt(3)/4 -> (1-0.25)/(sqrt(3)/4) = sqrt(3)
+    assert [s.is_replay for s in batch] == [False, False, False, True]
+    np.testing.assert_allclose(batch[-1].advantage, np.sqrt(3))
+    np.testing.assert_allclose(batch[0].advantage, -1 / np.sqrt(3))
+
+
+def test_replay_miss_leaves_group_collapsed():
+    batch, m = build_training_batch(
+        [_group("a", [1, 1])], R3Switches(replay=True, replay_k=2), lambda reqs: [[] for _ in reqs]
+    )
+    assert batch == [] and m["replay_requests"] == 1 and m["replay_hits"] == 0 and m["zero_adv_frac"] == 1.0
+
+
+def test_ranking_grades_failures_below_correct_reward():
+    # Response 0: high peak, low global entropy -> dominates response 1 (low peak, high global).
+    ent = [(3.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 1.0)]
+    sw = R3Switches(
+        ranking=True,
+        ranking_p=0.25,
+        ranking_r_max=0.5,
+        advantage_estimator="grpo",
+        advantage_params={"eps": 0.0},
+    )
+    batch, m = build_training_batch([_group("a", [0, 0], ent)], sw)
+    assert m["ranked_groups"] == 1 and m["zero_adv_frac_before"] == 1.0 and m["zero_adv_frac"] == 0.0
+    assert [s.reward for s in batch] == pytest.approx([0.5, 0.0])
+    assert batch[0].advantage == pytest.approx(1.0) and batch[1].advantage == pytest.approx(-1.0)
+
+
+def test_reflection_groups_are_trained_but_not_counted_as_fresh():
+    refl = _group("a", [1, 0])
+    refl.is_reflection = True
+    for s in refl.samples:
+        s.is_reflection = True
+    batch, m = build_training_batch(
+        [_group("a", [0, 0]), refl], R3Switches(replay=True), lambda r: [[] for _ in r]
+    )
+    assert m["zero_adv_frac_before"] == 1.0 and m["zero_adv_frac"] == 1.0  # only the fresh group counts
+    assert m["replay_requests"] == 1  # the reflection group asks for nothing
+    assert m["train_reflected"] == 2 and len(batch) == 2
