@@ -14,6 +14,7 @@ Two ``reset`` options let a rollout worker build groups and reflection prompts w
 
 from __future__ import annotations
 
+import string
 from abc import abstractmethod
 from typing import Any
 
@@ -34,7 +35,9 @@ class TextEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self) -> None:
-        charset = None  # any character
+        # gymnasium's Text space needs a character set; it only matters for space.sample()/contains(), which the
+        # rollout path never calls (prompts and responses may hold any Unicode text).
+        charset = string.printable
         self.observation_space = gym.spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0, charset=charset)
         self.action_space = gym.spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0, charset=charset)
 

@@ -45,6 +45,13 @@ def load_policy_tokenizer(config):
     return load_tokenizer(config.tokenizer_path or resolve_model_path(config))
 
 
+def engine_dtype(name: str) -> str:
+    """'auto' -> bfloat16 on GPUs that support it, float32 otherwise (bf16 is slower on most CPUs)."""
+    if name != "auto":
+        return name
+    return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+
+
 def build_env(name: str, env_config: dict, tokenizer) -> TextEnv:
     """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
     from r3_rllib.envs.registry import get_text_env_factory
@@ -75,9 +82,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.config.engine,
             resolve_model_path(self.config),
             self.tokenizer,
-            dtype=self.config.dtype,
-            seed=seed,
-            **dict(self.config.engine_kwargs),
+            **{"dtype": engine_dtype(self.config.dtype), **dict(self.config.engine_kwargs)},
         )
         self._rng = np.random.default_rng(seed)
         self._sample_seed = seed

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
-from ray.rllib.utils.torch_utils import get_device
+from ray.rllib.utils.framework import get_device
 
 from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.core.losses import aggregate_loss, clipped_policy_loss, kl_penalty, truncated_importance_weights
@@ -83,7 +83,7 @@ def pack_samples(samples: Sequence[Sample], pad_id: int, device) -> dict[str, to
         attn[b, : len(seq)] = 1
         start, n = len(s.prompt_ids) - 1, len(s.response_ids)
         resp[b, start : start + n] = True
-        behav[b, start : start + n] = torch.as_tensor(np.asarray(s.behavior_logprobs, dtype=np.float32)[:n])
+        behav[b, start : start + n] = torch.tensor(np.asarray(s.behavior_logprobs, dtype=np.float32)[:n])
     return {
         "input_ids": ids.to(device),
         "attention_mask": attn.to(device),
@@ -172,6 +172,11 @@ class R3Learner(TorchLearner):
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
         ref.eval().requires_grad_(False)
         return ref
+
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
+        raise NotImplementedError(
+            "R3Learner trains through update_from_samples(); RLlib's episode-based update path is not used"
+        )
 
     def _make_modules_ddp_if_necessary(self) -> None:
         """FSDP2 sharding happens in build(); RLlib's DDP wrapping would duplicate the policy per rank."""
@@ -308,6 +313,7 @@ class R3Learner(TorchLearner):
             (loss * weight * self._world).backward()
             if real:
                 local_tokens += int(mask.sum())
+                loss, pg = loss.detach(), pg.detach()
                 acc["loss"] += float(loss) * weight
                 acc["pg_loss"] += float(pg) * weight
                 acc["kl"] += float(kl_val) * weight
