@@ -1,0 +1,72 @@
+"""Pure algorithm pieces (numpy / torch, no Ray): advantages, policy losses, structural-entropy ranking, reflection
+prompts. Each concept lives in its own module; estimators and losses are chosen by name through small registries."""
+
+from r3_rllib.core.advantages import (
+    ADVANTAGE_FNS,
+    compute_advantages_by_group,
+    compute_group_advantages,
+    drgrpo_advantages,
+    expand_to_tokens,
+    group_is_degenerate,
+    grpo_advantages,
+    mixed_group_advantages,
+    register_advantage,
+)
+from r3_rllib.core.losses import (
+    AGG_MODES,
+    KL_KINDS,
+    LOSS_FNS,
+    aggregate_loss,
+    clipped_policy_loss,
+    entropy_from_logits,
+    get_loss_fn,
+    kl_penalty,
+    register_loss,
+    truncated_importance_weights,
+)
+from r3_rllib.core.ranking import (
+    dominance_counts,
+    entropy_structure,
+    rank_rewards,
+    structural_entropy_rewards,
+)
+from r3_rllib.core.reflection import (
+    COMPACT_REFLECTION_TEMPLATE,
+    DEFAULT_REFLECTION_GUIDANCE,
+    DEFAULT_REFLECTION_TEMPLATE,
+    build_reflection_prompt,
+    select_reflection_queries,
+    strip_think,
+)
+
+__all__ = [
+    "ADVANTAGE_FNS",
+    "AGG_MODES",
+    "COMPACT_REFLECTION_TEMPLATE",
+    "DEFAULT_REFLECTION_GUIDANCE",
+    "DEFAULT_REFLECTION_TEMPLATE",
+    "KL_KINDS",
+    "LOSS_FNS",
+    "aggregate_loss",
+    "build_reflection_prompt",
+    "clipped_policy_loss",
+    "compute_advantages_by_group",
+    "compute_group_advantages",
+    "dominance_counts",
+    "drgrpo_advantages",
+    "entropy_from_logits",
+    "entropy_structure",
+    "expand_to_tokens",
+    "get_loss_fn",
+    "group_is_degenerate",
+    "grpo_advantages",
+    "kl_penalty",
+    "mixed_group_advantages",
+    "rank_rewards",
+    "register_advantage",
+    "register_loss",
+    "select_reflection_queries",
+    "strip_think",
+    "structural_entropy_rewards",
+    "truncated_importance_weights",
+]

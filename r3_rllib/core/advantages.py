@@ -1,0 +1,152 @@
+"""Group-relative advantages: one function per estimator, each on the rewards of ONE group (the G responses to one
+query), selectable by name.
+
+Every estimator takes a 1-D array of rewards and returns one advantage per response (float64, same order). Batch
+code loops over groups (or calls :func:`compute_advantages_by_group`); keeping the per-group functions pure makes
+their formulas testable by hand and lets new estimators (HGPO, R^2PO, ...) plug in through
+:func:`register_advantage` without touching the trainer.
+
+The standard deviation is the *population* std (``ddof=0``) everywhere by default. This is a choice, not a
+derivation: with the small groups used in practice (G = 4..16) ``ddof=1`` inflates the std by ``sqrt(G/(G-1))``
+(15 % at G = 4), which only rescales advantages (and thus the learning rate) per group size; ``ddof=0`` is also
+defined for a group of one (std 0, advantage 0) where ``ddof=1`` is not. :func:`grpo_advantages` exposes ``ddof``
+for users who want the sample std.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+AdvantageFn = Callable[..., np.ndarray]
+
+#: Name -> per-group advantage function ``fn(rewards, **params) -> np.ndarray``.
+ADVANTAGE_FNS: dict[str, AdvantageFn] = {}
+
+
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding an estimator to :data:`ADVANTAGE_FNS` under ``name`` (names are unique)."""
+
+    def deco(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGE_FNS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_FNS[name] = fn
+        return fn
+
+    return deco
+
+
+def _as_group(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Validate one group's rewards and return them as a 1-D float64 array."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"rewards of one group must be 1-D, got shape {r.shape}")
+    if r.size == 0:
+        raise ValueError("rewards of one group must not be empty")
+    bad = np.flatnonzero(~np.isfinite(r))
+    if bad.size:
+        raise ValueError(f"rewards must be finite; index {int(bad[0])} is {r[bad[0]]}")
+    return r
+
+
+def group_is_degenerate(rewards: Sequence[float] | np.ndarray, atol: float = 0.0) -> bool:
+    """True when all rewards of the group are equal within ``atol``.
+
+    Such a group (all right or all wrong) gives every response a zero advantage and so no policy gradient: the case
+    R^3's replay and reflection are built to repair.
+    """
+    r = _as_group(rewards)
+    return bool(r.max() - r.min() <= atol)
+
+
+@register_advantage("mixed")
+def mixed_group_advantages(rewards: Sequence[float] | np.ndarray, *, alpha: float, lam: float) -> np.ndarray:
+    """``A_i = (R_i - mean(R)) / (alpha * std(R) + lam)`` with the population std.
+
+    ``alpha`` interpolates between std normalisation (GRPO: ``alpha=1``, small ``lam``) and none (Dr.GRPO-like:
+    ``alpha=0``, ``lam=1``); ``lam > 0`` bounds the advantage of nearly-degenerate groups, where dividing by a tiny
+    std would blow up one lucky sample. When the denominator is zero (``lam == 0`` and a degenerate group) the
+    numerator is zero too and the result is all zeros.
+    """
+    if not (np.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+    if not (np.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lam must be finite and >= 0, got {lam}")
+    if alpha == 0 and lam == 0:
+        raise ValueError("alpha and lam cannot both be 0 (the denominator would always be 0)")
+    r = _as_group(rewards)
+    centered = r - r.mean()
+    denom = alpha * r.std(ddof=0) + lam
+    if denom == 0.0:
+        return np.zeros_like(r)
+    return centered / denom
+
+
+@register_advantage("grpo")
+def grpo_advantages(rewards: Sequence[float] | np.ndarray, *, eps: float = 1e-6, ddof: int = 0) -> np.ndarray:
+    """GRPO: ``(R_i - mean) / (std + eps)``. With ``ddof=1`` a group of one gets zero advantage (no spread)."""
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 or 1, got {ddof}")
+    r = _as_group(rewards)
+    if r.size <= ddof:
+        return np.zeros_like(r)
+    centered = r - r.mean()
+    denom = r.std(ddof=ddof) + eps
+    if denom == 0.0:
+        return np.zeros_like(r)
+    return centered / denom
+
+
+@register_advantage("drgrpo")
+def drgrpo_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Dr.GRPO: ``R_i - mean`` (no std division, which would up-weight easy and hard queries)."""
+    r = _as_group(rewards)
+    return r - r.mean()
+
+
+def compute_group_advantages(name: str, rewards: Sequence[float] | np.ndarray, **params: float) -> np.ndarray:
+    """Advantages of one group with the estimator registered as ``name``."""
+    try:
+        fn = ADVANTAGE_FNS[name]
+    except KeyError:
+        raise KeyError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_FNS)}") from None
+    return fn(rewards, **params)
+
+
+def compute_advantages_by_group(
+    name: str,
+    rewards: Sequence[float] | np.ndarray,
+    group_ids: Sequence[object] | np.ndarray,
+    **params: float,
+) -> np.ndarray:
+    """Advantages of a flat batch: responses with the same ``group_ids`` entry form one group.
+
+    Returns one advantage per response, in the input order.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"rewards must be 1-D, got shape {r.shape}")
+    if len(group_ids) != r.size:
+        raise ValueError(f"group_ids has {len(group_ids)} entries but rewards has {r.size}")
+    members: dict[object, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    out = np.empty_like(r)
+    for g, idx in members.items():
+        try:
+            out[idx] = compute_group_advantages(name, r[idx], **params)
+        except ValueError as e:
+            raise ValueError(f"group {g!r}: {e}") from None
+    return out
+
+
+def expand_to_tokens(advantages: Sequence[float] | np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Broadcast per-sequence advantages ``[B]`` over a response mask ``[B, T]`` (zeros where the mask is 0)."""
+    a = np.asarray(advantages, dtype=np.float64)
+    m = np.asarray(mask)
+    if a.ndim != 1 or m.ndim != 2 or m.shape[0] != a.shape[0]:
+        raise ValueError(f"need advantages [B] and mask [B, T]; got {a.shape} and {m.shape}")
+    return a[:, None] * m.astype(np.float64)

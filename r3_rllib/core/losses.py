@@ -1,0 +1,211 @@
+"""Policy-gradient losses for sequence-level RL of language models (torch, token-level tensors ``[B, T]``).
+
+Conventions: ``mask[b, t]`` is 1 for response tokens that count in the loss and 0 for padding (and for prompt
+tokens, if the tensors include them); log-probabilities are those of the sampled tokens; advantages are one number
+per sequence ``[B]`` and are broadcast over its tokens.
+
+Off-policy correction (decoupled PPO). A sample may come from a *behaviour* policy several versions older than the
+learner (R^3 replays past successes into all-wrong groups; asynchronous rollouts lag). We split the correction in two:
+
+- the PPO ratio ``exp(logp - old_logp)`` is taken against the *proximal* policy: the learner's own log-probs
+  recomputed at the start of the update (``old_logprobs``), so clipping bounds the step from the current weights, as
+  in on-policy PPO, whatever the sample's age;
+- the remaining gap proximal/behaviour is corrected by a per-token importance weight
+  ``min(exp(prox - behav), cap)`` (:func:`truncated_importance_weights`), detached so it scales the gradient without
+  being optimised. Truncating at ``cap`` bounds the variance one stale token can inject (the weight is unbounded
+  above otherwise); tokens the behaviour policy found *more* likely than the current one are down-weighted exactly.
+
+Clipping against the behaviour policy instead would clip almost every token of an old sample (its ratio is far from
+1 before any update) and so silently drop its gradient, which defeats replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"shape mismatch: {shapes}")
+
+
+def aggregate_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_len: float | None = None
+) -> torch.Tensor:
+    """Reduce a per-token loss ``[B, T]`` to a scalar.
+
+    - ``"token-mean"``: sum over all valid tokens / number of valid tokens (long responses weigh more; DAPO).
+    - ``"seq-mean-token-mean"``: each sequence's mean over its valid tokens, then the mean over sequences that have
+      at least one valid token (original GRPO; every sequence weighs the same whatever its length).
+    - ``"seq-mean-token-sum-norm"``: each sequence's token sum / ``norm_len``, then the mean over all ``B``
+      sequences (Dr.GRPO: a constant normaliser removes the length bias of per-sequence means). ``norm_len`` should
+      be a constant such as the maximum response length; it defaults to ``T``.
+
+    A batch with no valid token gives 0 (still attached to the graph).
+    """
+    _check_same_shape(per_token=per_token, mask=mask)
+    if per_token.dim() != 2:
+        raise ValueError(f"per_token must be [B, T], got shape {tuple(per_token.shape)}")
+    m = mask.to(per_token.dtype)
+    masked = per_token * m
+    if mode == "token-mean":
+        return masked.sum() / m.sum().clamp(min=1.0)
+    if mode == "seq-mean-token-mean":
+        lens = m.sum(dim=-1)
+        seq_means = masked.sum(dim=-1) / lens.clamp(min=1.0)
+        n_seq = (lens > 0).to(per_token.dtype).sum()
+        return seq_means.sum() / n_seq.clamp(min=1.0)
+    if mode == "seq-mean-token-sum-norm":
+        norm = float(per_token.shape[-1]) if norm_len is None else float(norm_len)
+        if not norm > 0:
+            raise ValueError(f"norm_len must be > 0, got {norm_len}")
+        return (masked.sum(dim=-1) / norm).mean()
+    raise ValueError(f"unknown aggregation mode {mode!r}; known: {list(AGG_MODES)}")
+
+
+def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    agg_mode: str,
+    norm_len: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate with asymmetric clipping ``[1 - clip_low, 1 + clip_high]`` (DAPO clip-higher).
+
+    Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with ``r = exp(logprobs - old_logprobs)``
+    and ``A`` the sequence's advantage, optionally times a detached importance weight ``is_weights[b, t]``
+    (off-policy correction, see the module docstring), then reduced with :func:`aggregate_loss`.
+
+    Returns ``(loss, metrics)``; metrics are detached scalars over valid tokens: ``clip_frac_low`` (share of tokens
+    where the lower clip is active: ``r < 1 - clip_low`` and ``A < 0``), ``clip_frac_high`` (``r > 1 + clip_high``
+    and ``A > 0``), ``approx_kl`` (k3 estimate of KL(old || new)), ``ratio_mean``, and ``is_weight_mean`` when
+    weights are given.
+    """
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if not clip_high >= 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if is_weights is not None:
+        _check_same_shape(logprobs=logprobs, is_weights=is_weights)
+
+    m = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach()
+    log_ratio = logprobs - old_logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
+
+    with torch.no_grad():
+        low = ((ratio < 1.0 - clip_low) & (adv < 0)).to(m.dtype)
+        high = ((ratio > 1.0 + clip_high) & (adv > 0)).to(m.dtype)
+        metrics = {
+            "clip_frac_low": _masked_mean(low, m),
+            "clip_frac_high": _masked_mean(high, m),
+            # k3 with samples from the old policy: E_old[r - 1 - log r] = KL(old || new), always >= 0.
+            "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
+            "ratio_mean": _masked_mean(ratio, m),
+        }
+        if is_weights is not None:
+            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
+    return loss, metrics
+
+
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs (Schulman's k1/k2/k3).
+
+    - ``"k1"``: ``logp - ref`` (unbiased, can be negative, high variance);
+    - ``"k2"``: ``0.5 * (logp - ref)^2`` (biased, low variance, its gradient is the true KL's gradient to first order);
+    - ``"k3"``: ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, always >= 0).
+
+    No clamping is applied; callers that fear overflow of ``exp`` in k3 can clamp ``ref - logp`` themselves.
+    """
+    _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    if kind == "k1":
+        return logprobs - ref_logprobs
+    if kind == "k2":
+        return 0.5 * (logprobs - ref_logprobs) ** 2
+    if kind == "k3":
+        d = ref_logprobs - logprobs
+        return torch.exp(d) - d - 1.0
+    raise ValueError(f"unknown KL kind {kind!r}; known: {list(KL_KINDS)}")
+
+
+def truncated_importance_weights(
+    proximal_logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Per-token ``min(exp(proximal - behavior), cap)``, detached: the behaviour-to-proximal correction of
+    decoupled PPO (see the module docstring). ``cap`` (> 0, typically 2..10) truncates the weight to bound the
+    variance of stale samples at the price of a small bias.
+    """
+    _check_same_shape(proximal_logprobs=proximal_logprobs, behavior_logprobs=behavior_logprobs)
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    with torch.no_grad():
+        w = torch.exp(proximal_logprobs.detach() - behavior_logprobs.detach())
+        return torch.clamp(w, max=cap)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the last dimension, ``logsumexp(z) - sum(softmax(z) * z)`` (stable in z).
+
+    ``-inf`` logits (masked vocabulary entries) are allowed: they have zero probability and contribute nothing.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    # 0 * -inf is nan: replace masked logits by 0 before the product (their probability is 0 anyway).
+    finite = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
+    return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
+
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+#: Name -> policy loss ``fn(logprobs, old_logprobs, advantages, mask, **kwargs) -> (loss, metrics)``.
+LOSS_FNS: dict[str, LossFn] = {}
+
+
+def register_loss(name: str) -> Callable[[LossFn], LossFn]:
+    """Decorator adding a policy loss to :data:`LOSS_FNS` under ``name`` (names are unique)."""
+
+    def deco(fn: LossFn) -> LossFn:
+        if name in LOSS_FNS:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        LOSS_FNS[name] = fn
+        return fn
+
+    return deco
+
+
+register_loss("clipped_pg")(clipped_policy_loss)
+
+
+def get_loss_fn(name: str) -> LossFn:
+    """The policy loss registered as ``name``."""
+    try:
+        return LOSS_FNS[name]
+    except KeyError:
+        raise KeyError(f"unknown policy loss {name!r}; known: {sorted(LOSS_FNS)}") from None

@@ -1,0 +1,205 @@
+import math
+
+import pytest
+import torch
+
+from r3_rllib.core.losses import (
+    LOSS_FNS,
+    aggregate_loss,
+    clipped_policy_loss,
+    entropy_from_logits,
+    get_loss_fn,
+    kl_penalty,
+    truncated_importance_weights,
+)
+
+torch.set_num_threads(1)
+
+# Two sequences of lengths 3 and 1 (T = 4).
+PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100.0]])
+MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+
+
+def test_token_mean():
+    # (1 + 2 + 3 + 4) / 4 tokens
+    assert aggregate_loss(PER_TOKEN, MASK, "token-mean").item() == pytest.approx(2.5)
+
+
+def test_seq_mean_token_mean():
+    # mean(2, 4) = 3
+    assert aggregate_loss(PER_TOKEN, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
+
+
+def test_seq_mean_token_mean_skips_empty_sequences():
+    x = torch.tensor([[1.0, 3.0], [9.0, 9.0]])
+    m = torch.tensor([[1, 1], [0, 0]])
+    assert aggregate_loss(x, m, "seq-mean-token-mean").item() == pytest.approx(2.0)
+
+
+def test_seq_mean_token_sum_norm():
+    # sums 6 and 4, / norm_len 8 -> 0.75, 0.5 -> mean 0.625
+    assert aggregate_loss(PER_TOKEN, MASK, "seq-mean-token-sum-norm", norm_len=8).item() == pytest.approx(
+        0.625
+    )
+    # default norm_len = T = 4 -> 1.5, 1.0 -> 1.25
+    assert aggregate_loss(PER_TOKEN, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="norm_len"):
+        aggregate_loss(PER_TOKEN, MASK, "seq-mean-token-sum-norm", norm_len=0)
+
+
+def test_aggregate_errors_and_empty_mask():
+    with pytest.raises(ValueError, match="unknown aggregation mode"):
+        aggregate_loss(PER_TOKEN, MASK, "sum")
+    with pytest.raises(ValueError, match="shape mismatch"):
+        aggregate_loss(PER_TOKEN, MASK[:, :3], "token-mean")
+    x = torch.ones(2, 3, requires_grad=True)
+    out = aggregate_loss(x, torch.zeros(2, 3), "token-mean")
+    assert out.item() == 0.0 and out.requires_grad
+
+
+def _loss(ratios, advs, clip_low=0.2, clip_high=0.28, **kw):
+    """Per-token losses for one-token sequences with the given ratios and advantages."""
+    r = torch.tensor(ratios, dtype=torch.float64)
+    logp = torch.log(r).unsqueeze(-1).requires_grad_(True)
+    old = torch.zeros_like(logp)
+    mask = torch.ones_like(logp)
+    loss, metrics = clipped_policy_loss(
+        logp,
+        old,
+        torch.tensor(advs, dtype=torch.float64),
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        agg_mode="seq-mean-token-sum-norm",
+        norm_len=1,
+        **kw,
+    )
+    return loss, metrics, logp
+
+
+def test_clip_higher_positive_advantage():
+    # ratio 1.5 > 1 + 0.28 with A = +1: clipped at 1.28 and no gradient
+    loss, metrics, logp = _loss([1.5], [1.0])
+    assert loss.item() == pytest.approx(-1.28)
+    loss.backward()
+    assert logp.grad.abs().sum().item() == 0.0
+    assert metrics["clip_frac_high"].item() == 1.0 and metrics["clip_frac_low"].item() == 0.0
+
+
+def test_clip_low_negative_advantage():
+    # ratio 0.5 < 1 - 0.2 with A = -1: clipped at 0.8 -> loss 0.8, no gradient
+    loss, metrics, logp = _loss([0.5], [-1.0])
+    assert loss.item() == pytest.approx(0.8)
+    loss.backward()
+    assert logp.grad.abs().sum().item() == 0.0
+    assert metrics["clip_frac_low"].item() == 1.0 and metrics["clip_frac_high"].item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "ratio, adv",
+    [
+        (1.2, 1.0),  # inside [0.8, 1.28]
+        (0.9, -1.0),  # inside
+        (1.27, 2.0),  # just below the higher clip (would be clipped with symmetric 0.2)
+        (0.5, 1.0),  # below the low clip but A > 0: the unclipped term is the pessimistic one
+        (1.5, -1.0),  # above the high clip but A < 0: unclipped
+    ],
+)
+def test_unclipped_cases(ratio, adv):
+    loss, metrics, logp = _loss([ratio], [adv])
+    assert loss.item() == pytest.approx(-adv * ratio)
+    loss.backward()
+    # d(-A r)/d logp = -A r
+    assert logp.grad.item() == pytest.approx(-adv * ratio)
+    assert metrics["clip_frac_low"].item() == 0.0 and metrics["clip_frac_high"].item() == 0.0
+
+
+def test_metrics_hand_computed():
+    loss, metrics, _ = _loss([1.5, 0.5, 1.0, 1.1], [1.0, -1.0, 1.0, 1.0])
+    assert metrics["clip_frac_high"].item() == pytest.approx(0.25)
+    assert metrics["clip_frac_low"].item() == pytest.approx(0.25)
+    assert metrics["ratio_mean"].item() == pytest.approx((1.5 + 0.5 + 1.0 + 1.1) / 4)
+    k3 = [r - 1 - math.log(r) for r in (1.5, 0.5, 1.0, 1.1)]
+    assert metrics["approx_kl"].item() == pytest.approx(sum(k3) / 4)
+    assert all(not v.requires_grad for v in metrics.values())
+
+
+def test_is_weights_scale_per_token_loss_and_are_detached():
+    w = torch.tensor([[2.0], [0.5]], dtype=torch.float64, requires_grad=True)
+    loss, metrics, logp = _loss([1.0, 1.0], [1.0, 1.0], is_weights=w)
+    # per-token -A*r = -1 each, times weights 2 and 0.5 -> mean(-2, -0.5) = -1.25
+    assert loss.item() == pytest.approx(-1.25)
+    loss.backward()
+    assert w.grad is None  # weights are constants of the loss
+    assert logp.grad.squeeze(-1).tolist() == pytest.approx([-1.0, -0.25])  # -A r w / B
+    assert metrics["is_weight_mean"].item() == pytest.approx(1.25)
+
+
+def test_gradient_only_on_valid_tokens_and_not_on_old_logprobs():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    old = torch.zeros(2, 3, requires_grad=True)
+    adv = torch.tensor([1.0, -1.0], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    loss, _ = clipped_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, agg_mode="token-mean")
+    loss.backward()
+    # token-mean over 3 valid tokens: d/dlogp = -A / 3 on valid tokens, 0 on padding
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 3, -1 / 3, 0.0], [1 / 3, 0.0, 0.0]]))
+    assert old.grad is None and adv.grad is None
+
+
+def test_clipped_loss_validation():
+    x = torch.zeros(2, 3)
+    m = torch.ones(2, 3)
+    kw = dict(clip_low=0.2, clip_high=0.2, agg_mode="token-mean")
+    with pytest.raises(ValueError, match="advantages must be"):
+        clipped_policy_loss(x, x, torch.zeros(3), m, **kw)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        clipped_policy_loss(x, torch.zeros(2, 4), torch.zeros(2), m, **kw)
+    with pytest.raises(ValueError, match="clip_low"):
+        clipped_policy_loss(x, x, torch.zeros(2), m, clip_low=1.0, clip_high=0.2, agg_mode="token-mean")
+    with pytest.raises(ValueError, match="is_weights"):
+        clipped_policy_loss(x, x, torch.zeros(2), m, is_weights=torch.ones(2), **kw)
+
+
+def test_kl_kinds_hand_computed():
+    logp = torch.tensor([math.log(0.5), math.log(0.2)])
+    ref = torch.tensor([math.log(0.25), math.log(0.4)])
+    d = [math.log(0.5 / 0.25), math.log(0.2 / 0.4)]  # logp - ref = ln 2, -ln 2
+    torch.testing.assert_close(kl_penalty(logp, ref, "k1"), torch.tensor(d))
+    torch.testing.assert_close(kl_penalty(logp, ref, "k2"), torch.tensor([0.5 * x * x for x in d]))
+    # k3 = exp(ref - logp) - (ref - logp) - 1: ratios 0.5 and 2
+    k3 = [0.5 + math.log(2) - 1, 2 - math.log(2) - 1]
+    torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.tensor(k3))
+    assert (kl_penalty(logp, ref, "k3") >= 0).all()
+    with pytest.raises(ValueError, match="unknown KL kind"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_truncated_importance_weights():
+    prox = torch.tensor([0.0, math.log(3.0), math.log(0.5)], requires_grad=True)
+    behav = torch.zeros(3)
+    w = truncated_importance_weights(prox, behav, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([1.0, 2.0, 0.5]))
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap"):
+        truncated_importance_weights(prox, behav, cap=0.0)
+
+
+def test_entropy_from_logits():
+    uniform = torch.zeros(2, 4)
+    torch.testing.assert_close(entropy_from_logits(uniform), torch.full((2,), math.log(4)))
+    # p = (0.5, 0.5, 0) with a masked entry: ln 2, finite
+    logits = torch.tensor([[1.0, 1.0, -float("inf")]], requires_grad=True)
+    h = entropy_from_logits(logits)
+    torch.testing.assert_close(h.detach(), torch.tensor([math.log(2)]))
+    h.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+    # large logits stay stable: near-deterministic distribution has ~0 entropy
+    assert entropy_from_logits(torch.tensor([1000.0, 0.0])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_loss_registry():
+    assert LOSS_FNS["clipped_pg"] is clipped_policy_loss
+    assert get_loss_fn("clipped_pg") is clipped_policy_loss
+    with pytest.raises(KeyError, match="unknown policy loss"):
+        get_loss_fn("nope")

@@ -1,0 +1,83 @@
+import math
+
+import pytest
+
+from r3_rllib.core.reflection import (
+    COMPACT_REFLECTION_TEMPLATE,
+    DEFAULT_REFLECTION_GUIDANCE,
+    DEFAULT_REFLECTION_TEMPLATE,
+    build_reflection_prompt,
+    select_reflection_queries,
+    strip_think,
+)
+
+
+def test_default_guidance_content():
+    g = DEFAULT_REFLECTION_GUIDANCE.lower()
+    assert "incorrect" in g and "repeat" in g and "\\boxed{}" in DEFAULT_REFLECTION_GUIDANCE
+
+
+def test_default_prompt_layout():
+    p = build_reflection_prompt("What is 2+3?", "<think>2+3 is 6</think>The answer is \\boxed{6}.")
+    assert p == DEFAULT_REFLECTION_TEMPLATE.format(
+        query="What is 2+3?", wrong_answer="The answer is \\boxed{6}.", guidance=DEFAULT_REFLECTION_GUIDANCE
+    )
+    assert p.startswith("What is 2+3?") and p.endswith(DEFAULT_REFLECTION_GUIDANCE)
+    assert "2+3 is 6" not in p
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>a\nb</think> final", "final"),
+        ("reasoning opened by the template</think>\nfinal", "final"),
+        ("<think>cut off while reason", "cut off while reason"),
+        ("no tags at all ", "no tags at all"),
+        ("<think>x</think>one<think>y</think>two", "onetwo"),
+    ],
+)
+def test_strip_think(text, expected):
+    assert strip_think(text) == expected
+
+
+def test_keep_think_when_asked():
+    p = build_reflection_prompt(
+        "q", "<think>r</think>a", template="{query}|{wrong_answer}", remove_think=False
+    )
+    assert p == "q|<think>r</think>a"
+
+
+def test_max_answer_chars_keeps_tail():
+    p = build_reflection_prompt("q", "0123456789", template="{query}|{wrong_answer}", max_answer_chars=4)
+    assert p == "q|...6789"
+    assert (
+        build_reflection_prompt("q", "0123", template="{query}|{wrong_answer}", max_answer_chars=4)
+        == "q|0123"
+    )
+    with pytest.raises(ValueError, match="max_answer_chars"):
+        build_reflection_prompt("q", "a", max_answer_chars=0)
+
+
+def test_compact_template_is_printable_ascii_and_ends_with_query():
+    assert all(32 <= ord(c) < 127 for c in COMPACT_REFLECTION_TEMPLATE)
+    p = build_reflection_prompt("12+34=", "47", template=COMPACT_REFLECTION_TEMPLATE)
+    assert p == "47?12+34="
+
+
+def test_braces_in_values_are_safe_and_bad_templates_fail():
+    p = build_reflection_prompt(
+        "{x}", "\\boxed{5}", template="{query} {wrong_answer} {guidance}", guidance="g{}"
+    )
+    assert p == "{x} \\boxed{5} g{}"
+    with pytest.raises(ValueError, match="placeholders"):
+        build_reflection_prompt("q", "a", template="{query}")
+    with pytest.raises(ValueError, match="bad reflection template"):
+        build_reflection_prompt("q", "a", template="{query}{wrong_answer}{other}")
+
+
+def test_select_reflection_queries():
+    means = {"a": 0.1, "b": 0.5, "c": None, "d": math.nan, "e": 0.0, "f": 0.49}
+    assert select_reflection_queries(means, 0.5) == ["a", "e", "f"]
+    assert select_reflection_queries({}, 0.5) == []
+    with pytest.raises(ValueError, match="tau"):
+        select_reflection_queries(means, math.nan)
