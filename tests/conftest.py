@@ -39,3 +39,17 @@ def ray_session():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_random_model(tmp_path_factory) -> str:
+    """An untrained tiny Qwen2 with the character tokenizer (for plumbing tests that need no skill)."""
+    import torch
+
+    from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("tiny_random")
+    tok = build_tiny_tokenizer()
+    save_tiny(build_tiny_model(tok, seed=0), tok, path)
+    return str(path)

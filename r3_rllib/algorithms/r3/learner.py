@@ -414,13 +414,28 @@ class R3Learner(TorchLearner):
 
     def parameter_checksum(self) -> float:
         """Sum of all parameters (global, collective): cheap fingerprint for tests."""
+        return self._global_sum(_local(p).detach().double().sum().cpu() for p in self.policy.parameters())
+
+    def optimizer_checksum(self) -> float:
+        """Sum of AdamW's moment estimates (global, collective): shows optimizer state survived a restore."""
+        parts = []
+        for state in self._optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    parts.append(_local(state[key]).detach().double().sum().cpu())
+        return self._global_sum(parts)
+
+    def _global_sum(self, parts) -> float:
         total = torch.zeros((), dtype=torch.float64)
-        for p in self.policy.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            total += local.detach().double().sum().cpu()
+        for part in parts:
+            total += part
         if self._world > 1 and self.config.use_fsdp:
             dist.all_reduce(total)
         return float(total)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _fit(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -297,6 +297,10 @@ class R3(Algorithm):
         load_policy_tokenizer(self.config).save_pretrained(path)
         return path
 
+    def replay_metrics(self) -> dict[str, float]:
+        """The replay actor's metrics (size, bytes, hits, misses, evictions); empty without one."""
+        return ray.get(self._replay.metrics.remote()) if self._replay is not None else {}
+
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
         return _all_results(self.learner_group.foreach_learner(fn))

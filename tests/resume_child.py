@@ -1,0 +1,43 @@
+"""Child process of the checkpoint test: restore an R3 checkpoint in a fresh process and report its state."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+def make_config(model_path: str):
+    """GRPO + all R^3 parts from epoch 0 (so the replay actor's state is part of the checkpoint)."""
+    from r3_rllib import R3Config
+
+    return (
+        R3Config.r3_preset()
+        .environment("arithmetic", env_config={"num_queries": 16})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
+        .training(model_path=model_path, group_size=4, queries_per_iteration=8, max_new_tokens=5, lr=1e-3)
+    )
+
+
+if __name__ == "__main__":
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    model_path, checkpoint = sys.argv[1], sys.argv[2]
+    ray.init(num_cpus=2, address="local", include_dashboard=False, log_to_driver=False)
+    algo = make_config(model_path).build_algo()
+    algo.restore(checkpoint)
+    out = {
+        "iteration": algo.iteration,
+        "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
+        "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
+        "replay_size": algo.replay_metrics()["size"],
+    }
+    result = algo.train()
+    out["next_iteration"] = result["training_iteration"]
+    out["policy_version"] = float(result["rollout"]["policy_version"])
+    algo.stop()
+    print("RESULT " + json.dumps(out))

@@ -1,0 +1,88 @@
+"""FSDP2 across two learner workers matches one worker; checkpoints restore in a new process and continue."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from r3_rllib import R3Config
+
+pytestmark = pytest.mark.slow
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, HERE)
+from resume_child import make_config  # noqa: E402
+
+
+def _trajectory(model_path: str, num_learners: int, iterations: int = 3) -> list[dict]:
+    config = (
+        R3Config.grpo_preset()
+        .environment("arithmetic", env_config={"num_queries": 64})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=num_learners, num_cpus_per_learner=1)
+        # Ranking rewards give a random policy non-zero advantages, so every iteration trains.
+        .r3(ranking=True, ranking_start_epoch=0)
+        .training(
+            model_path=model_path,
+            group_size=4,
+            queries_per_iteration=8,
+            max_new_tokens=5,
+            lr=3e-3,
+            num_minibatches=2,
+            micro_batch_size=4,
+        )
+    )
+    algo = config.build_algo()
+    try:
+        out = []
+        for _ in range(iterations):
+            r = algo.train()
+            out.append({k: float(r["learner"][k]) for k in ("loss", "grad_norm", "entropy")})
+        out.append({"params": algo.learner_call(lambda lr: lr.parameter_checksum())[0]})
+        return out
+    finally:
+        algo.stop()
+
+
+def test_two_fsdp_learners_match_one(ray_session, tiny_random_model):
+    one = _trajectory(tiny_random_model, 0)
+    two = _trajectory(tiny_random_model, 2)
+    for a, b in zip(one[:-1], two[:-1], strict=True):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, one, two)
+    assert two[-1]["params"] == pytest.approx(one[-1]["params"], rel=1e-5)
+
+
+def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_random_model, tmp_path):
+    algo = make_config(tiny_random_model).build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
+        saved = {
+            "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
+            "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
+            "replay_size": algo.replay_metrics()["size"],
+        }
+    finally:
+        algo.stop()
+    assert saved["optim"] != 0.0 and saved["replay_size"] > 0
+    env = {**os.environ, "PYTHONPATH": HERE}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "resume_child.py"), tiny_random_model, checkpoint],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    child = json.loads(lines[-1][len("RESULT ") :])
+    assert child["iteration"] == 2 and child["next_iteration"] == 3
+    assert child["params"] == pytest.approx(saved["params"], rel=1e-9)
+    assert child["optim"] == pytest.approx(saved["optim"], rel=1e-9)
+    assert child["replay_size"] == saved["replay_size"]
+    assert child["policy_version"] == 3.0  # two updates before the save, one after
