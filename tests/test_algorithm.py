@@ -11,20 +11,29 @@ from r3_rllib import R3Config
 pytestmark = pytest.mark.slow
 
 
-def tiny_config(**training) -> R3Config:
-    base = dict(group_size=4, queries_per_iteration=8, max_new_tokens=5, lr=1e-3, micro_batch_size=32)
+def tiny_config(model_path: str, **training) -> R3Config:
+    """GRPO on arithmetic with ranking rewards on from the start, so even an untrained policy gets gradients."""
+    base = dict(
+        model_path=model_path,
+        group_size=4,
+        queries_per_iteration=8,
+        max_new_tokens=5,
+        lr=1e-3,
+        micro_batch_size=32,
+    )
     base.update(training)
     return (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"digits": 2, "num_queries": 200, "seed": 0})
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
+        .r3(ranking=True, ranking_start_epoch=0)
         .training(**base)
     )
 
 
-def test_train_two_iterations_reports_metrics_and_exports(ray_session, tmp_path):
-    algo = tiny_config().build_algo()
+def test_train_two_iterations_reports_metrics_and_exports(ray_session, tiny_random_model, tmp_path):
+    algo = tiny_config(tiny_random_model).build_algo()
     try:
         for _ in range(2):
             result = algo.train()
@@ -51,7 +60,7 @@ def test_train_two_iterations_reports_metrics_and_exports(ray_session, tmp_path)
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(out)
-        checksum = sum(float(p.double().sum()) for p in model.parameters())
+        checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
         learner_checksum = algo.learner_call(lambda lr: lr.parameter_checksum())[0]
         # from_pretrained dedupes the tied embedding; the learner counts it once too
         assert checksum == pytest.approx(learner_checksum, rel=1e-6)
@@ -59,19 +68,18 @@ def test_train_two_iterations_reports_metrics_and_exports(ray_session, tmp_path)
         algo.stop()
 
 
-def test_runner_weights_match_learner_after_sync(ray_session):
+def test_runner_weights_match_learner_after_sync(ray_session, tiny_random_model):
     """After an update, the engine on the runner scores tokens exactly like the learner's policy."""
-    algo = tiny_config().build_algo()
+    algo = tiny_config(tiny_random_model).build_algo()
     try:
         algo.train()
         sd = algo.learner_call(lambda lr: lr.full_state_dict())[0]
         out = algo.env_runner_group.foreach_env_runner(
             lambda r: r.engine.generate([[5, 6, 7]], 1, r.sampling_params()), local_env_runner=False
         )[0][0][0]
-        from r3_rllib.models import default_tiny_model_path
         from r3_rllib.models.tiny import load_tiny
 
-        model, _ = load_tiny(default_tiny_model_path())
+        model, _ = load_tiny(tiny_random_model)
         model.load_state_dict(sd, strict=False)
         ids = torch.tensor([[5, 6, 7] + list(out.token_ids)])
         with torch.no_grad():
@@ -82,10 +90,12 @@ def test_runner_weights_match_learner_after_sync(ray_session):
         algo.stop()
 
 
-def test_tune_grid_search_runs_two_trials(ray_session, tmp_path):
+def test_tune_grid_search_runs_two_trials(ray_session, tiny_random_model, tmp_path):
     from ray import tune
 
-    config = tiny_config(queries_per_iteration=4).training(lr=tune.grid_search([1e-4, 1e-3]))
+    config = tiny_config(tiny_random_model, queries_per_iteration=4).training(
+        lr=tune.grid_search([1e-4, 1e-3])
+    )
     config.env_runners(num_cpus_per_env_runner=0.5).resources(num_cpus_for_main_process=0.5)
     tuner = tune.Tuner(
         "R3",

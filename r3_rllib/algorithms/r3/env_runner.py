@@ -106,8 +106,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.engine = None
 
     # -- the work -----------------------------------------------------------------------------------------------
-    def set_replay_actor(self, handle) -> None:
-        self._replay = handle
+    def set_replay_actor(self, client) -> None:
+        """Give the runner the replay buffer (a ReplayBufferClient) for reflection prompts."""
+        self._replay = client
 
     def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
         self._sample_seed += 1
@@ -181,14 +182,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _reflection_prompts(self, query_ids, query_texts, cfg: dict) -> list[tuple[str, str, str]]:
         """Prompts `query + past wrong answer + guidance` for queries whose mean past reward is below tau."""
-        stats = ray.get(self._replay.query_stats.remote(query_ids))
+        stats = self._replay.query_stats(query_ids)
         hard = [q for q in dict.fromkeys(query_ids) if q in stats and stats[q].n_seen > 0]
         hard = [q for q in hard if stats[q].mean_reward < cfg["tau"]]
         if cfg.get("max_per_batch") is not None:
             hard = hard[: cfg["max_per_batch"]]
         if not hard:
             return []
-        wrong = ray.get(self._replay.sample_wrong_answers.remote(hard, cfg["current_version"]))
+        wrong = self._replay.sample_wrong_answers(hard, cfg["current_version"])
         out = []
         for qid, sample in zip(hard, wrong, strict=True):
             if sample is None:

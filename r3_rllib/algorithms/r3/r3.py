@@ -42,15 +42,17 @@ class R3(Algorithm):
         self._weight_sync_s = 0.0
         self._replay = None
         if self.config.needs_replay_actor:
-            from r3_rllib.replay import create_replay_actor
+            from r3_rllib.replay import ReplayBufferClient, create_replay_actor
 
-            self._replay = create_replay_actor(
-                {
-                    "max_per_query": self.config.replay_max_per_query,
-                    "max_total_samples": self.config.replay_max_total,
-                    "max_staleness": self.config.replay_max_staleness,
-                    "seed": self.config.seed,
-                }
+            self._replay = ReplayBufferClient(
+                create_replay_actor(
+                    {
+                        "max_per_query": self.config.replay_max_per_query,
+                        "max_total_samples": self.config.replay_max_total,
+                        "max_staleness": self.config.replay_max_staleness,
+                        "seed": self.config.seed,
+                    }
+                )
             )
             handle = self._replay
             self.env_runner_group.foreach_env_runner(
@@ -101,7 +103,7 @@ class R3(Algorithm):
         # Every fresh sample enters the per-query buffer after the batch is built (reflection samples do not:
         # their prompt is not the query's, see groups.py).
         if self._replay is not None:
-            self._replay.add.remote(_to_replay_samples([g for g in groups if not g.is_reflection]))
+            self._replay.add(_to_replay_samples([g for g in groups if not g.is_reflection]), block=False)
         r3_s = time.perf_counter() - t0
 
         # 3. Learner update, 4. weight sync.
@@ -184,7 +186,7 @@ class R3(Algorithm):
 
     def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
         full = [(qid, want, k, self._policy_version) for qid, want, k in requests]
-        got = ray.get(self._replay.sample_batch.remote(full))
+        got = self._replay.sample_batch(full)
         return [[_from_replay_sample(s) for s in samples] for samples in got]
 
     def _sync_weights(self) -> None:
@@ -228,7 +230,7 @@ class R3(Algorithm):
             self.metrics.log_dict(learner_metrics, key="learner")
         self.metrics.log_value("num_env_steps_sampled_lifetime", len(samples), reduce="lifetime_sum")
         if self._replay is not None:
-            self.metrics.log_dict(ray.get(self._replay.metrics.remote()), key="replay")
+            self.metrics.log_dict(self._replay.metrics(), key="replay")
 
     def _log_eval(self) -> None:
         results = self.env_runner_group.foreach_env_runner(
@@ -260,7 +262,7 @@ class R3(Algorithm):
             "runners": self.env_runner_group.foreach_env_runner(
                 lambda r: r.get_state(), local_env_runner=False
             ),
-            "replay": ray.get(self._replay.get_state.remote()) if self._replay is not None else None,
+            "replay": self._replay.get_state() if self._replay is not None else None,
             "metrics": self.metrics.get_state(),
             "r3_settings": self.config.r3_settings(),
         }
@@ -282,7 +284,7 @@ class R3(Algorithm):
                 lambda r, _s=runner_state: r.set_state(_s), remote_worker_ids=[wid], local_env_runner=False
             )
         if self._replay is not None and state["replay"] is not None:
-            ray.get(self._replay.set_state.remote(state["replay"]))
+            self._replay.set_state(state["replay"])
         self.metrics.set_state(state["metrics"])
         self._sync_weights()
 
@@ -299,7 +301,7 @@ class R3(Algorithm):
 
     def replay_metrics(self) -> dict[str, float]:
         """The replay actor's metrics (size, bytes, hits, misses, evictions); empty without one."""
-        return ray.get(self._replay.metrics.remote()) if self._replay is not None else {}
+        return self._replay.metrics() if self._replay is not None else {}
 
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
