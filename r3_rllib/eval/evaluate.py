@@ -1,0 +1,474 @@
+"""Benchmark evaluation of a policy: pass@1 averaged over n samples, pass@n, response length, truncation.
+
+Protocol (DeepScaleR / R^3): every problem is rendered exactly as the math environment renders it during training
+(same template, same chat template), sampled ``n`` times at temperature 0.6 / top-p 0.95, and each response is graded
+by the rule-based math grader against the gold answer(s). Per benchmark:
+
+- ``pass@1`` is the mean correctness over all ``n`` samples of all problems ("avg@n"), the number papers report;
+- ``pass@n`` is the unbiased pass@k estimator of Chen et al. (2021) at ``k = n``, i.e. the fraction of problems with at
+  least one correct sample;
+- ``mean_response_tokens`` and ``truncated_frac`` (responses that hit ``max_new_tokens``) show whether the budget cut
+  reasoning short, which silently lowers accuracy.
+
+The "average" row is the unweighted mean over benchmarks, as in the papers' tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.envs.data import MathProblem
+from r3_rllib.envs.math_env import DEFAULT_PROMPT_TEMPLATE, MathEnv
+from r3_rllib.eval.benchmarks import (
+    BENCHMARKS,
+    PAPER_BENCHMARKS,
+    load_benchmark,
+    local_path,
+    parse_benchmark_names,
+)
+
+# The training prompt (DeepScaleR's instruction); evaluation must see exactly what training saw.
+PROMPT_TEMPLATE = DEFAULT_PROMPT_TEMPLATE
+
+# DeepScaleR evaluates its 1.5B models with a 32k-token response budget.
+DEFAULT_MAX_NEW_TOKENS = 32768
+DEFAULT_BATCH_SIZE = 64  # prompts per engine call (each fans out to n samples)
+
+
+# -- metrics ------------------------------------------------------------------------------------------------------------
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of P(at least one of k samples is correct) from ``c`` correct out of ``n`` samples.
+
+    ``1 - C(n-c, k) / C(n, k)``: the chance that a random k-subset of the n samples holds a correct one.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    num_problems: int
+    n: int
+    pass_at_1: float  # avg@n: mean correctness over all samples
+    pass_at_n: float  # unbiased pass@k with k = n
+    mean_response_tokens: float
+    truncated_frac: float
+    problem_ids: list[str] = field(default_factory=list)
+    num_correct: list[int] = field(default_factory=list)  # per problem, out of n
+
+    @classmethod
+    def from_samples(
+        cls,
+        name: str,
+        problem_ids: Sequence[str],
+        correct: Sequence[Sequence[bool]],
+        response_tokens: Sequence[Sequence[int]],
+        truncated: Sequence[Sequence[bool]],
+    ) -> BenchmarkResult:
+        """Aggregate per-sample results; every argument is ``[problem][sample]`` with the same n per problem."""
+        if not correct:
+            raise ValueError(f"benchmark {name!r}: no problems were evaluated")
+        n = len(correct[0])
+        if n == 0 or any(len(row) != n for row in correct):
+            raise ValueError(f"benchmark {name!r}: every problem needs the same number (>0) of samples")
+        counts = [int(sum(bool(x) for x in row)) for row in correct]
+        return cls(
+            name=name,
+            num_problems=len(correct),
+            n=n,
+            pass_at_1=float(np.mean([c / n for c in counts])),
+            pass_at_n=float(np.mean([pass_at_k(n, c, n) for c in counts])),
+            mean_response_tokens=float(np.mean([t for row in response_tokens for t in row])),
+            truncated_frac=float(np.mean([bool(t) for row in truncated for t in row])),
+            problem_ids=list(problem_ids),
+            num_correct=counts,
+        )
+
+
+SUMMARY_FIELDS = ("pass_at_1", "pass_at_n", "mean_response_tokens", "truncated_frac")
+
+
+@dataclass
+class EvalReport:
+    results: list[BenchmarkResult]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> BenchmarkResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(f"no result for {name!r}; have {[r.name for r in self.results]}")
+
+    @property
+    def average(self) -> dict[str, float]:
+        """Unweighted mean of each summary metric over benchmarks; ``num_problems`` is the total."""
+        out = {f: float(np.mean([getattr(r, f) for r in self.results])) for f in SUMMARY_FIELDS}
+        out["num_problems"] = sum(r.num_problems for r in self.results)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "benchmarks": {r.name: asdict(r) for r in self.results},
+            "average": self.average,
+        }
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    def to_markdown(self) -> str:
+        n = self.results[0].n if self.results else 0
+        header = (
+            f"| benchmark | problems | pass@1 (avg@{n}) % | pass@{n} % | mean response tokens | truncated % |\n"
+            "|---|---:|---:|---:|---:|---:|"
+        )
+
+        def row(name: str, num: int, m: dict[str, float]) -> str:
+            return (
+                f"| {name} | {num} | {100 * m['pass_at_1']:.1f} | {100 * m['pass_at_n']:.1f} | "
+                f"{m['mean_response_tokens']:.0f} | {100 * m['truncated_frac']:.1f} |"
+            )
+
+        lines = [header]
+        for r in self.results:
+            lines.append(row(r.name, r.num_problems, {f: getattr(r, f) for f in SUMMARY_FIELDS}))
+        if len(self.results) > 1:
+            avg = self.average
+            lines.append(row("**average**", int(avg["num_problems"]), avg))
+        return "\n".join(lines)
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RenderedPrompts:
+    token_ids: list[list[int]]
+    texts: list[str]
+    think_in_prompt: list[bool]  # the prompt opens a <think> block: an answer needs a closing </think>
+
+
+def render_prompts(
+    tokenizer, problems: Sequence[MathProblem], prompt_template: str, apply_chat_template: bool
+) -> RenderedPrompts:
+    """Prompts exactly as :class:`~r3_rllib.envs.math_env.MathEnv` renders them in training, as token ids.
+
+    The environment itself renders (template, chat template, fallback to plain text for tokenizers without one) and
+    the ids come from ``tokenizer(text, add_special_tokens=False)`` like the rollout runner's, so an evaluated model
+    sees byte-identical prompts to the ones it was trained on.
+    """
+    env = MathEnv(
+        data=list(problems),
+        tokenizer=tokenizer,
+        prompt_template=prompt_template,
+        apply_chat_template=apply_chat_template,
+        shuffle=False,
+    )
+    texts = [env.reset(options={"query_id": p.id})[0] for p in problems]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    # Same rule as MathEnv.reset: DeepSeek-R1 chat templates end the generation prompt with "<think>\n".
+    think = [
+        env.think_in_prompt if env.think_in_prompt is not None else t.rstrip().endswith("<think>")
+        for t in texts
+    ]
+    return RenderedPrompts(token_ids=ids, texts=texts, think_in_prompt=think)
+
+
+def _response_text(completion: Completion, tokenizer) -> str:
+    # Engines fill ``text`` when they hold a tokenizer; decode here otherwise so grading never sees an empty string.
+    if completion.text:
+        return completion.text
+    return tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+
+def _grade(grader, pairs: list[tuple[str, tuple[str, ...]]], think: list[bool]) -> list[bool]:
+    """Grade in at most two calls (prompts with and without an opened think block take different rules)."""
+    out: list[bool] = [False] * len(pairs)
+    for flag in (False, True):
+        idx = [i for i, t in enumerate(think) if t == flag]
+        if idx:
+            grades = grader.grade_many([pairs[i] for i in idx], think_in_prompt=flag)
+            for i, g in zip(idx, grades, strict=True):
+                out[i] = bool(g.correct)
+    return out
+
+
+def evaluate(
+    engine: GenerationEngine,
+    tokenizer,
+    benchmarks: str | Sequence[str] = PAPER_BENCHMARKS,
+    *,
+    n: int = 16,
+    temperature: float = 0.6,
+    top_p: float = 0.95,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    data_dir: str | Path | None = None,
+    max_problems: int | None = None,
+    prompt_template: str = PROMPT_TEMPLATE,
+    apply_chat_template: bool = True,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+    progress: bool = True,
+    grader=None,
+) -> EvalReport:
+    """Sample ``n`` responses per problem of each benchmark with ``engine`` and grade them (see module docstring).
+
+    ``benchmarks``: names from :data:`~r3_rllib.eval.benchmarks.BENCHMARKS` (list or comma-separated string).
+    ``data_dir``: read ``{name}.jsonl`` from this folder instead of the hub. ``max_problems``: first N per benchmark.
+    ``grader``: an object with ``grade_many([(response, golds), ...], think_in_prompt=bool)`` returning results with
+    a ``correct`` attribute (default: a fresh :class:`~r3_rllib.rewards.math_grader.MathGrader`, closed at the end).
+    Sampling stops at the tokenizer's eos, as in training; ``seed + i`` seeds the i-th engine call.
+    """
+    from tqdm.auto import tqdm
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    names = parse_benchmark_names(benchmarks)
+    # Load and render everything first: a bad file or name fails before any (possibly hours of) generation.
+    suites = {name: load_benchmark(name, data_dir=data_dir, max_problems=max_problems) for name in names}
+    rendered = {
+        name: render_prompts(tokenizer, problems, prompt_template, apply_chat_template)
+        for name, problems in suites.items()
+    }
+    own_grader = grader is None
+    if own_grader:
+        from r3_rllib.rewards.math_grader import MathGrader
+
+        grader = MathGrader()
+    stop_ids = tuple(i for i in [getattr(tokenizer, "eos_token_id", None)] if i is not None)  # as in training
+    results: list[BenchmarkResult] = []
+    call = 0
+    total = sum(len(p) for p in suites.values())
+    try:
+        with tqdm(total=total, desc="eval", unit="problem", disable=not progress, dynamic_ncols=True) as bar:
+            for name, problems in suites.items():
+                bar.set_postfix_str(name)
+                prompts = rendered[name]
+                correct: list[list[bool]] = []
+                lengths: list[list[int]] = []
+                truncated: list[list[bool]] = []
+                for start in range(0, len(problems), batch_size):
+                    stop = min(start + batch_size, len(problems))
+                    params = SamplingParams(
+                        max_new_tokens=max_new_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        stop_token_ids=stop_ids,
+                        seed=seed + call,  # a distinct seed per call: batches must not share random streams
+                    )
+                    call += 1
+                    groups = engine.generate(prompts.token_ids[start:stop], n, params)
+                    if len(groups) != stop - start or any(len(g) != n for g in groups):
+                        raise RuntimeError(
+                            f"engine returned {[len(g) for g in groups]} completions for {stop - start} prompts "
+                            f"x n={n}"
+                        )
+                    pairs, think = [], []
+                    for i, group in zip(range(start, stop), groups, strict=True):
+                        for c in group:
+                            pairs.append((_response_text(c, tokenizer), problems[i].answers))
+                            think.append(prompts.think_in_prompt[i])
+                    verdicts = _grade(grader, pairs, think)
+                    for j, group in enumerate(groups):
+                        correct.append(verdicts[j * n : (j + 1) * n])
+                        lengths.append([len(c.token_ids) for c in group])
+                        truncated.append([c.truncated for c in group])
+                    bar.update(stop - start)
+                results.append(
+                    BenchmarkResult.from_samples(name, [p.id for p in problems], correct, lengths, truncated)
+                )
+    finally:
+        if own_grader:
+            grader.close()
+    config = {
+        "benchmarks": names,
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+        "data_dir": None if data_dir is None else str(data_dir),
+        "max_problems": max_problems,
+        "prompt_template": prompt_template,
+        "apply_chat_template": apply_chat_template,
+        "seed": seed,
+    }
+    return EvalReport(results=results, config=config)
+
+
+# -- command line -------------------------------------------------------------------------------------------------------
+def default_engine_kind() -> str:
+    """vLLM when it is installed and a GPU is visible (fast long generations), else the transformers engine."""
+    import importlib.util
+
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """A local model folder as is; otherwise a hub name, fetched into (or found in) the Hugging Face cache."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise NotADirectoryError(f"--model must be a model folder or a hub name, got the file {path}")
+    if str(model).count("/") != 1:
+        raise FileNotFoundError(
+            f"no model folder at {path} (and {model!r} is not a hub name like 'org/model')"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+        )
+    except Exception as e:  # offline without a cached copy, unknown repo, no access: say which
+        raise FileNotFoundError(f"could not get model {model!r} from the hub or its cache: {e}") from e
+
+
+def _split_names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--model", required=True, help="model folder or hub name")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+    parser.add_argument(
+        "--benchmarks",
+        default=",".join(PAPER_BENCHMARKS),
+        help=f"comma-separated, from {', '.join(BENCHMARKS)} (default: %(default)s)",
+    )
+    parser.add_argument("--n", type=int, default=16, help="samples per problem (default: %(default)s)")
+    parser.add_argument(
+        "--engine", choices=("hf", "vllm"), default=None, help="default: vllm with a GPU, else hf"
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="read <benchmark>.jsonl files here instead of the hub"
+    )
+    parser.add_argument("--max-problems", type=int, default=None, help="first N problems of each benchmark")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="default: %(default)s"
+    )
+    parser.add_argument("--temperature", type=float, default=0.6, help="default: %(default)s")
+    parser.add_argument("--top-p", type=float, default=0.95, help="default: %(default)s")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="prompts per engine call")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="feed the templated problem as plain text (base models)",
+    )
+    parser.add_argument(
+        "--prompt-template", default=PROMPT_TEMPLATE, help="user-turn template with {problem}"
+    )
+    parser.add_argument(
+        "--out", default=None, help="write the report as JSON here (and a .md table beside it)"
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="vLLM only (default: %(default)s)"
+    )
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _engine_kwargs(kind: str, args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
+    if kind != "vllm":
+        return {}
+    # Room for the longest benchmark prompt (well under 4k tokens) plus the response budget, capped by the model.
+    max_model_len = args.max_new_tokens + 4096
+    config_file = model_path / "config.json"
+    if config_file.is_file():
+        limit = json.loads(config_file.read_text()).get("max_position_embeddings")
+        if limit:
+            max_model_len = min(max_model_len, int(limit))
+    return {
+        "seed": args.seed,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "logprobs_k": 0,  # grading needs text only; top-k log-probs (entropy estimates) cost time and memory
+    }
+
+
+def run_eval(
+    args: argparse.Namespace, *, engine_factory: Callable[..., GenerationEngine] | None = None
+) -> int:
+    """``r3 eval``: evaluate a model on benchmarks, print the markdown table, optionally write JSON (and .md)."""
+    try:
+        names = parse_benchmark_names(args.benchmarks)
+        if args.data_dir is not None:
+            if not Path(args.data_dir).is_dir():
+                raise FileNotFoundError(f"--data-dir {args.data_dir} is not a folder")
+            # Check every file before building the engine (loading a large model takes minutes).
+            for name in names:
+                if not local_path(name, args.data_dir).is_file():
+                    raise FileNotFoundError(
+                        f"benchmark {name!r}: {local_path(name, args.data_dir)} not found (with --data-dir, "
+                        "benchmarks are read only from <benchmark>.jsonl files there)"
+                    )
+        model_path = resolve_model_path(args.model)
+    except (OSError, ValueError) as e:
+        print(f"r3 eval: error: {e}", file=sys.stderr)
+        return 2
+    from r3_rllib.models.tiny import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer or model_path)
+    kind = args.engine or default_engine_kind()
+    if engine_factory is None:
+        from r3_rllib.engines import make_engine
+
+        engine_factory = make_engine
+    engine = engine_factory(kind, model_path, tokenizer, **_engine_kwargs(kind, args, model_path))
+    try:
+        report = evaluate(
+            engine,
+            tokenizer,
+            names,
+            n=args.n,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            data_dir=args.data_dir,
+            max_problems=args.max_problems,
+            prompt_template=args.prompt_template,
+            apply_chat_template=not args.no_chat_template,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            progress=not args.quiet,
+        )
+    except (OSError, ValueError) as e:
+        print(f"r3 eval: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.shutdown()
+    report.config.update(model=str(args.model), engine=kind)
+    table = report.to_markdown()
+    print(table)
+    if args.out:
+        out = report.to_json(args.out)
+        table_path = out.with_suffix(".md") if out.suffix != ".md" else out.with_name(out.name + ".table.md")
+        table_path.write_text(table + "\n")
+        print(f"wrote {out} and {table_path}", file=sys.stderr)
+    return 0
