@@ -206,15 +206,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return out
 
     def evaluate(self, num_queries: int) -> dict[str, float]:
-        """Greedy accuracy on the held-out env (env_config updated with `eval_env_config`)."""
+        """Greedy accuracy on the first `num_queries` held-out queries (env_config updated with
+        `eval_env_config`); the same queries every call, so evaluations are comparable."""
         if self._eval_env is None:
             cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
             self._eval_env = build_env(self.config.env, cfg, self.tokenizer)
+            self._eval_start = self._eval_env.state()
         env = self._eval_env
+        env.set_state(self._eval_start)
         n = min(num_queries, len(env)) if _has_len(env) else num_queries
         prompts, qids = [], []
-        for i in range(n):
-            obs, info = env.reset(seed=i if i == 0 else None)
+        for _ in range(n):
+            obs, info = env.reset()
             prompts.append(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
             qids.append(info["query_id"])
         comps = self.engine.generate(prompts, 1, self.sampling_params(greedy=True))

@@ -7,8 +7,9 @@ in-context self-reflection) are groups of their own with the reflection prompt a
 
 Choices the paper leaves open, made here and documented:
 
-- Ranking applies to groups whose *fresh* samples are all wrong; replayed successes keep reward 1, which stays above
-  every ranked failure (R_max < 1), so the ordering "correct > better failure > worse failure" holds in G_mix.
+- Ranking applies to every group whose own (non-replayed) samples are all wrong, reflection groups included;
+  replayed successes keep reward 1, which stays above every ranked failure (R_max < 1), so the ordering
+  "correct > better failure > worse failure" holds in G_mix.
 - Reflection groups are trained on their own prompt, with advantages within their own group. Their samples do not
   enter the replay buffer: the query's mean past reward measures the policy on the original prompt, and a response
   conditioned on a reflection prompt replayed into the original query's group would mix two contexts.
@@ -133,7 +134,7 @@ def build_training_batch(
 
     spreads = []
     if switches.ranking:
-        for g in fresh:
+        for g in groups:
             if g.all_wrong and len(g.samples) > 1:
                 apply_ranking_rewards(g, p=switches.ranking_p, r_max=switches.ranking_r_max)
                 spreads.append(float(np.ptp([s.reward for s in g.samples])))

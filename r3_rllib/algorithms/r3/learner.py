@@ -317,7 +317,8 @@ class R3Learner(TorchLearner):
                 acc["loss"] += float(loss) * weight
                 acc["pg_loss"] += float(pg) * weight
                 acc["kl"] += float(kl_val) * weight
-                acc["clip_frac"] += float(pg_metrics.get("clip_frac", 0.0)) * weight
+                clip = pg_metrics["clip_frac_low"] + pg_metrics["clip_frac_high"]
+                acc["clip_frac"] += float(clip) * weight
                 acc["approx_kl"] += float(pg_metrics.get("approx_kl", 0.0)) * weight
                 acc["entropy"] += float((entropy * mask).sum() / mask.sum().clamp(min=1)) * weight
                 if is_w is not None:
