@@ -13,6 +13,7 @@ import pytest
 
 from r3_rllib.eval.plot import (
     DEFAULT_METRICS,
+    _short_trial_name,
     add_plot_args,
     build_figure,
     find_trial_dirs,
@@ -131,7 +132,8 @@ def test_no_metric_at_all_is_clear_error(tmp_path):
 def test_experiment_folder_and_result_json(tmp_path):
     # An experiment folder with two trials; one has only result.json (nested keys), with checkpoints inside.
     exp = tmp_path / "exp"
-    write_progress(exp / "R3_trial_00000", 5, 0.1)
+    long_name = "R3_arith_00000_0_lr=0.001," + "x" * 60 + "_2026-11-22_00-39-45"  # as Tune names trials
+    write_progress(exp / long_name, 5, 0.1)
     trial_b = exp / "R3_trial_00001"
     (trial_b / "checkpoint_000000").mkdir(parents=True)
     with open(trial_b / "result.json", "w") as f:
@@ -143,10 +145,12 @@ def test_experiment_folder_and_result_json(tmp_path):
             )
             f.write("\n")
         f.write('{"training_iteration": 4, "rollo')  # a partial line from a killed trial
-    assert find_trial_dirs(exp) == [exp / "R3_trial_00000", trial_b]
+    assert find_trial_dirs(exp) == [exp / long_name, trial_b]
     with pytest.warns(UserWarning, match="not JSON"):
         runs = load_runs([exp], labels=["grpo"])
-    assert [r.label for r in runs] == ["grpo/R3_trial_00000", "grpo/R3_trial_00001"]
+    # Labels drop Tune's date suffix and are capped at 60 characters.
+    assert [r.label for r in runs] == ["grpo/" + long_name[:57] + "...", "grpo/R3_trial_00001"]
+    assert _short_trial_name(Path("R3_a_00001_1_k=2_2026-11-22_00-39-45")) == "R3_a_00001_1_k=2"
     np.testing.assert_allclose(runs[1].columns["rollout/accuracy"], [0.3, 0.6, 0.9])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -14,6 +14,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -147,6 +148,16 @@ def load_trial(trial_dir: str | Path, label: str | None = None) -> RunCurves:
     return RunCurves(label=label or trial_dir.name, path=trial_dir, columns=columns)
 
 
+_TUNE_DATE_SUFFIX = re.compile(r"_\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}$")
+MAX_LABEL_CHARS = 60
+
+
+def _short_trial_name(rel: Path) -> str:
+    """Tune trial folders are ``<trainable>_<id>_<index>_<params>_<date>``: drop the date, cap the length."""
+    name = _TUNE_DATE_SUFFIX.sub("", str(rel))
+    return name if len(name) <= MAX_LABEL_CHARS else name[: MAX_LABEL_CHARS - 3] + "..."
+
+
 def load_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = None) -> list[RunCurves]:
     """Every trial under ``run_dirs``; a label stands for all trials of its folder (suffixed with the trial name)."""
     if isinstance(run_dirs, str | Path):
@@ -160,7 +171,7 @@ def load_runs(run_dirs: Sequence[str | Path], labels: Sequence[str] | None = Non
         trials = find_trial_dirs(run_dir)
         base = labels[i] if labels is not None else Path(run_dir).resolve().name
         for trial in trials:
-            label = base if len(trials) == 1 else f"{base}/{trial.relative_to(run_dir)}"
+            label = base if len(trials) == 1 else f"{base}/{_short_trial_name(trial.relative_to(run_dir))}"
             runs.append(load_trial(trial, label=label))
     return runs
 
@@ -224,8 +235,12 @@ def build_figure(runs: Sequence[RunCurves], metrics: Sequence[str] = DEFAULT_MET
             ax.grid(True, alpha=0.3)
     handles, names = axes[0][0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, names, loc="upper center", ncol=min(len(names), 4), frameon=False)
-        fig.tight_layout(rect=(0, 0, 1, 0.93))
+        # As many legend columns as the figure width holds (~11 characters per inch), rows above the grid.
+        width_chars = int(fig.get_figwidth() * 11)
+        legend_cols = max(1, min(len(names), width_chars // (max(len(x) for x in names) + 6)))
+        legend_rows = math.ceil(len(names) / legend_cols)
+        fig.legend(handles, names, loc="upper center", ncol=legend_cols, frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, max(0.6, 1 - 0.045 * (legend_rows + 0.5))))
     else:
         fig.tight_layout()
     return fig
