@@ -156,47 +156,64 @@ class R3(Algorithm):
     def _sample_groups(
         self, num_queries: int, reflection: dict | None
     ) -> tuple[list[Group], dict[str, float]]:
-        n_runners = max(1, self.env_runner_group.num_healthy_remote_workers())
-        per_runner = [num_queries // n_runners + (i < num_queries % n_runners) for i in range(n_runners)]
+        """Split `num_queries` over the healthy runners and sample. A runner that crashes is skipped for this
+        iteration (RLlib marks it unhealthy); `restore_env_runners` restarts it and pushes the current weights
+        before the next iteration."""
         ids = self.env_runner_group.healthy_worker_ids()
-        results = []
-        for wid, n in zip(ids, per_runner, strict=False):
-            if n == 0:
-                continue
-            results.append(
-                self.env_runner_group.foreach_env_runner(
-                    lambda r, _n=n, _refl=reflection: r.sample(num_queries=_n, reflection=_refl),
-                    remote_worker_ids=[wid],
-                    local_env_runner=False,
-                    timeout_seconds=None,
-                    return_obj_refs=True,
-                )
-            )
-        outs = [ray.get(refs[0]) for refs in results]
+        if not ids:
+            raise RuntimeError("no healthy EnvRunner left to sample from")
+        share = {wid: num_queries // len(ids) + (i < num_queries % len(ids)) for i, wid in enumerate(ids)}
+
+        def sample(runner, _share=share, _refl=reflection):
+            n = _share.get(runner.worker_index, 0)
+            return runner.sample(num_queries=n, reflection=_refl) if n > 0 else None
+
+        outs = self.env_runner_group.foreach_env_runner(sample, local_env_runner=False, remote_worker_ids=ids)
+        outs = [out for out in outs if out is not None]
+        self.metrics.log_value(("rollout", "runners_failed"), len(ids) - len(outs), reduce="sum")
+        if not outs:
+            return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0}
         groups = [g for out in outs for g in out["groups"]]
         self._dataset_epoch = min(out["env_epoch"] for out in outs)
-        gen_s = max(out["timing"]["generate_s"] for out in outs)
-        tokens = float(sum(out["generated_tokens"] for out in outs))
         info = {
-            "generate_s": gen_s,
+            "generate_s": max(out["timing"]["generate_s"] for out in outs),
             "grade_s": max(out["timing"]["grade_s"] for out in outs),
-            "generated_tokens": tokens,
+            "generated_tokens": float(sum(out["generated_tokens"] for out in outs)),
         }
         return groups, info
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """Bring back crashed runners and give them what RLlib's default restore cannot: the current policy weights
+        (they restart from the initial model) and the replay buffer client."""
+        restored = env_runner_group.probe_unhealthy_env_runners()
+        if not restored:
+            return []
+        self._counters["total_num_restored_workers"] += len(restored)
+        if self._replay is not None:
+            client = self._replay
+            env_runner_group.foreach_env_runner(
+                lambda r, c=client: r.set_replay_actor(c), remote_worker_ids=restored, local_env_runner=False
+            )
+        if self._policy_version > 0:
+            self._sync_weights(remote_worker_ids=restored)
+        return restored
 
     def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
         full = [(qid, want, k, self._policy_version) for qid, want, k in requests]
         got = self._replay.sample_batch(full)
         return [[_from_replay_sample(s) for s in samples] for samples in got]
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self, remote_worker_ids: list[int] | None = None) -> None:
+        """Learner rank 0 puts the full state dict in the object store once; every runner loads it from there."""
         t0 = time.perf_counter()
         results = self.learner_group.foreach_learner(lambda learner: learner.weights_ref())
         refs = [r for r in _all_results(results) if r[0] is not None]
         weights_ref, version = refs[0]
         self._policy_version = version
         self.env_runner_group.foreach_env_runner(
-            lambda r, _w=weights_ref, _v=version: r.update_weights(_w, _v), local_env_runner=False
+            lambda r, _w=weights_ref, _v=version: r.update_weights(_w, _v),
+            local_env_runner=False,
+            remote_worker_ids=remote_worker_ids,
         )
         self._weight_sync_s = time.perf_counter() - t0
 
