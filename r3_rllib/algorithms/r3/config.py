@@ -49,6 +49,11 @@ class R3Settings:
     """Passed to the engine (e.g. gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, max_batch_size)."""
     dtype: str = "auto"
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
+    attn_implementation: str | None = None
+    """Learner attention kernel passed to transformers ('flash_attention_2' with the gpu extra, 'sdpa', None: default)."""
+    sleep_between_rollouts: bool = False
+    """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
+    learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""
     group_size: int = 8
     """G: responses sampled per query."""
     queries_per_iteration: int = 16
@@ -222,7 +227,10 @@ class R3Config(AlgorithmConfig):
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         from r3_rllib.algorithms.r3.learner import CausalLMModule
 
-        return RLModuleSpec(module_class=CausalLMModule, model_config={"model_path": self.model_path})
+        return RLModuleSpec(
+            module_class=CausalLMModule,
+            model_config={"model_path": self.model_path, "attn_implementation": self.attn_implementation},
+        )
 
     def get_default_learner_class(self):
         from r3_rllib.algorithms.r3.learner import R3Learner

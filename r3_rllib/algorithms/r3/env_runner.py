@@ -125,6 +125,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def sample(self, *, num_queries: int = 1, reflection: dict | None = None, **kwargs) -> dict[str, Any]:
         """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given)."""
         t0 = time.perf_counter()
+        if self.config.sleep_between_rollouts:
+            self.engine.wake_up()
         prompts: list[tuple[str, str | None, str]] = []  # (query_id, user_content or None, prompt text)
         query_texts: dict[str, str] = {}
         for _ in range(num_queries):
@@ -139,6 +141,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         t_gen = time.perf_counter()
         completions = self.engine.generate(prompt_ids, self.config.group_size, self.sampling_params())
         gen_s = time.perf_counter() - t_gen
+        if self.config.sleep_between_rollouts:
+            self.engine.sleep()  # the learner may use the GPU memory until the next rollout
 
         t_grade = time.perf_counter()
         groups = []
@@ -233,7 +237,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Load weights (an ObjectRef or a dict of full tensors) into the engine; return seconds taken."""
         t0 = time.perf_counter()
         weights = ray.get(weights_ref) if isinstance(weights_ref, ray.ObjectRef) else weights_ref
+        if self.config.sleep_between_rollouts:
+            self.engine.wake_up()
         self.engine.update_weights(weights.items(), version)
+        if self.config.sleep_between_rollouts:
+            self.engine.sleep()
         return time.perf_counter() - t0
 
     # -- Checkpointable -----------------------------------------------------------------------------------------
