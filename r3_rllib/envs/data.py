@@ -1,0 +1,407 @@
+"""Loading math problems (problem text + accepted answers) from local files or the Hugging Face hub.
+
+``source`` is a local ``.json`` (a list of rows, or ``{"data": [...]}``), ``.jsonl`` or ``.parquet`` file, or a hub
+dataset name such as ``agentica-org/DeepScaleR-Preview-Dataset`` (read with ``datasets.load_dataset(name,
+split=split)``). A string is a local path when it exists, ends like a data file (``.json``, ``.csv``, ``.gz``, ...)
+or starts with ``/``, ``.`` or ``~``; anything else is a hub name.
+
+Answer normalisation (the ``answer`` column and the optional ``answers`` column, whose forms are all accepted):
+
+- ``str``: stripped; empty is a bad row. The string ``"142.0"`` stays ``"142.0"`` (the grader handles it).
+- ``int``: ``str(value)``; ``float``: ``"142"`` when integral (AMC answers are stored as ``142.0``), else
+  ``repr(value)``; NaN/inf are bad rows.
+- ``list``/``tuple`` of the above: several accepted forms (duplicates dropped, order kept).
+- ``None``, ``bool``, ``dict`` and anything else: a bad row.
+
+A bad row (missing or empty problem or answer, wrong types, duplicate id, a JSON line that does not parse) raises
+:class:`DataError` naming the file, the 0-based row (and the line for JSONL) and the field. With
+``on_bad_row="skip"`` it is skipped instead, counted, and logged once per load (``logging.warning`` with the count
+and the first reasons); :func:`load_math_problems_with_report` also returns a :class:`LoadReport` with the counts.
+Missing or unreadable files and unknown extensions always raise :class:`DataError` naming the path.
+
+Row ids: the ``id`` column when present (str or int), else ``f"{stem}:{row}"`` with the file stem (or the dataset
+name) and the 0-based row.
+
+Also here, shared by the finite-pool environments: :class:`QueryOrder` (epoch-wise shuffled iteration with a
+checkpointable cursor) and :func:`parse_reset_options` (validation of ``reset(options=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import os
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
+# Names ending like a data file are local paths (a clear "not found"/"unknown extension" beats a hub lookup).
+_FILE_LIKE_SUFFIXES = LOCAL_SUFFIXES + (
+    ".csv",
+    ".tsv",
+    ".txt",
+    ".gz",
+    ".zip",
+    ".xz",
+    ".arrow",
+    ".yaml",
+    ".yml",
+)
+# How many skip reasons a LoadReport keeps and the warning shows.
+MAX_REASONS = 20
+_LOGGED_REASONS = 5
+
+
+class DataError(ValueError):
+    """A data source or one of its rows cannot be used; the message names the file, row and field."""
+
+
+@dataclass(frozen=True)
+class MathProblem:
+    id: str
+    problem: str
+    answers: tuple[str, ...]  # accepted forms of the gold answer, at least one
+
+    @property
+    def answer(self) -> str:
+        return self.answers[0]
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    source: str
+    rows_read: int
+    loaded: int
+    skipped: int
+    skip_reasons: tuple[str, ...]  # the first MAX_REASONS reasons
+
+
+class _BadRow(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def normalize_answer_value(value: Any, field: str = "answer") -> tuple[str, ...]:
+    """Accepted answer strings for one ``answer``/``answers`` cell (rules in the module docstring)."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not items:
+        raise _BadRow(field, "empty list")
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            text = item.strip()
+            if not text:
+                raise _BadRow(field, "empty string")
+        elif isinstance(item, bool) or item is None:
+            raise _BadRow(field, f"{item!r} is not an answer")
+        elif isinstance(item, numbers.Integral):
+            text = str(int(item))
+        elif isinstance(item, numbers.Real):
+            x = float(item)
+            if not math.isfinite(x):
+                raise _BadRow(field, f"{x!r} is not a finite number")
+            text = str(int(x)) if x.is_integer() else repr(x)
+        else:
+            raise _BadRow(field, f"expected a string, number or list of them, got {type(item).__name__}")
+        if text not in out:
+            out.append(text)
+    return tuple(out)
+
+
+def _parse_row(
+    row: Any, *, problem_key: str, answer_key: str, answers_key: str, id_key: str, default_id: str
+) -> MathProblem:
+    if not isinstance(row, Mapping):
+        raise _BadRow("<row>", f"expected an object, got {type(row).__name__}")
+    problem = row.get(problem_key)
+    if problem is None:
+        raise _BadRow(problem_key, "missing")
+    if not isinstance(problem, str):
+        raise _BadRow(problem_key, f"expected a string, got {type(problem).__name__}")
+    if not problem.strip():
+        raise _BadRow(problem_key, "empty string")
+
+    answer_value, answers_value = row.get(answer_key), row.get(answers_key)
+    if answer_value is None and answers_value is None:
+        raise _BadRow(answer_key, "missing" if answer_key not in row else "missing (null)")
+    answers = normalize_answer_value(answer_value, answer_key) if answer_value is not None else ()
+    if answers_value is not None:
+        extra = normalize_answer_value(answers_value, answers_key)
+        answers += tuple(a for a in extra if a not in answers)
+
+    raw_id = row.get(id_key)
+    if raw_id is None:
+        qid = default_id
+    elif isinstance(raw_id, bool) or not isinstance(raw_id, str | numbers.Integral):
+        raise _BadRow(id_key, f"expected a string or integer, got {type(raw_id).__name__}")
+    else:
+        qid = str(raw_id).strip()
+        if not qid:
+            raise _BadRow(id_key, "empty string")
+    return MathProblem(id=qid, problem=problem, answers=answers)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Readers: each yields (row_index, location, row) where location names the line for JSONL; a JSON line that does
+# not parse is yielded as a _BadRow so the caller's skip policy applies to it.
+# --------------------------------------------------------------------------------------------------------------
+def _is_local(source: str | os.PathLike) -> bool:
+    if isinstance(source, os.PathLike):
+        return True
+    s = str(source)
+    return os.path.exists(s) or s.lower().endswith(_FILE_LIKE_SUFFIXES) or s.startswith(("/", ".", "~"))
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, str, Any]]:
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc}") from exc
+    with handle:
+        row = 0
+        try:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                where = f"row {row} (line {lineno})"
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    value = _BadRow("<json>", f"invalid JSON: {exc}")
+                yield row, where, value
+                row += 1
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text: {exc}") from exc
+
+
+def _read_json(path: Path) -> Iterator[tuple[int, str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of rows or an object with a 'data' list")
+    for row, value in enumerate(data):
+        yield row, f"row {row}", value
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[int, str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as exc:  # pyarrow raises ArrowInvalid (a ValueError) on corrupt files
+        raise DataError(f"{path}: cannot read parquet: {exc}") from exc
+    for row, value in enumerate(rows):
+        yield row, f"row {row}", value
+
+
+def _read_hub(name: str, split: str) -> Iterator[tuple[int, str, Any]]:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(name, split=split)
+    except Exception as exc:  # network, auth, unknown name, unknown split: all surface as one clear error
+        raise DataError(f"hub dataset {name!r} (split {split!r}): cannot load: {exc}") from exc
+    for row, value in enumerate(dataset):
+        yield row, f"row {row}", value
+
+
+def _open_source(source: str | os.PathLike, split: str) -> tuple[str, str, Iterator[tuple[int, str, Any]]]:
+    """(display name, id stem, row iterator)."""
+    if not _is_local(source):
+        name = str(source)
+        return f"{name}[{split}]", name.rsplit("/", 1)[-1], _read_hub(name, split)
+    path = Path(os.path.expanduser(str(source)))
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: not a file")
+    suffix = path.suffix.lower()
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+    if suffix not in readers:
+        raise DataError(f"{path}: unknown extension {suffix!r}; expected one of {', '.join(LOCAL_SUFFIXES)}")
+    return str(path), path.stem, readers[suffix](path)
+
+
+def load_math_problems_with_report(
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    answers_key: str = "answers",
+    id_key: str = "id",
+    on_bad_row: Literal["error", "skip"] = "error",
+    max_rows: int | None = None,
+) -> tuple[list[MathProblem], LoadReport]:
+    """Like :func:`load_math_problems`, plus a :class:`LoadReport` with the row counts and skip reasons."""
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if max_rows is not None and max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0 or None, got {max_rows}")
+    display, stem, rows = _open_source(source, split)
+    problems: list[MathProblem] = []
+    seen: dict[str, int] = {}
+    reasons: list[str] = []
+    skipped = 0
+    rows_read = 0
+    for row, where, value in rows:
+        if max_rows is not None and len(problems) >= max_rows:
+            break
+        rows_read += 1
+        try:
+            if isinstance(value, _BadRow):
+                raise value
+            problem = _parse_row(
+                value,
+                problem_key=problem_key,
+                answer_key=answer_key,
+                answers_key=answers_key,
+                id_key=id_key,
+                default_id=f"{stem}:{row}",
+            )
+            if problem.id in seen:
+                raise _BadRow(id_key, f"duplicate id {problem.id!r} (first seen in row {seen[problem.id]})")
+        except _BadRow as bad:
+            message = f"{display}: {where}: field {bad.field!r}: {bad}"
+            if on_bad_row == "error":
+                raise DataError(message) from None
+            skipped += 1
+            if len(reasons) < MAX_REASONS:
+                reasons.append(message)
+            continue
+        seen[problem.id] = row
+        problems.append(problem)
+    if skipped:
+        logger.warning(
+            "%s: skipped %d bad row(s) of %d; first: %s",
+            display,
+            skipped,
+            rows_read,
+            "; ".join(reasons[:_LOGGED_REASONS]),
+        )
+    report = LoadReport(display, rows_read, len(problems), skipped, tuple(reasons))
+    return problems, report
+
+
+def load_math_problems(
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    answers_key: str = "answers",
+    id_key: str = "id",
+    on_bad_row: Literal["error", "skip"] = "error",
+    max_rows: int | None = None,
+) -> list[MathProblem]:
+    """Load problems from a local file or hub dataset (see the module docstring for formats and rules).
+
+    ``max_rows`` stops reading once that many problems are loaded. ``split`` only applies to hub datasets.
+    """
+    problems, _ = load_math_problems_with_report(
+        source,
+        split=split,
+        problem_key=problem_key,
+        answer_key=answer_key,
+        answers_key=answers_key,
+        id_key=id_key,
+        on_bad_row=on_bad_row,
+        max_rows=max_rows,
+    )
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Iterating a finite pool of queries, epoch by epoch (shared by the finite-pool environments)
+# --------------------------------------------------------------------------------------------------------------
+class QueryOrder:
+    """Epoch-wise order over ``size`` queries: each pass is a permutation seeded with ``seed * 100_003 + epoch``
+    (identity when not shuffling). The multiplier keeps runners whose seeds differ by small offsets from
+    replaying each other's orders a few epochs apart, as plain ``seed + epoch`` would.
+
+    ``epoch`` counts completed passes (it becomes 1 as soon as the last query of the first pass is served);
+    ``cursor`` is the position within the current pass. Both are the checkpointed state.
+    """
+
+    def __init__(self, size: int, *, seed: int = 0, shuffle: bool = True) -> None:
+        if size < 1:
+            raise ValueError(f"a query pool needs at least one query, got {size}")
+        self.size = size
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.cursor = 0
+        self.epoch = 0
+        self._order: list[int] | None = None
+        self._order_epoch = -1
+
+    def _permutation(self) -> list[int]:
+        if self._order is None or self._order_epoch != self.epoch:
+            order = list(range(self.size))
+            if self.shuffle:
+                random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+            self._order, self._order_epoch = order, self.epoch
+        return self._order
+
+    def next(self) -> int:
+        """Index of the next query; advances the cursor (and the epoch after the last query of a pass)."""
+        index = self._permutation()[self.cursor]
+        self.cursor += 1
+        if self.cursor == self.size:
+            self.cursor = 0
+            self.epoch += 1
+        return index
+
+    def restart(self, seed: int) -> None:
+        self.seed, self.cursor, self.epoch = int(seed), 0, 0
+        self._order = None
+
+    def state(self) -> dict[str, int]:
+        return {"cursor": self.cursor, "epoch": self.epoch, "seed": self.seed, "size": self.size}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        size = int(state.get("size", self.size))
+        if size != self.size:
+            raise ValueError(f"state is for a pool of {size} queries, this environment has {self.size}")
+        cursor, epoch = int(state["cursor"]), int(state["epoch"])
+        if not 0 <= cursor < self.size or epoch < 0:
+            raise ValueError(f"invalid state cursor={cursor} epoch={epoch} for a pool of {self.size} queries")
+        self.seed = int(state.get("seed", self.seed))
+        self.cursor, self.epoch = cursor, epoch
+        self._order = None
+
+
+RESET_OPTIONS = ("query_id", "user_content")
+
+
+def parse_reset_options(options: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """``(query_id, user_content)`` from ``reset(options=...)``; rejects unknown keys and ``user_content``
+    without ``query_id``."""
+    if not options:
+        return None, None
+    unknown = sorted(set(options) - set(RESET_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown reset option(s) {unknown}; supported: {list(RESET_OPTIONS)}")
+    query_id, user_content = options.get("query_id"), options.get("user_content")
+    if user_content is not None and query_id is None:
+        raise ValueError(
+            "reset option 'user_content' needs 'query_id' (the query whose gold answer grades it)"
+        )
+    if query_id is not None and not isinstance(query_id, str):
+        raise TypeError(f"query_id must be a string, got {type(query_id).__name__}")
+    if user_content is not None and not isinstance(user_content, str):
+        raise TypeError(f"user_content must be a string, got {type(user_content).__name__}")
+    return query_id, user_content

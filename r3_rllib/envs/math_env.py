@@ -1,0 +1,312 @@
+"""Math word problems with verifiable answers (MATH, AIME, DeepScaleR, ...), graded by the math grader.
+
+The user turn is ``prompt_template`` with ``{problem}`` replaced (DeepScaleR's instruction by default), rendered
+with the tokenizer's chat template when it has one. The reward is 1 when the last ``\\boxed{}`` of the final answer
+(after ``</think>``) is equivalent to one of the row's accepted answers, plus an optional length bonus for correct
+answers counted in tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from r3_rllib.envs.arithmetic import length_bonus
+from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.data import (
+    DataError,
+    LoadReport,
+    MathProblem,
+    QueryOrder,
+    load_math_problems_with_report,
+    parse_reset_options,
+)
+from r3_rllib.rewards.math_grader import DEFAULT_TIMEOUT_S, shared_grader
+
+# DeepScaleR's instruction; rendered text: "... output the final answer within \boxed{}."
+DEFAULT_PROMPT_TEMPLATE = "{problem} Let's think step by step and output the final answer within \\boxed{}."
+
+DataSource = str | os.PathLike
+DataSpec = DataSource | Sequence[DataSource] | Sequence[MathProblem] | Mapping[str, Any]
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object as is; a folder through the project's loader.
+
+    The loader reads the project's character-level tokenizers with ``PreTrainedTokenizerFast``, because
+    ``AutoTokenizer`` resolves a Qwen2 ``config.json`` to ``Qwen2Tokenizer``, which silently drops characters of a
+    custom vocabulary; every other folder goes through ``AutoTokenizer``.
+    """
+    if tokenizer is None or not isinstance(tokenizer, str | os.PathLike):
+        return tokenizer
+    from r3_rllib.models.tiny import load_tokenizer as load_from_dir
+
+    return load_from_dir(tokenizer)
+
+
+def render_user_text(problem: str, template: str) -> str:
+    """``template`` with ``{problem}`` replaced. Not ``str.format``: templates contain ``\\boxed{}``."""
+    return template.replace("{problem}", problem)
+
+
+class MathEnv(TextEnv):
+    """Single-step math problems from local files or a hub dataset.
+
+    Config:
+        data: a source (``.json``/``.jsonl``/``.parquet`` path or hub dataset name), a list of sources (their
+            problems are concatenated; ids colliding across sources are prefixed with ``"<source stem>/"``), a list
+            of :class:`MathProblem`, or a mapping ``{split: source(s)}`` (``split`` picks the entry).
+        split: the hub split, or the key of a ``{split: source}`` mapping. A single local file has no test split:
+            ``split != "train"`` with one is an error rather than a silent evaluation on training data.
+        problem_key, answer_key, answers_key, id_key, on_bad_row, max_rows: see ``load_math_problems``.
+        tokenizer: a tokenizer object or folder; renders the chat template and counts tokens.
+        prompt_template: the user turn, ``{problem}`` replaced (default: DeepScaleR's instruction).
+        system_prompt: an optional system turn (plain text: prepended with a blank line).
+        apply_chat_template: render with the tokenizer's chat template when it has one (else plain text).
+        max_prompt_tokens: prompts longer than this (rendered, in tokens) raise ``DataError`` naming the row, or
+            are skipped and counted (``data_report["skipped_too_long"]``) with ``on_bad_row="skip"``.
+        length_bonus_max_tokens: ``L``; correct answers get ``max(0, 1 - tokens / L)`` more reward.
+        seed, shuffle: the per-epoch order, as in ``ArithmeticEnv``.
+        grading_timeout_s: hard limit per graded answer (math-verify runs in a worker subprocess).
+        think_in_prompt: whether the prompt opens a ``<think>`` block (then a response without ``</think>`` is
+            wrong); ``None`` detects it from the rendered prompt (DeepSeek-R1 templates end with ``<think>\\n``).
+    """
+
+    def __init__(
+        self,
+        *,
+        data: DataSpec,
+        split: str = "train",
+        problem_key: str = "problem",
+        answer_key: str = "answer",
+        answers_key: str = "answers",
+        id_key: str = "id",
+        on_bad_row: Literal["error", "skip"] = "error",
+        max_rows: int | None = None,
+        tokenizer: Any = None,
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        system_prompt: str | None = None,
+        apply_chat_template: bool = True,
+        max_prompt_tokens: int | None = None,
+        length_bonus_max_tokens: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        grading_timeout_s: float = DEFAULT_TIMEOUT_S,
+        think_in_prompt: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if "{problem}" not in prompt_template:
+            raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
+        if length_bonus_max_tokens is not None and length_bonus_max_tokens <= 0:
+            raise ValueError(f"length_bonus_max_tokens must be > 0 or None, got {length_bonus_max_tokens}")
+        if max_prompt_tokens is not None and max_prompt_tokens <= 0:
+            raise ValueError(f"max_prompt_tokens must be > 0 or None, got {max_prompt_tokens}")
+        if grading_timeout_s <= 0:
+            raise ValueError(f"grading_timeout_s must be > 0, got {grading_timeout_s}")
+        self.tokenizer = load_tokenizer(tokenizer)
+        if self.tokenizer is None and (max_prompt_tokens is not None or length_bonus_max_tokens is not None):
+            raise ValueError("max_prompt_tokens and length_bonus_max_tokens count tokens: pass a tokenizer")
+        self.prompt_template = prompt_template
+        self.system_prompt = system_prompt
+        self.use_chat_template = bool(
+            apply_chat_template
+            and self.tokenizer is not None
+            and getattr(self.tokenizer, "chat_template", None)
+        )
+        self.length_bonus_max_tokens = length_bonus_max_tokens
+        self.grading_timeout_s = float(grading_timeout_s)
+        self.think_in_prompt = think_in_prompt
+        self.split = split
+
+        loader_options = dict(
+            problem_key=problem_key,
+            answer_key=answer_key,
+            answers_key=answers_key,
+            id_key=id_key,
+            on_bad_row=on_bad_row,
+            max_rows=max_rows,
+        )
+        problems, reports = _load(data, split, loader_options)
+        self.load_reports: list[LoadReport] = reports
+        skipped_long = 0
+        if max_prompt_tokens is not None:
+            problems, skipped_long = self._drop_long_prompts(problems, max_prompt_tokens, on_bad_row)
+        if not problems:
+            raise DataError(f"no usable problems in {_describe_data(data)} (split {split!r})")
+        self.problems: list[MathProblem] = problems
+        self.data_report = {
+            "loaded": len(problems),
+            "skipped_bad_rows": sum(r.skipped for r in reports),
+            "skipped_too_long": skipped_long,
+        }
+        self._by_id = {p.id: p for p in problems}
+        self._order = QueryOrder(len(problems), seed=seed, shuffle=shuffle)
+        self._current: tuple[MathProblem, bool] | None = None
+
+    # -- prompts ---------------------------------------------------------------------------------------------
+    def render_prompt(self, user_text: str) -> str:
+        """The full prompt for a user turn: the chat template with the generation prompt, or plain text."""
+        if self.use_chat_template:
+            messages = [{"role": "user", "content": user_text}]
+            if self.system_prompt is not None:
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if self.system_prompt:
+            return f"{self.system_prompt}\n\n{user_text}"
+        return user_text
+
+    def user_text(self, problem: MathProblem) -> str:
+        return render_user_text(problem.problem, self.prompt_template)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _drop_long_prompts(
+        self, problems: list[MathProblem], max_tokens: int, on_bad_row: str
+    ) -> tuple[list[MathProblem], int]:
+        prompts = [self.render_prompt(self.user_text(p)) for p in problems]
+        # Special tokens written as text in a rendered template count as one token each (add_special_tokens=False
+        # keeps a BOS from being added twice).
+        lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        kept = []
+        for problem, n in zip(problems, lengths, strict=True):
+            if n <= max_tokens:
+                kept.append(problem)
+            elif on_bad_row == "error":
+                raise DataError(
+                    f"query {problem.id!r}: prompt has {n} tokens > max_prompt_tokens={max_tokens} "
+                    f"(pass on_bad_row='skip' to drop such rows)"
+                )
+        return kept, len(problems) - len(kept)
+
+    # -- TextEnv ---------------------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the problems."""
+        return self._order.epoch
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Next problem of the shuffled pool (``seed`` restarts the iteration with that shuffle seed). Options:
+        ``query_id`` re-serves that problem without moving the cursor; ``user_content`` (with ``query_id``) is
+        rendered as the user turn instead of the problem, graded against the problem's answers."""
+        super().reset(seed=seed)
+        if seed is not None:
+            self._order.restart(seed)
+        query_id, user_content = parse_reset_options(options)
+        problem = self.problems[self._order.next()] if query_id is None else self.problem(query_id)
+        query_text = self.user_text(problem)
+        prompt = self.render_prompt(query_text if user_content is None else user_content)
+        think = self.think_in_prompt
+        if think is None:
+            think = prompt.rstrip().endswith("<think>")
+        self._current = (problem, think)
+        return prompt, {"query_id": problem.id, "query_text": query_text, "gold": problem.answers}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._current is None:
+            raise RuntimeError("call reset() before step(); an episode is one response")
+        (problem, think), self._current = self._current, None
+        grade = shared_grader(self.grading_timeout_s).grade(action, problem.answers, think_in_prompt=think)
+        correctness = 1.0 if grade.correct else 0.0
+        bonus = 0.0
+        if grade.correct and self.length_bonus_max_tokens is not None:
+            bonus = length_bonus(self.count_tokens(action), self.length_bonus_max_tokens)
+        info = {
+            "query_id": problem.id,
+            "correct": grade.correct,
+            "reward_components": {"correctness": correctness, "length_bonus": bonus},
+            "grade_reason": grade.reason,
+            "gold": problem.answers,
+        }
+        return "", correctness + bonus, True, False, info
+
+    def state(self) -> dict[str, Any]:
+        return self._order.state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._order.set_state(state)
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def problem(self, query_id: str) -> MathProblem:
+        try:
+            return self._by_id[query_id]
+        except KeyError:
+            raise ValueError(
+                f"unknown query_id {query_id!r}: not among this environment's {len(self)} problems"
+            ) from None
+
+    @property
+    def query_ids(self) -> list[str]:
+        return [p.id for p in self.problems]
+
+
+def _describe_data(data: Any) -> str:
+    if isinstance(data, str | os.PathLike):
+        return str(data)
+    if isinstance(data, Mapping):
+        return f"data mapping with splits {sorted(data)}"
+    return f"{len(data)} data item(s)"
+
+
+def _is_local_file(source: Any) -> bool:
+    return isinstance(source, os.PathLike) or (
+        isinstance(source, str) and Path(os.path.expanduser(source)).exists()
+    )
+
+
+def _load(data: DataSpec, split: str, options: dict[str, Any]) -> tuple[list[MathProblem], list[LoadReport]]:
+    if isinstance(data, Mapping):
+        if split not in data:
+            raise DataError(f"data has no split {split!r}; splits: {sorted(data)}")
+        data = data[split]  # a hub name here is loaded with that split
+    elif split != "train" and (
+        _is_local_file(data)
+        or (isinstance(data, Sequence) and not isinstance(data, str) and any(_is_local_file(d) for d in data))
+    ):
+        raise DataError(
+            f"split {split!r} requested but {_describe_data(data)} is a local file without splits; "
+            f"pass data={{'train': ..., {split!r}: ...}} or a hub dataset name"
+        )
+    if isinstance(data, str | os.PathLike):
+        sources: list[Any] = [data]
+    else:
+        sources = list(data)
+    if sources and all(isinstance(s, MathProblem) for s in sources):
+        problems = list(sources)
+        ids = [p.id for p in problems]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise DataError(f"duplicate problem id {dup!r} in the given problems")
+        return problems, []
+    if not sources or not all(isinstance(s, str | os.PathLike) for s in sources):
+        raise TypeError(
+            "data must be a path/hub name, a list of them, a list of MathProblem, or {split: ...}"
+        )
+    per_source = []
+    reports = []
+    for source in sources:
+        problems, report = load_math_problems_with_report(source, split=split, **options)
+        per_source.append((source, problems))
+        reports.append(report)
+    counts: dict[str, int] = {}
+    for _, problems in per_source:
+        for p in problems:
+            counts[p.id] = counts.get(p.id, 0) + 1
+    out: list[MathProblem] = []
+    for source, problems in per_source:
+        stem = Path(str(source)).stem if _is_local_file(source) else str(source).rsplit("/", 1)[-1]
+        for p in problems:
+            # Ids unique within a file can collide across files: qualify only those (stable across runs).
+            out.append(p if counts[p.id] == 1 else MathProblem(f"{stem}/{p.id}", p.problem, p.answers))
+    if len({p.id for p in out}) != len(out):
+        raise DataError(
+            f"problem ids collide across {_describe_data(data)} even after prefixing the source stem"
+        )
+    return out, reports
