@@ -24,6 +24,19 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # generation also stops at the engine's eos
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        # temperature 0 means greedy decoding in every engine.
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        # Accept any iterable of ints (a list from a YAML config) but store a hashable tuple.
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
 
 @dataclass
 class Completion:
@@ -66,11 +79,11 @@ class GenerationEngine(ABC):
     def version(self) -> int:
         """Policy version of the weights currently loaded."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Free accelerator memory between rollouts (colocated engines). Default: nothing to free."""
 
-    def wake_up(self) -> None:
+    def wake_up(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Undo :meth:`sleep`."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Release resources."""

@@ -1,0 +1,41 @@
+"""Tiny models for CPU-scale experiments: a character tokenizer, a small Qwen2, warm-start SFT, a shipped checkpoint.
+
+``r3_rllib.models.sft`` (training) is imported on demand; this package only needs torch and transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from r3_rllib.models.tiny import (
+    build_tiny_model,
+    build_tiny_model_for_tokenizer,
+    build_tiny_tokenizer,
+    load_tiny,
+    load_tokenizer,
+    save_tiny,
+)
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+DEFAULT_TINY_MODEL = "tiny-arith-add2"
+
+
+def default_tiny_model_path() -> Path:
+    """Folder of the shipped tiny model warm-started on 2-digit addition (see ``assets/README.md``)."""
+    path = ASSETS_DIR / DEFAULT_TINY_MODEL
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the shipped checkpoint is missing from {path}; is the package data installed?"
+        )
+    return path
+
+
+__all__ = [
+    "build_tiny_model",
+    "build_tiny_model_for_tokenizer",
+    "build_tiny_tokenizer",
+    "default_tiny_model_path",
+    "load_tiny",
+    "load_tokenizer",
+    "save_tiny",
+]

