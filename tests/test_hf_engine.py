@@ -206,7 +206,7 @@ def test_bad_inputs(model, tok):
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
     with pytest.raises(ValueError, match="top_k"):
-        SamplingParams(top_k=0)
+        SamplingParams(top_k=-2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
     with pytest.raises(ValueError, match="max_batch_size"):

@@ -20,7 +20,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k filtering
+    top_k: int = -1  # -1 (or 0): no top-k filtering
     stop_token_ids: tuple[int, ...] = ()  # generation also stops at the engine's eos
     seed: int | None = None
 
@@ -32,8 +32,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 or 0 (off) or >= 1, got {self.top_k}")
         # Accept any iterable of ints (a list from a YAML config) but store a hashable tuple.
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
