@@ -114,7 +114,7 @@ def test_main_prints_accuracy_and_rejects_bad_input(tmp_path, capsys):
     assert sft.main(argv) == 0
     printed = capsys.readouterr().out
     assert "held-out greedy exact match" in printed and (out / "config.json").is_file()
-    assert sft.main(["--out", str(tmp_path / "bad"), "--steps", "0"]) == 2
+    assert sft.main(["--", "--out", str(tmp_path / "bad"), "--steps", "0"]) == 2
     assert "steps must be >= 1" in capsys.readouterr().err
     too_many = ["--out", str(tmp_path / "bad"), "--digits", "1", "--num-eval", "20", "--train-pool", "100"]
     assert sft.main(too_many) == 2
@@ -131,3 +131,16 @@ def test_shipped_checkpoint_accuracy_is_in_the_documented_band():
     lo, hi = SHIPPED_ACCURACY_BAND
     assert lo <= accuracy <= hi, f"shipped checkpoint held-out accuracy {accuracy:.3f} outside [{lo}, {hi}]"
     assert accuracy == pytest.approx(meta["heldout_accuracy"], abs=0.01)
+
+
+def test_sft_args_wire_into_a_parent_cli(tmp_path, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="r3")
+    sft.add_sft_args(parser.add_subparsers(dest="cmd").add_parser("sft")).set_defaults(func=sft.run_sft)
+    args = parser.parse_args(
+        ["sft", "--out", str(tmp_path), "--steps", "1", "--digits", "1", "--num-eval", "20"]
+        + ["--train-pool", "60"]
+    )
+    assert args.func(args) == 0
+    assert "held-out greedy exact match" in capsys.readouterr().out

@@ -347,9 +347,8 @@ def warm_start_tiny(
     return out_dir
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``r3 sft``: train (or reuse) a warm-start checkpoint and print its held-out accuracy."""
-    parser = argparse.ArgumentParser(prog="r3 sft", description=__doc__.splitlines()[0])
+def add_sft_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``r3 sft`` options (for wiring into another CLI: ``add_sft_args(sub); sub.set_defaults(func=run_sft)``)."""
     parser.add_argument("--out", type=Path, default=None, help="checkpoint folder (default: the cache)")
     parser.add_argument("--steps", type=int, default=SFTConfig.steps)
     parser.add_argument("--seed", type=int, default=0)
@@ -365,7 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--target-accuracy", type=float, default=None, help="stop once held-out accuracy reaches it"
     )
     parser.add_argument("--cache-dir", type=Path, default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    """Train (or reuse) the checkpoint that ``args`` (from :func:`add_sft_args`) describe; print its accuracy."""
     try:
         path = warm_start_tiny(
             args.out,
@@ -391,6 +394,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"held-out greedy exact match: {meta.get('heldout_accuracy')} on {meta.get('num_heldout')} problems"
     )
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``r3 sft``: train (or reuse) a warm-start checkpoint and print its held-out accuracy."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # tolerate a separator left over by a parent parser
+        argv = argv[1:]
+    parser = add_sft_args(argparse.ArgumentParser(prog="r3 sft", description=__doc__.splitlines()[0]))
+    return run_sft(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
