@@ -87,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="show actor logs")
     p.set_defaults(func=_train)
 
+    from r3_rllib.models.sft import add_sft_args, run_sft
+
     p = sub.add_parser("sft", help="warm-start the tiny arithmetic model (supervised)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda a: __import__("r3_rllib.models.sft", fromlist=["main"]).main(a.rest))
+    add_sft_args(p)
+    p.set_defaults(func=run_sft)
 
     try:
         from r3_rllib.eval.evaluate import add_eval_args, run_eval
