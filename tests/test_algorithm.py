@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
+from algo_checks import assert_runner_scores_like_learner
 
 from r3_rllib import R3Config
 
@@ -73,19 +72,7 @@ def test_runner_weights_match_learner_after_sync(ray_session, tiny_random_model)
     algo = tiny_config(tiny_random_model).build_algo()
     try:
         algo.train()
-        sd = algo.learner_call(lambda lr: lr.full_state_dict())[0]
-        out = algo.env_runner_group.foreach_env_runner(
-            lambda r: r.engine.generate([[5, 6, 7]], 1, r.sampling_params()), local_env_runner=False
-        )[0][0][0]
-        from r3_rllib.models.tiny import load_tiny
-
-        model, _ = load_tiny(tiny_random_model)
-        model.load_state_dict(sd, strict=False)
-        ids = torch.tensor([[5, 6, 7] + list(out.token_ids)])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, 2:-1].float(), -1)
-        expected = logp.gather(-1, ids[0, 3:].unsqueeze(-1)).squeeze(-1).numpy()
-        np.testing.assert_allclose(out.logprobs, expected, atol=1e-4)
+        assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-4)
     finally:
         algo.stop()
 

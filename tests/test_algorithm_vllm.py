@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
+from algo_checks import assert_runner_scores_like_learner
 
 from r3_rllib import R3Config
 
@@ -36,18 +35,6 @@ def test_vllm_runner_trains_and_receives_weights(ray_session, tiny_random_model)
         assert result["rollout"]["policy_version"] == 2
         assert result["learner"]["optimizer_steps"] >= 1
         # The vLLM engine scores tokens like the learner's updated policy (weights were reloaded in place).
-        sd = algo.learner_call(lambda lr: lr.full_state_dict())[0]
-        out = algo.env_runner_group.foreach_env_runner(
-            lambda r: r.engine.generate([[5, 6, 7]], 1, r.sampling_params()), local_env_runner=False
-        )[0][0][0]
-        from r3_rllib.models.tiny import load_tiny
-
-        model, _ = load_tiny(tiny_random_model)
-        model.load_state_dict(sd, strict=False)
-        ids = torch.tensor([[5, 6, 7] + list(out.token_ids)])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, 2:-1].float(), -1)
-        expected = logp.gather(-1, ids[0, 3:].unsqueeze(-1)).squeeze(-1).numpy()
-        np.testing.assert_allclose(out.logprobs, expected, atol=1e-3)
+        assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-3)
     finally:
         algo.stop()

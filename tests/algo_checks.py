@@ -1,0 +1,25 @@
+"""Checks shared by the algorithm tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def assert_runner_scores_like_learner(algo, model_path: str, *, atol: float) -> None:
+    """The first runner's engine gives a freshly sampled response the log-probs that the learner's current weights
+    (loaded into a plain HF model) give it: the weight sync reached the engine."""
+    from r3_rllib.models.tiny import load_tiny
+
+    state = algo.learner_call(lambda learner: learner.full_state_dict())[0]
+    prompt = [5, 6, 7]
+    out = algo.env_runner_group.foreach_env_runner(
+        lambda r: r.engine.generate([prompt], 1, r.sampling_params()), local_env_runner=False
+    )[0][0][0]
+    model, _ = load_tiny(model_path)
+    model.load_state_dict(state, strict=False)
+    ids = torch.tensor([prompt + list(out.token_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+    expected = logp.gather(-1, ids[0, len(prompt) :].unsqueeze(-1)).squeeze(-1).numpy()
+    np.testing.assert_allclose(out.logprobs, expected, atol=atol)
