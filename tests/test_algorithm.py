@@ -95,3 +95,37 @@ def test_tune_grid_search_runs_two_trials(ray_session, tiny_random_model, tmp_pa
     lrs = sorted(r.config["lr"] for r in results)
     assert lrs == [1e-4, 1e-3]
     assert all(r.metrics["training_iteration"] == 1 for r in results)
+
+
+def test_kl_to_frozen_reference(ray_session, tiny_random_model):
+    """KL to the frozen reference is zero while the policy equals it (first update) and positive afterwards."""
+    algo = tiny_config(tiny_random_model, kl_coef=0.1, kl_type="k3", lr=1e-2).build_algo()
+    try:
+        first = algo.train()
+        second = algo.train()
+    finally:
+        algo.stop()
+    assert first["learner"]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert second["learner"]["kl"] > 0.0
+
+
+def test_dapo_dynamic_sampling_trains_only_informative_groups(ray_session):
+    """With the shipped model on addition some groups are all right or all wrong; dynamic sampling drops them and
+    samples more, so no trained group has a zero advantage."""
+    config = (
+        R3Config.dapo_preset()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 500})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .training(
+            group_size=4, queries_per_iteration=8, max_new_tokens=4, lr=1e-4, dynamic_sampling_max_rounds=3
+        )
+    )
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    assert result["rollout"]["dynamic_sampling_rounds"] >= 1
+    assert result["rollout"]["zero_adv_frac"] == 0.0
+    assert result["r3"]["groups"] >= 1 and result["learner"]["optimizer_steps"] >= 1
