@@ -1,0 +1,664 @@
+"""Training throughput of r3-rllib's GRPO against TRL's GRPOTrainer and a plain-PyTorch GRPO loop, in one run.
+
+    python bench/bench_throughput.py                      # both settings, every path (~20 min on 2 CPU cores)
+    python bench/bench_throughput.py --setting tiny       # the shipped 0.8 M model only
+    python bench/bench_throughput.py --setting gen --paths ours-vllm,trl
+    python bench/bench_throughput.py --scaling            # also fit and check the cost-per-iteration model
+    python bench/bench_throughput.py --smoke              # CI: one tiny iteration per path
+
+Every path runs the same model, task, group size G, queries per iteration Q, response length limit, sampling
+(temperature 1, no top-k/top-p) and optimizer (AdamW, constant lr, weight decay 0, grad-norm clip 1, one update per
+batch, PPO clip 0.2/0.28, no KL, token-mean loss):
+
+- ``ours-hf`` / ``ours-vllm``: the real algorithm (``R3Config.grpo_preset()``, ``algo.train()``): one remote
+  EnvRunner with the HF or vLLM engine, a local learner in the driver, weights synced through the object store;
+- ``trl``: ``trl.GRPOTrainer`` (transformers ``generate``, no vLLM on CPU), one optimizer step per generation batch;
+- ``floor``: a hand-written loop in one process: ``model.generate`` with the same sampling, grading, group
+  advantages, one clipped token-mean update. Nothing else: the lowest cost of a GRPO iteration with these libraries.
+
+Two settings:
+
+- ``tiny``: the shipped ~0.8 M-parameter model on 2-digit addition, answers of up to 8 tokens (they stop at eos);
+- ``gen``: a ~19 M-parameter random Qwen2 (char tokenizer) whose eos can never be sampled, so every response is
+  exactly ``--gen-tokens`` long. Every group is all wrong; ours turns on the ranking reward from iteration 0 so it
+  trains on every sample, as TRL and the floor do.
+
+Groups whose rewards are all equal carry no gradient: ours drops them from the batch, so the floor does too in the
+tiny setting (``trained tok`` columns show the work done); TRL trains on all samples.
+
+Time per iteration is wall-clock from the driver, warm-up iterations excluded; the ratios use medians (the machine
+may be shared). Our per-phase split comes from the algorithm's own timers (``result["timers_s"]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import common
+import numpy as np
+
+PATHS = ("ours-hf", "ours-vllm", "trl", "floor")
+
+
+@dataclasses.dataclass
+class Setting:
+    name: str
+    model_path: str
+    group_size: int
+    queries: int
+    max_new_tokens: int
+    lr: float
+    env_config: dict
+    rank_all_wrong: bool  # ours: ranking from iteration 0; floor: train on every group (no degenerate drop)
+    paths: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class PathResult:
+    path: str
+    iter_s: list[float]
+    samples: list[float]
+    gen_tokens: list[float]
+    trained_tokens: list[float]
+    phases: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    note: str = ""
+
+    def med(self, xs: Sequence[float]) -> float:
+        return common.median(xs)
+
+    def summary(self) -> dict[str, float]:
+        t = common.median(self.iter_s)
+        return {
+            "s_per_iter_median": t,
+            "s_per_iter_mean": float(np.mean(self.iter_s)),
+            "samples_per_s": common.median(self.samples) / t,
+            "gen_tokens_per_s": common.median(self.gen_tokens) / t,
+            "trained_tokens_per_s": common.median(self.trained_tokens) / t,
+            "gen_tokens_per_iter": float(np.mean(self.gen_tokens)),
+            "trained_tokens_per_iter": float(np.mean(self.trained_tokens)),
+        }
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Prompts: the arithmetic env's training pool, in the env's own order
+# ------------------------------------------------------------------------------------------------------------------
+def problem_stream(env_config: dict, seed: int):
+    from r3_rllib.envs.arithmetic import ArithmeticEnv
+
+    cfg = {k: v for k, v in env_config.items() if k != "seed"}
+    env = ArithmeticEnv(**cfg, seed=seed)
+    while True:
+        obs, info = env.reset()
+        yield obs, info["gold"]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The floor: one GRPO step in plain PyTorch
+# ------------------------------------------------------------------------------------------------------------------
+class FloorGRPO:
+    """Minimal GRPO: HF generate, grade, group-normalised advantages, one clipped token-mean update."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        lr: float,
+        drop_degenerate: bool,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        grad_clip: float = 1.0,
+        eps: float = 1e-6,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from r3_rllib.models.tiny import load_tokenizer
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.tok = load_tokenizer(model_path)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self.G, self.L = group_size, max_new_tokens
+        self.drop_degenerate = drop_degenerate
+        self.clip_low, self.clip_high, self.grad_clip, self.eps = clip_low, clip_high, grad_clip, eps
+        self.eos, self.pad = self.tok.eos_token_id, self.tok.pad_token_id
+
+    def step(self, problems: list[tuple[str, str]]) -> dict[str, float]:
+        torch = self.torch
+        t0 = time.perf_counter()
+        enc = self.tok([p for p, _ in problems], add_special_tokens=False, padding=True, return_tensors="pt")
+        P = enc["input_ids"].shape[1]
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=self.L,
+                num_return_sequences=self.G,
+                eos_token_id=self.eos,
+                pad_token_id=self.pad,
+            )
+        t_gen = time.perf_counter()
+
+        comp = out[:, P:]
+        is_eos = comp == self.eos
+        has_eos = is_eos.any(1)
+        first = torch.where(
+            has_eos, is_eos.int().argmax(1), torch.full_like(has_eos, comp.shape[1], dtype=torch.long)
+        )
+        comp_mask = torch.arange(comp.shape[1])[None, :] <= first[:, None]
+        comp_mask &= torch.arange(comp.shape[1])[None, :] < comp.shape[1]
+        lengths = comp_mask.sum(1)
+        answers = [a for _, a in problems for _ in range(self.G)]
+        texts = [self.tok.decode(comp[i, : int(first[i])].tolist()) for i in range(comp.shape[0])]
+        rewards = torch.tensor(
+            [float(common.grade_answer(t, a)) for t, a in zip(texts, answers, strict=True)]
+        )
+        r = rewards.view(-1, self.G)
+        adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + self.eps)).view(-1)
+        keep = torch.ones(len(adv), dtype=torch.bool)
+        if self.drop_degenerate:
+            keep = (r.max(1).values > r.min(1).values).repeat_interleave(self.G)
+        t_grade = time.perf_counter()
+
+        trained = 0
+        if bool(keep.any()):
+            self.model.train()
+            ids = out[keep]
+            attn = torch.cat(
+                [enc["attention_mask"].repeat_interleave(self.G, 0)[keep], comp_mask[keep].long()], 1
+            )
+            pos = (attn.cumsum(1) - 1).clamp(min=0)
+            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+            mask = comp_mask[keep].float()
+            ratio = torch.exp(
+                logp - logp.detach()
+            )  # one update on fresh samples: old policy = current policy
+            a = adv[keep][:, None]
+            surrogate = torch.minimum(ratio * a, ratio.clamp(1 - self.clip_low, 1 + self.clip_high) * a)
+            loss = -(surrogate * mask).sum() / mask.sum()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            trained = int(mask.sum())
+        t_learn = time.perf_counter()
+        return {
+            "generate": t_gen - t0,
+            "grade": t_grade - t_gen,
+            "learner": t_learn - t_grade,
+            "gen_tokens": float(lengths.sum()),
+            "trained_tokens": float(trained),
+            "samples": float(len(answers)),
+            "accuracy": float(rewards.mean()),
+        }
+
+
+def run_floor(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult:
+    import torch
+
+    torch.manual_seed(seed)
+    floor = FloorGRPO(
+        s.model_path,
+        group_size=s.group_size,
+        max_new_tokens=s.max_new_tokens,
+        lr=s.lr,
+        drop_degenerate=not s.rank_all_wrong,
+    )
+    stream = problem_stream(s.env_config, seed)
+    res = PathResult("floor", [], [], [], [], {k: [] for k in ("generate", "grade", "learner")})
+    for i in range(warmup + iterations):
+        problems = [next(stream) for _ in range(s.queries)]
+        t0 = time.perf_counter()
+        m = floor.step(problems)
+        dt = time.perf_counter() - t0
+        if i >= warmup:
+            res.iter_s.append(dt)
+            res.samples.append(m["samples"])
+            res.gen_tokens.append(m["gen_tokens"])
+            res.trained_tokens.append(m["trained_tokens"])
+            for k in res.phases:
+                res.phases[k].append(m[k])
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# TRL
+# ------------------------------------------------------------------------------------------------------------------
+def run_trl(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from r3_rllib.models.tiny import load_tokenizer
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer with wall-clock timers around generation, reward computation and the whole rollout."""
+
+        bench: dict[str, list[float]]
+
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            out = super()._generate(prompts)
+            self.bench["generate"].append(time.perf_counter() - t0)
+            self.bench["gen_tokens"].append(float(sum(len(c) for c in out[1])))
+            return out
+
+        def _calculate_rewards(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = super()._calculate_rewards(*args, **kwargs)
+            self.bench["grade"].append(time.perf_counter() - t0)
+            return out
+
+        def _generate_and_score_completions(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = super()._generate_and_score_completions(*args, **kwargs)
+            self.bench["rollout"].append(time.perf_counter() - t0)
+            return out
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+
+    torch.manual_seed(seed)
+    tok = load_tokenizer(s.model_path)
+    model = AutoModelForCausalLM.from_pretrained(s.model_path, dtype=torch.float32)
+    stream = problem_stream(s.env_config, seed)
+    rows = [next(stream) for _ in range(s.queries * (warmup + iterations) + s.queries)]
+    data = datasets.Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
+
+    def arithmetic_reward(prompts, completions, answer, **kwargs):
+        return [float(common.grade_answer(c, a)) for c, a in zip(completions, answer, strict=True)]
+
+    out_dir = tempfile.mkdtemp(prefix="r3-bench-trl-")
+    args = GRPOConfig(
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,  # ours does not recompute activations either
+        seed=seed,
+        data_seed=seed,
+        max_steps=warmup + iterations,
+        per_device_train_batch_size=s.queries * s.group_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=s.group_size,
+        num_iterations=1,
+        max_completion_length=s.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=s.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",  # token-mean over the batch, as ours
+        scale_rewards="group",
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        log_completions=False,
+    )
+    clock = StepClock()
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=[arithmetic_reward],
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[clock],
+    )
+    trainer.bench = {"generate": [], "grade": [], "rollout": [], "gen_tokens": []}
+    torch.set_num_threads(1)  # accelerate may have reset it
+    trainer.train()
+    steps = np.diff(clock.marks).tolist()
+    b = trainer.bench
+    res = PathResult(
+        "trl", [], [], [], [], {"generate": [], "grade": [], "rollout_other": [], "learner+trainer": []}
+    )
+    for i in range(warmup, min(len(steps), len(b["generate"]))):
+        res.iter_s.append(steps[i])
+        res.samples.append(float(s.queries * s.group_size))
+        res.gen_tokens.append(b["gen_tokens"][i])
+        res.trained_tokens.append(b["gen_tokens"][i])  # every sample is trained on
+        res.phases["generate"].append(b["generate"][i])
+        res.phases["grade"].append(b["grade"][i])
+        res.phases["rollout_other"].append(b["rollout"][i] - b["generate"][i] - b["grade"][i])
+        res.phases["learner+trainer"].append(steps[i] - b["rollout"][i])
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Ours
+# ------------------------------------------------------------------------------------------------------------------
+def run_ours(s: Setting, engine: str, iterations: int, warmup: int, seed: int) -> PathResult:
+    config = common.grpo_config(
+        s.model_path,
+        engine=engine,
+        group_size=s.group_size,
+        queries=s.queries,
+        max_new_tokens=s.max_new_tokens,
+        lr=s.lr,
+        env_config=s.env_config,
+        seed=seed,
+        rank_all_wrong=s.rank_all_wrong,
+    )
+    algo = config.build_algo()
+    names = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
+    res = PathResult(f"ours-{engine}", [], [], [], [], {k: [] for k in names})
+    try:
+        for i in range(warmup + iterations):
+            t0 = time.perf_counter()
+            result = algo.train()
+            dt = time.perf_counter() - t0
+            if i < warmup:
+                continue
+            n = s.queries * s.group_size
+            ph = common.phases_from_result(result, n)
+            res.iter_s.append(dt)
+            res.samples.append(float(n))
+            res.gen_tokens.append(ph["gen_tokens"])
+            res.trained_tokens.append(float(result.get("learner", {}).get("trained_tokens", 0.0)))
+            for k in names[:-1]:
+                res.phases[k].append(ph[k])
+            res.phases["train_other"].append(dt - ph["iteration"])
+    finally:
+        algo.stop()
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------------------------
+def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
+    print(
+        f"\n## setting {s.name}: G={s.group_size}, Q={s.queries}, max_new_tokens={s.max_new_tokens}, lr={s.lr}, "
+        f"model {s.model_path}"
+    )
+    rows = []
+    sums = {k: r.summary() for k, r in results.items()}
+    for k, r in results.items():
+        m = sums[k]
+        rows.append(
+            [
+                k,
+                m["s_per_iter_median"],
+                m["s_per_iter_mean"],
+                m["samples_per_s"],
+                m["gen_tokens_per_s"],
+                m["trained_tokens_per_s"],
+                m["gen_tokens_per_iter"],
+                m["trained_tokens_per_iter"],
+                len(r.iter_s),
+            ]
+        )
+    print(
+        common.markdown_table(
+            [
+                "path",
+                "s/iter (median)",
+                "s/iter (mean)",
+                "samples/s",
+                "gen tok/s",
+                "trained tok/s",
+                "gen tok/iter",
+                "trained tok/iter",
+                "iters timed",
+            ],
+            rows,
+        )
+    )
+    ratios = {}
+    floor, trl = sums.get("floor"), sums.get("trl")
+    for k in results:
+        if not k.startswith("ours"):
+            continue
+        if floor:
+            ratios[f"{k}/floor step time"] = sums[k]["s_per_iter_median"] / floor["s_per_iter_median"]
+        if trl:
+            ratios[f"{k}/trl step time"] = sums[k]["s_per_iter_median"] / trl["s_per_iter_median"]
+            ratios[f"{k}/trl samples/s"] = sums[k]["samples_per_s"] / trl["samples_per_s"]
+    if trl and floor:
+        ratios["trl/floor step time"] = trl["s_per_iter_median"] / floor["s_per_iter_median"]
+    if ratios:
+        print()
+        print(common.markdown_table(["ratio (same run)", "value"], [[k, v] for k, v in ratios.items()]))
+    print("\nper-phase seconds per iteration (median):")
+    for k, r in results.items():
+        parts = ", ".join(f"{name} {common.median(v):.3f}" for name, v in r.phases.items() if v)
+        print(f"- {k}: {parts}; total {common.median(r.iter_s):.3f}")
+    print(f"({common.load_note()} at the end of this setting)", flush=True)
+    return {
+        "setting": dataclasses.asdict(s),
+        "summary": sums,
+        "ratios": ratios,
+        "phases": {k: {n: common.median(v) for n, v in r.phases.items() if v} for k, r in results.items()},
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Scaling model: cost per iteration from per-phase costs
+# ------------------------------------------------------------------------------------------------------------------
+def scaling(args, model_path: str) -> dict[str, Any]:
+    """Fit  t_iter = L * (a + b*B) + (d + c * B * (P + L)) + (e + f*B)  on two measured points, check on two more.
+
+    B = Q * G sequences, L response tokens (exact: the model never samples eos), P prompt tokens. ``a + b*B`` is a
+    decode step of B rows (per-step overhead a, per-row cost b); ``d + c * tokens`` the learner (c per token of
+    prompt + response); ``e + f*B`` the rest (sampling overhead, R^3 batch, weight sync, RLlib bookkeeping). The two
+    fit points differ in B only; the check points change L, Q and G.
+    """
+    P = 6  # "12+34=" with the char tokenizer
+    fit_points = [(8, 4, 32), (8, 16, 32)]  # (Q, G, L)
+    check_points = [(16, 8, 64), (4, 8, 96)]
+    measured: dict[tuple, dict[str, float]] = {}
+    for q, g, length in fit_points + check_points:
+        s = Setting(
+            f"scale-Q{q}-G{g}-L{length}", model_path, g, q, length, 1e-4, {"digits": 2}, True, ("ours-hf",)
+        )
+        r = run_ours(s, "hf", args.scaling_iterations, 1, args.seed)
+        measured[(q, g, length)] = {
+            "iter": common.median(r.iter_s),
+            "generate": common.median(r.phases["generate"]),
+            "learner": common.median(r.phases["learner"]),
+        }
+        print(f"  measured Q={q} G={g} L={length}: {measured[(q, g, length)]}", flush=True)
+    (q1, g1, l1), (q2, g2, l2) = fit_points
+    m1, m2 = measured[fit_points[0]], measured[fit_points[1]]
+    b1, b2 = q1 * g1, q2 * g2
+    # generation: t = L * (a + b*B): two points at equal L give b and a
+    b = (m2["generate"] / l2 - m1["generate"] / l1) / (b2 - b1)
+    a = m1["generate"] / l1 - b * b1
+    # learner: t = c * B * (P + L)  (+ d: fit the intercept from the two points)
+    x1, x2 = b1 * (P + l1), b2 * (P + l2)
+    c = (m2["learner"] - m1["learner"]) / (x2 - x1)
+    d = m1["learner"] - c * x1
+    # everything else (sampling overhead, R^3 batch, weight sync, RLlib): e + f * B
+    o1, o2 = (m["iter"] - m["generate"] - m["learner"] for m in (m1, m2))
+    f = (o2 - o1) / (b2 - b1)
+    e = o1 - f * b1
+    rows = []
+    for q, g, length in fit_points + check_points:
+        bb = q * g
+        pred_gen = length * (a + b * bb)
+        pred_learn = d + c * bb * (P + length)
+        pred = e + f * bb + pred_gen + pred_learn
+        m = measured[(q, g, length)]
+        kind = "fit" if (q, g, length) in fit_points else "check"
+        rows.append(
+            [
+                f"Q={q} G={g} L={length} ({kind})",
+                pred_gen,
+                m["generate"],
+                pred_learn,
+                m["learner"],
+                pred,
+                m["iter"],
+                m["iter"] / pred - 1.0,
+            ]
+        )
+    print(f"\n## scaling model (ours-hf, tiny random model {model_path})")
+    print(
+        f"decode step: {a * 1e3:.2f} ms + {b * 1e3:.3f} ms per row; learner: {d:.3f} s + {c * 1e6:.2f} us per "
+        f"token (prompt + response); rest: {e:.3f} s + {f * 1e3:.3f} ms per sequence"
+    )
+    print(
+        common.markdown_table(
+            [
+                "point",
+                "gen pred (s)",
+                "gen meas",
+                "learner pred",
+                "learner meas",
+                "iter pred",
+                "iter meas",
+                "error",
+            ],
+            rows,
+        )
+    )
+    return {"a": a, "b": b, "c": c, "d": d, "e": e, "f": f, "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def build_settings(args) -> list[Setting]:
+    settings = []
+    chosen = set(args.paths.split(",")) if args.paths else None
+    if args.setting in ("tiny", "all"):
+        paths = tuple(p for p in ("ours-hf", "floor", "trl") if chosen is None or p in chosen)
+        if chosen and "ours-vllm" in chosen:
+            paths = ("ours-vllm",) + paths
+        settings.append(
+            Setting(
+                "tiny",
+                args.model or common.tiny_model_path(),
+                args.group_size,
+                args.queries,
+                args.tiny_tokens,
+                args.lr,
+                {"digits": 2},
+                False,
+                paths,
+            )
+        )
+    if args.setting in ("gen", "all"):
+        paths = tuple(p for p in ("ours-vllm", "ours-hf", "floor", "trl") if chosen is None or p in chosen)
+        model = args.gen_model or common.long_response_model("tiny" if args.smoke else "gen")
+        settings.append(
+            Setting(
+                "gen",
+                model,
+                args.gen_group_size,
+                args.gen_queries,
+                args.gen_tokens,
+                args.lr,
+                {"digits": 2},
+                True,
+                paths,
+            )
+        )
+    return settings
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--setting", choices=("tiny", "gen", "all"), default="all")
+    ap.add_argument("--paths", default=None, help=f"comma-separated subset of {PATHS}")
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL (e.g. when it is not installed)")
+    ap.add_argument("--iterations", type=int, default=10, help="timed iterations per path (tiny setting)")
+    ap.add_argument("--gen-iterations", type=int, default=3, help="timed iterations per path (gen setting)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
+    ap.add_argument("--model", default=None, help="tiny setting model (default: the shipped tiny model)")
+    ap.add_argument(
+        "--gen-model", default=None, help="gen setting model (default: built in code, ~19 M params)"
+    )
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--queries", type=int, default=16)
+    ap.add_argument("--tiny-tokens", type=int, default=8)
+    ap.add_argument("--gen-group-size", type=int, default=8)
+    ap.add_argument("--gen-queries", type=int, default=4)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scaling", action="store_true", help="also fit and check the cost-per-iteration model")
+    ap.add_argument("--scaling-iterations", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write all numbers to this JSON file")
+    ap.add_argument("--smoke", action="store_true", help="CI: one tiny iteration per path, no warm-up")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.setting = "tiny" if args.setting == "all" else args.setting
+        args.iterations = args.gen_iterations = 1
+        args.warmup = 0
+        args.queries, args.group_size, args.gen_queries, args.gen_group_size, args.gen_tokens = 2, 2, 2, 2, 8
+        args.scaling_iterations = 1
+    if args.no_trl:
+        keep = [p for p in (args.paths.split(",") if args.paths else PATHS) if p != "trl"]
+        args.paths = ",".join(keep)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    common.setup_process()
+    common.pickle_by_value(sys.modules[__name__], common)
+    common.print_header("bench_throughput", args)
+    settings = build_settings(args)
+    started = common.start_ray()
+    out: dict[str, Any] = {"machine": common.machine(), "versions": common.versions(), "settings": []}
+    try:
+        for s in settings:
+            iters = args.iterations if s.name == "tiny" else args.gen_iterations
+            results: dict[str, PathResult] = {}
+            for path in s.paths:
+                print(f"[{s.name}] running {path} ({args.warmup} warm-up + {iters} timed) ...", flush=True)
+                t0 = time.perf_counter()
+                if path.startswith("ours"):
+                    results[path] = run_ours(s, path.split("-", 1)[1], iters, args.warmup, args.seed)
+                elif path == "trl":
+                    results[path] = run_trl(s, iters, args.warmup, args.seed)
+                else:
+                    results[path] = run_floor(s, iters, args.warmup, args.seed)
+                print(
+                    f"[{s.name}] {path} done in {time.perf_counter() - t0:.0f}s ({common.load_note()})",
+                    flush=True,
+                )
+            out["settings"].append(report(s, results))
+        if args.scaling:
+            out["scaling"] = scaling(args, common.long_response_model("tiny"))
+    finally:
+        common.stop_ray(started)
+    common.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Helpers shared by the benchmarks: environment, Ray start, models built in code, configs, grading, tables.
+
+Every benchmark is one script under ``bench/``; this module sits next to them (run them as ``python bench/X.py``
+from the repository root, so this folder is on ``sys.path``).
+
+Models used by the speed benchmarks:
+
+- the shipped tiny model (``r3_rllib.models.default_tiny_model_path()``, ~0.8 M parameters, warm-started on 2-digit
+  addition): short answers that end with ``<eos>`` on their own;
+- :func:`long_response_model`: a randomly initialised Qwen2 with the character tokenizer whose special tokens
+  (``<eos>`` included) can never be sampled, so every response runs to ``max_new_tokens``. Built in code and cached;
+  random weights are fine for speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCH_CACHE = Path(os.environ.get("R3_BENCH_CACHE") or Path.home() / ".cache" / "r3_rllib" / "bench")
+
+# The long-response model: residual-stream dimension 0 is a large constant in every token embedding and the
+# output rows of the special tokens point against it, so their logits sit near -(PIN_WEIGHT * ~sqrt(hidden)).
+PIN_EMBED_VALUE = 5.0
+PIN_WEIGHT = 20.0
+
+# Model sizes (hidden, layers, heads, kv_heads, intermediate): "gen" is the ~20 M-parameter generation-heavy model.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden": 128, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate": 384},
+    "gen": {"hidden": 512, "layers": 6, "heads": 8, "kv_heads": 4, "intermediate": 1536},
+}
+
+
+def setup_process(threads: int = 1) -> None:
+    """Offline hub, no token-auth warning, and one torch thread (2 threads collapse on a shared 2-core machine)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# -- machine and versions ---------------------------------------------------------------------------------------
+def versions() -> dict[str, str]:
+    """Versions of the libraries whose speed is measured (absent ones are reported as such)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "ray", "transformers", "vllm-cpu", "vllm", "trl", "accelerate", "r3-rllib"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    if out["vllm-cpu"] != "absent":
+        out.pop("vllm")
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = float("nan")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gib = int(line.split()[1]) / 2**20
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem_gib, 1), "loadavg": load}
+
+
+def print_header(title: str, args: Any) -> None:
+    """What ran, where and with what (pasted into BENCHMARKS.md with the tables)."""
+    m = machine()
+    print(f"# {title}")
+    print(f"date: {time.strftime('%Y-%m-%d %H:%M:%S')}  command: python {' '.join(sys.argv)}")
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB; load average at start {m['loadavg']}"
+    )
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
+    print(f"args: {vars(args)}")
+    print(flush=True)
+
+
+def load_note() -> str:
+    """1-minute load average against the core count: other work on the machine shows up here."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"load average {load:.2f} on {os.cpu_count()} cores"
+
+
+# -- Ray ----------------------------------------------------------------------------------------------------------
+def start_ray(num_cpus: int = 2) -> bool:
+    """Start a private local Ray instance unless one is running (tests share theirs); True if started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        num_cpus=num_cpus,
+        address="local",
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {
+                "OMP_NUM_THREADS": "1",
+                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "TOKENIZERS_PARALLELISM": "false",
+                "HF_HUB_OFFLINE": "1",
+            }
+        },
+    )
+    return True
+
+
+def stop_ray(started: bool) -> None:
+    import ray
+
+    if started and ray.is_initialized():
+        ray.shutdown()
+
+
+def pickle_by_value(*modules: Any) -> None:
+    """Ship functions and classes of these (non-installed) modules to Ray workers by value."""
+    from ray import cloudpickle
+
+    for module in modules:
+        if module.__name__ != "__main__":
+            cloudpickle.register_pickle_by_value(module)
+
+
+# -- models -------------------------------------------------------------------------------------------------------
+def tiny_model_path() -> str:
+    """The shipped tiny arithmetic model (error naming the folder if the package data is missing)."""
+    from r3_rllib.models import default_tiny_model_path
+
+    return str(default_tiny_model_path())
+
+
+def long_response_model(size: str = "gen", seed: int = 0, cache_dir: Path | None = None) -> str:
+    """Folder of a random Qwen2 (char tokenizer, untied output layer) that never samples a special token.
+
+    ``size``: a key of ``MODEL_SIZES`` ("gen": ~19 M parameters, "tiny": ~0.8 M). Built once per configuration
+    and cached under ``$R3_BENCH_CACHE`` (default ``~/.cache/r3_rllib/bench``).
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from r3_rllib.models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer, save_tiny
+
+    dims = MODEL_SIZES[size]
+    spec = {"v": 1, "size": size, **dims, "seed": seed, "pin": [PIN_EMBED_VALUE, PIN_WEIGHT]}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    path = Path(cache_dir or BENCH_CACHE) / f"long-{size}-{key}"
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return str(path)
+    tok = build_tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=dims["hidden"],
+        intermediate_size=dims["intermediate"],
+        num_hidden_layers=dims["layers"],
+        num_attention_heads=dims["heads"],
+        num_key_value_heads=dims["kv_heads"],
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        rope_theta=10000.0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = PIN_EMBED_VALUE
+        for name in SPECIAL_TOKENS:
+            row = tok.convert_tokens_to_ids(name)
+            model.lm_head.weight[row] = 0.0
+            model.lm_head.weight[row, 0] = -PIN_WEIGHT
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_tiny(model, tok, tmp)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process built it first
+        pass
+    return str(path)
+
+
+def param_count(model_path: str) -> int:
+    """Parameters of a model folder, counting a tied embedding once."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    return sum(p.numel() for p in model.parameters())
+
+
+# -- the algorithm ------------------------------------------------------------------------------------------------
+def grpo_config(
+    model_path: str,
+    *,
+    engine: str = "hf",
+    group_size: int = 8,
+    queries: int = 16,
+    max_new_tokens: int = 8,
+    lr: float = 1e-4,
+    env_config: dict | None = None,
+    seed: int = 0,
+    rank_all_wrong: bool = False,
+    engine_kwargs: dict | None = None,
+):
+    """The GRPO preset on arithmetic with one remote EnvRunner and a local learner, one update per batch.
+
+    ``rank_all_wrong``: turn on R^3's ranking reward from the first iteration. With a random policy every group is
+    all wrong; ranking gives them graded rewards so the learner trains on every sample (TRL and the plain-PyTorch
+    floor train on zero-advantage samples too), which keeps the work per iteration the same in all three.
+    """
+    from r3_rllib import R3Config
+
+    config = (
+        R3Config.grpo_preset()
+        .environment(
+            "arithmetic", env_config={"digits": 2, "num_queries": 1000, "seed": seed, **(env_config or {})}
+        )
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .debugging(seed=seed)
+        .training(
+            model_path=model_path,
+            engine=engine,
+            group_size=group_size,
+            queries_per_iteration=queries,
+            max_new_tokens=max_new_tokens,
+            lr=lr,
+            num_minibatches=1,
+            micro_batch_size=queries * group_size,
+            engine_kwargs=dict(engine_kwargs or {}),
+        )
+    )
+    if rank_all_wrong:
+        config.r3(ranking=True, ranking_start_epoch=0)
+    return config
+
+
+def phases_from_result(result: dict, num_samples: int) -> dict[str, float]:
+    """Per-phase seconds of one ``algo.train()`` result (generation, grading, rest of sampling, R^3 batch, learner,
+    weight sync, rest of the iteration)."""
+    timers = result["timers_s"]
+    rollout = result["rollout"]
+    gen_tokens = rollout["response_len_mean"] * num_samples
+    gen_s = gen_tokens / max(rollout["gen_tokens_per_s"], 1e-9)
+    grade_s = rollout["grade_s"]
+    sample_s = timers["sample_s"]
+    return {
+        "generate": gen_s,
+        "grade": grade_s,
+        "sample_other": max(0.0, sample_s - gen_s - grade_s),
+        "r3_batch": timers["r3_batch_s"],
+        "learner": timers["learner_update_s"],
+        "weight_sync": timers["weight_sync_s"],
+        "iteration": timers["iteration_s"],
+        "gen_tokens": gen_tokens,
+    }
+
+
+# -- grading ------------------------------------------------------------------------------------------------------
+def grade_answer(text: str, answer: str, eos_text: str = "<eos>") -> bool:
+    """The arithmetic env's rule: the response, stripped of eos and spaces, is exactly the integer answer."""
+    t = text.replace(eos_text, "").strip()
+    return re.fullmatch(r"[+-]?\d+", t) is not None and int(t) == int(answer)
+
+
+# -- statistics and tables ----------------------------------------------------------------------------------------
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    vals = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
+    if not vals:
+        return float("nan"), float("nan")
+    m = sum(vals) / len(vals)
+    if len(vals) == 1:
+        return m, 0.0
+    return m, math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def median(xs: Sequence[float]) -> float:
+    vals = sorted(float(x) for x in xs)
+    if not vals:
+        return float("nan")
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+
+
+def pm(xs: Sequence[float], fmt: str = "{:.3f}") -> str:
+    m, s = mean_std(xs)
+    return f"{fmt.format(m)} ± {fmt.format(s)}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            if math.isnan(v):
+                return "n/a"
+            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    align = ["---"] + ["---:"] * (len(headers) - 1)
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path | None, payload: Any) -> None:
+    if not path:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=float) + "\n")

@@ -1,0 +1,131 @@
+"""The benchmarks under bench/ stay runnable: each runs once at its smallest size (``--smoke``), plus the helpers
+they share. Speed numbers are not checked here (BENCHMARKS.md has them); the runs only have to finish and print
+their tables."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+HAS_TRL = importlib.util.find_spec("trl") is not None
+NO_TRL_REASON = (
+    "trl is not installed (pip install 'r3-rllib[bench]'); the TRL baseline of bench_throughput is skipped"
+)
+
+
+def load(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module(name)
+
+
+# -- helpers (fast) -----------------------------------------------------------------------------------------------
+def test_mean_std_and_median_by_hand():
+    common = load("common")
+    assert common.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std: sqrt(((1)^2 + 0 + 1^2) / 2) = 1
+    assert common.mean_std([5.0]) == (5.0, 0.0)
+    assert all(math.isnan(x) for x in common.mean_std([]))
+    assert common.median([3.0, 1.0, 2.0, 10.0]) == 2.5
+    assert common.pm([1.0, 3.0]) == "2.000 ± 1.414"
+
+
+def test_grade_answer_matches_the_arithmetic_env():
+    from r3_rllib.envs.arithmetic import ArithmeticEnv
+
+    common = load("common")
+    env = ArithmeticEnv(digits=2, num_queries=4, seed=0)
+    _, info = env.reset()
+    gold = info["gold"]
+    for text in (gold, f" {gold}<eos>", f"+{gold}", gold + "0", "", "x", f"{gold}{gold}"):
+        env.reset(options={"query_id": info["query_id"]})
+        _, _, _, _, step_info = env.step(text)
+        assert common.grade_answer(text, gold) == step_info["correct"], text
+
+
+def test_markdown_table_formats_numbers():
+    common = load("common")
+    table = common.markdown_table(["a", "b"], [["x", 0.12345], ["y", 12345.6], ["z", float("nan")]])
+    assert table.splitlines() == [
+        "| a | b |",
+        "| --- | ---: |",
+        "| x | 0.123 |",
+        "| y | 12,346 |",
+        "| z | n/a |",
+    ]
+
+
+def test_long_response_model_never_stops_early(tmp_path):
+    import torch
+
+    from r3_rllib.engines.base import SamplingParams
+    from r3_rllib.engines.hf_engine import HFEngine
+
+    torch.set_num_threads(1)
+    common = load("common")
+    path = common.long_response_model("tiny", cache_dir=tmp_path)
+    assert common.long_response_model("tiny", cache_dir=tmp_path) == path  # cached
+    engine = HFEngine(path)
+    prompt = engine.tokenizer("12+34=", add_special_tokens=False)["input_ids"]
+    out = engine.generate([prompt] * 4, 4, SamplingParams(max_new_tokens=24, seed=0))
+    specials = {engine.tokenizer.convert_tokens_to_ids(t) for t in ("<pad>", "<eos>", "<bos>", "<unk>")}
+    for comps in out:
+        for c in comps:
+            assert len(c.token_ids) == 24 and c.truncated
+            assert not specials & set(c.token_ids)
+
+
+def test_bad_method_is_rejected():
+    mod = load("bench_learning")
+    with pytest.raises(SystemExit, match="unknown method 'ppo'"):
+        mod.main(["--methods", "ppo", "--no-probe", "--model", "unused"])
+
+
+# -- one iteration of each benchmark (slow) -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_throughput_smoke_ours_and_floor(ray_session, tiny_random_model, capsys):
+    mod = load("bench_throughput")
+    assert mod.main(["--smoke", "--setting", "tiny", "--model", tiny_random_model, "--no-trl"]) == 0
+    out = capsys.readouterr().out
+    assert "| ours-hf |" in out and "| floor |" in out
+    assert "ours-hf/floor step time" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRL, reason=NO_TRL_REASON)
+def test_throughput_smoke_trl(ray_session, tiny_random_model, capsys):
+    mod = load("bench_throughput")
+    assert (
+        mod.main(["--smoke", "--setting", "tiny", "--model", tiny_random_model, "--paths", "trl,floor"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "| trl |" in out and "trl/floor step time" in out
+
+
+@pytest.mark.slow
+def test_engine_overhead_smoke(ray_session, tiny_random_model, capsys):
+    mod = load("bench_engine_overhead")
+    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    assert "| tiny / hf |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_weight_sync_smoke(ray_session, tiny_random_model, capsys):
+    mod = load("bench_weight_sync")
+    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny / hf |" in out and "PROJECTION (not measured)" in out
+
+
+@pytest.mark.slow
+def test_learning_smoke_writes_progress_and_plots(ray_session, tiny_random_model, tmp_path, capsys):
+    mod = load("bench_learning")
+    assert mod.main(["--smoke", "--model", tiny_random_model, "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "runs" / "r3" / "seed0" / "progress.csv").is_file()
+    assert (tmp_path / "learning_ablation.png").stat().st_size > 0
+    assert "| r3 |" in capsys.readouterr().out
