@@ -130,10 +130,14 @@ def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
         if section == "r3":
             known = set(R3_FIELDS)
         else:
+            # Keywords of every definition along the MRO: R3Config.training takes **kwargs and forwards RLlib's
+            # own keywords (lr, num_epochs, grad_clip, ...) to AlgorithmConfig.training.
             known = {
                 n
-                for n, p in inspect.signature(method).parameters.items()
-                if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+                for klass in type(config).__mro__
+                if section in vars(klass)
+                for n, p in inspect.signature(vars(klass)[section]).parameters.items()
+                if (p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD) and n != "self"
             }
             if section == "training":
                 known |= R3_FIELDS

@@ -1,0 +1,197 @@
+"""`r3 train`: a run on the tiny default, interrupted and resumed, in subprocesses; `--set` overrides; bad run files
+and overrides fail before Ray starts, with exit code 2 and a message that names the key (and the likely intended
+one) or the missing path."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from r3_rllib.cli import main as r3_main
+from r3_rllib.train_config import ConfigError, load_run_file
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny_arithmetic_cpu.yaml"
+R3 = str(Path(sys.executable).parent / "r3")
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _train_in_process(capsys, *args: str) -> tuple[int, str]:
+    """`r3 train ARGS` in this process; only for runs that must fail before Ray starts."""
+    rc = r3_main(["train", *args])
+    return rc, capsys.readouterr().err
+
+
+# -- a real run, interrupted and resumed ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
+    iterations = 60
+    args = [
+        R3, "train", str(TINY), "--num-cpus", "2",
+        "--set", f"stop.training_iteration={iterations}",
+        "--set", f"run.storage_path={tmp_path}",
+        "--set", "run.name=cli",
+        "--set", "run.checkpoint_frequency=5",
+        "--set", "run.verbose=0",
+        "--set", "training.queries_per_iteration=4",
+        "--set", "training.group_size=4",
+        "--set", "training.eval_interval=0",
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        args, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not glob.glob(str(tmp_path / "cli" / "*" / "checkpoint_000000")):
+            assert first.poll() is None, first.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGINT)  # Tune saves the experiment state and stops
+        out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    (trial_dir,) = glob.glob(str(tmp_path / "cli" / "R3_*"))
+    done_before = [json.loads(line)["training_iteration"] for line in open(Path(trial_dir) / "result.json")]
+    assert 5 <= max(done_before) < iterations, out[-3000:]
+
+    resumed = subprocess.run(
+        [*args, "--resume"], env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=400
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"iterations={iterations}" in resumed.stdout
+    rows = [json.loads(line) for line in open(Path(trial_dir) / "result.json")]
+    assert rows[-1]["training_iteration"] == iterations
+    # The resumed trial started from a checkpoint (iteration 5, 10, ...), not from scratch.
+    first_after = next(r for r in rows[len(done_before) :] if r["iterations_since_restore"] == 1)
+    assert first_after["training_iteration"] > 1
+    assert (first_after["training_iteration"] - 1) % 5 == 0
+    # --set values reached the trial's config
+    params = json.loads((Path(trial_dir) / "params.json").read_text())
+    assert params["queries_per_iteration"] == 4 and params["group_size"] == 4
+
+
+@pytest.mark.slow
+def test_resume_without_an_experiment_exits_2(tmp_path):
+    # A subprocess: the CLI starts Ray before it looks for the experiment.
+    proc = subprocess.run(
+        [R3, "train", str(TINY), "--resume", "--num-cpus", "1", "--set", f"run.storage_path={tmp_path}"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert f"nothing to resume in {tmp_path / 'tiny_arithmetic_cpu'}" in proc.stderr
+
+
+# -- mistakes fail fast with exit code 2 ---------------------------------------------------------------------------
+def test_typo_in_run_file_exits_2_naming_the_key_in_a_subprocess(tmp_path):
+    bad = _write(tmp_path / "bad.yaml", TINY.read_text().replace("group_size:", "group_sise:"))
+    proc = subprocess.run([R3, "train", str(bad)], env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown key 'group_sise' in section 'training'; did you mean 'group_size'?" in proc.stderr
+    assert "Started a local Ray" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "training:",
+            "trainig:",
+            "unknown key 'trainig' in the run file's top level; did you mean 'training'?",
+        ),
+        (
+            "num_epochs:",
+            "num_epoch:",
+            "unknown key 'num_epoch' in section 'training'; did you mean 'num_epochs'?",
+        ),
+        ("num_env_runners:", "num_env_runner:", "did you mean 'num_env_runners'?"),
+        (
+            "storage_path:",
+            "storage_pth:",
+            "unknown key 'storage_pth' in section 'run'; did you mean 'storage_path'?",
+        ),
+        ("preset: grpo", "preset: gpro", "unknown key 'gpro' in preset; did you mean 'grpo'?"),
+    ],
+)
+def test_typo_names_the_key_and_suggests_the_right_one(tmp_path, capsys, old, new, message):
+    bad = _write(tmp_path / "bad.yaml", TINY.read_text().replace(old, new, 1))
+    rc, err = _train_in_process(capsys, str(bad))
+    assert rc == 2
+    assert message in err
+
+
+def test_typo_in_set_override_exits_2(capsys):
+    rc, err = _train_in_process(capsys, str(TINY), "--set", "training.temprature=0.7")
+    assert rc == 2
+    assert "unknown key 'temprature' in section 'training'; did you mean 'temperature'?" in err
+    rc, err = _train_in_process(capsys, str(TINY), "--set", "training.lr")
+    assert rc == 2
+    assert "--set expects key=value" in err
+
+
+def test_missing_data_file_names_the_resolved_path(tmp_path, capsys):
+    run_file = _write(
+        tmp_path / "math.yaml",
+        "environment:\n  env: math\n  env_config: {data: ./data/no_such_file.jsonl}\n",
+    )
+    rc, err = _train_in_process(capsys, str(run_file))
+    assert rc == 2
+    assert f"file not found: {tmp_path / 'data' / 'no_such_file.jsonl'}" in err
+
+
+def test_missing_model_folder_and_run_file_are_named(tmp_path, capsys):
+    rc, err = _train_in_process(capsys, str(TINY), "--set", f"training.model_path={tmp_path / 'no_model'}")
+    assert rc == 2
+    assert f"training.model_path: folder not found: {tmp_path / 'no_model'}" in err
+    rc, err = _train_in_process(capsys, str(tmp_path / "missing.yaml"))
+    assert rc == 2
+    assert f"run file not found: {tmp_path / 'missing.yaml'}" in err
+
+
+# -- --set overrides -------------------------------------------------------------------------------------------------
+def test_set_overrides_reach_config_stop_and_run():
+    spec = load_run_file(
+        TINY,
+        [
+            "training.lr=3.0e-4",
+            "training.group_size=6",
+            "env_runners.num_env_runners=2",
+            "environment.env_config.digits=3",  # nested: other env_config keys stay
+            "r3.replay=true",
+            "stop.training_iteration=3",
+            "run.name=override",
+        ],
+    )
+    c = spec.config
+    assert c.lr == 3e-4 and c.group_size == 6 and c.num_env_runners == 2
+    assert c.env_config["digits"] == 3 and c.env_config["num_queries"] == 2000
+    assert c.replay is True
+    assert spec.stop == {"training_iteration": 3}
+    assert spec.run["name"] == "override" and spec.run["checkpoint_frequency"] == 10
+    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+        load_run_file(TINY, ["training.group_size=1"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PyYAML reads 1e-4 (no dot) as a string, so `--set training.lr=1e-4` (the CLI help's example) and "
+    "`lr: 1e-6` in a run file fail in RLlib's lr-schedule check; float fields without such a check keep a string",
+)
+def test_set_accepts_scientific_notation_without_a_dot():
+    assert load_run_file(TINY, ["training.lr=1e-4"]).config.lr == 1e-4
