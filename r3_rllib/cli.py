@@ -26,18 +26,27 @@ def _train(args) -> int:
     except ConfigError as e:
         print(f"r3 train: {e}", file=sys.stderr)
         return 2
+    if args.address and args.num_cpus is not None:
+        print("r3 train: --num-cpus sizes a local Ray; it cannot be combined with --address", file=sys.stderr)
+        return 2
+    run = spec.run
+    name = run.get("name", Path(args.config).stem)
+    storage = os.path.abspath(run.get("storage_path", "runs"))
+    exp_dir = os.path.join(storage, name)
+    # Ray's newer console output ignores custom progress columns; the classic reporter shows ours.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
     from ray import tune
 
     import r3_rllib  # noqa: F401  (registers "R3" with Tune)
 
+    if args.resume and not tune.Tuner.can_restore(exp_dir):
+        print(f"r3 train: nothing to resume in {exp_dir}", file=sys.stderr)
+        return 2
     if not ray.is_initialized():
         ray.init(
             address=args.address, include_dashboard=False, log_to_driver=args.verbose, num_cpus=args.num_cpus
         )
-    run = spec.run
-    name = run.get("name", Path(args.config).stem)
-    storage = os.path.abspath(run.get("storage_path", "runs"))
     reporter = tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5)
     run_config = tune.RunConfig(
         name=name,
@@ -51,11 +60,8 @@ def _train(args) -> int:
         progress_reporter=reporter,
         verbose=int(run.get("verbose", 1)),
     )
-    exp_dir = os.path.join(storage, name)
     if args.resume:
-        if not tune.Tuner.can_restore(exp_dir):
-            print(f"r3 train: nothing to resume in {exp_dir}", file=sys.stderr)
-            return 2
+        # Tune restores the experiment as it was started (stop criteria and run settings included).
         tuner = tune.Tuner.restore(exp_dir, trainable="R3", resume_errored=True, param_space=spec.config)
     else:
         tuner = tune.Tuner(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,21 @@ TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run", "algorithm"}
 PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 class ConfigError(ValueError):
     """A run file or --set override that cannot become a config; the message names the key."""
 
@@ -73,7 +89,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set has an empty key in {text!r}")
-    return parts, yaml.safe_load(value)
+    return parts, _load_yaml(value)
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -92,7 +108,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = _load_yaml(path.read_text()) or {}
     except FileNotFoundError as e:
         raise ConfigError(f"run file not found: {path}") from e
     except yaml.YAMLError as e:

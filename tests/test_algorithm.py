@@ -59,6 +59,9 @@ def test_train_two_iterations_reports_metrics_and_exports(ray_session, tiny_rand
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(out)
+        from r3_rllib.models.tiny import load_tokenizer
+
+        assert load_tokenizer(out)("12+34= x", add_special_tokens=False)["input_ids"].__len__() == 8
         checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
         learner_checksum = algo.learner_call(lambda lr: lr.parameter_checksum())[0]
         # from_pretrained dedupes the tied embedding; the learner counts it once too
@@ -98,8 +101,12 @@ def test_tune_grid_search_runs_two_trials(ray_session, tiny_random_model, tmp_pa
 
 
 def test_kl_to_frozen_reference(ray_session, tiny_random_model):
-    """KL to the frozen reference is zero while the policy equals it (first update) and positive afterwards."""
-    algo = tiny_config(tiny_random_model, kl_coef=0.1, kl_type="k3", lr=1e-2).build_algo()
+    """KL to the frozen reference is zero while the policy equals it (first update) and positive afterwards.
+    The env is given as a class rather than a registered name (it reaches the runner by pickling)."""
+    from r3_rllib.envs.arithmetic import ArithmeticEnv
+
+    config = tiny_config(tiny_random_model, kl_coef=0.1, kl_type="k3", lr=1e-2)
+    algo = config.environment(ArithmeticEnv, env_config={"num_queries": 200}).build_algo()
     try:
         first = algo.train()
         second = algo.train()

@@ -188,10 +188,7 @@ def test_set_overrides_reach_config_stop_and_run():
         load_run_file(TINY, ["training.group_size=1"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PyYAML reads 1e-4 (no dot) as a string, so `--set training.lr=1e-4` (the CLI help's example) and "
-    "`lr: 1e-6` in a run file fail in RLlib's lr-schedule check; float fields without such a check keep a string",
-)
 def test_set_accepts_scientific_notation_without_a_dot():
-    assert load_run_file(TINY, ["training.lr=1e-4"]).config.lr == 1e-4
+    # YAML 1.1 would read 1e-4 as a string; the run-file loader reads it as a float.
+    spec = load_run_file(TINY, ["training.lr=1e-4", "training.kl_coef=1E-3", "run.name=1e5x"])
+    assert spec.config.lr == 1e-4 and spec.config.kl_coef == 1e-3 and spec.run["name"] == "1e5x"

@@ -36,6 +36,7 @@ from r3_rllib.eval.benchmarks import (
     local_path,
     parse_benchmark_names,
 )
+from r3_rllib.models.hub import resolve_model_path
 
 # The training prompt (DeepScaleR's instruction); evaluation must see exactly what training saw.
 PROMPT_TEMPLATE = DEFAULT_PROMPT_TEMPLATE
@@ -324,27 +325,6 @@ def default_engine_kind() -> str:
     import torch
 
     return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
-
-
-def resolve_model_path(model: str | Path) -> Path:
-    """A local model folder as is; otherwise a hub name, fetched into (or found in) the Hugging Face cache."""
-    path = Path(model)
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise NotADirectoryError(f"--model must be a model folder or a hub name, got the file {path}")
-    if str(model).count("/") != 1:
-        raise FileNotFoundError(
-            f"no model folder at {path} (and {model!r} is not a hub name like 'org/model')"
-        )
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
-        )
-    except Exception as e:  # offline without a cached copy, unknown repo, no access: say which
-        raise FileNotFoundError(f"could not get model {model!r} from the hub or its cache: {e}") from e
 
 
 def _split_names(text: str) -> list[str]:

@@ -191,6 +191,13 @@ def save_tiny(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)
+    return save_tokenizer(tokenizer, path)
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """Save a tokenizer so that :func:`load_tokenizer` gets it back unchanged (character tokenizers are marked)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(path))
     marker = path / MARKER_FILE
     if _is_char_tokenizer(tokenizer):

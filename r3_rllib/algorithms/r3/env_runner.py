@@ -25,24 +25,30 @@ from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams
-from r3_rllib.envs import make_text_env
 from r3_rllib.envs.base import TextEnv
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(config) -> str:
+    """The policy folder: `model_path` as a local folder or a hub name (downloaded once into the HF cache), or the
+    shipped tiny model when unset."""
+    from r3_rllib.models.hub import resolve_model_path as resolve
+
     if config.model_path:
-        return str(config.model_path)
+        return str(resolve(config.model_path))
     from r3_rllib.models import default_tiny_model_path
 
     return str(default_tiny_model_path())
 
 
 def load_policy_tokenizer(config):
+    from r3_rllib.models.hub import resolve_model_path as resolve
     from r3_rllib.models.tiny import load_tokenizer
 
-    return load_tokenizer(config.tokenizer_path or resolve_model_path(config))
+    return load_tokenizer(
+        resolve(config.tokenizer_path) if config.tokenizer_path else resolve_model_path(config)
+    )
 
 
 def engine_dtype(name: str) -> str:
@@ -52,19 +58,23 @@ def engine_dtype(name: str) -> str:
     return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 
 
-def build_env(name: str, env_config: dict, tokenizer) -> TextEnv:
+def build_env(name, env_config: dict, tokenizer) -> TextEnv:
     """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
     from r3_rllib.envs.registry import get_text_env_factory
 
     cfg = dict(env_config)
-    factory = get_text_env_factory(name)
+    # A registered name, or the env class/factory itself (which reaches remote runners by pickling).
+    factory = name if callable(name) else get_text_env_factory(name)
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
     if "tokenizer" in params and cfg.get("tokenizer") is None:
         cfg["tokenizer"] = tokenizer
-    return make_text_env(name, **cfg)
+    env = factory(**cfg)
+    if not isinstance(env, TextEnv):
+        raise TypeError(f"text env {name!r} built a {type(env).__name__}, not a TextEnv")
+    return env
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):

@@ -35,6 +35,17 @@ from r3_rllib.core.losses import aggregate_loss, clipped_policy_loss, kl_penalty
 logger = logging.getLogger(__name__)
 
 
+def _policy_path(model_path: str | None) -> str:
+    """Local folder or hub name (resolved through the HF cache); None: the shipped tiny model."""
+    if model_path is None:
+        from r3_rllib.models import default_tiny_model_path
+
+        return str(default_tiny_model_path())
+    from r3_rllib.models.hub import resolve_model_path
+
+    return str(resolve_model_path(model_path))
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -49,11 +60,7 @@ class CausalLMModule(TorchRLModule):
     def setup(self):
         from transformers import AutoModelForCausalLM
 
-        path = self.model_config.get("model_path")
-        if path is None:
-            from r3_rllib.models import default_tiny_model_path
-
-            path = str(default_tiny_model_path())
+        path = _policy_path(self.model_config.get("model_path"))
         kwargs = {}
         if self.model_config.get("attn_implementation"):
             kwargs["attn_implementation"] = self.model_config["attn_implementation"]
@@ -164,11 +171,7 @@ class R3Learner(TorchLearner):
     def _load_reference(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        path = self.config.get_default_rl_module_spec().model_config["model_path"]
-        if path is None:
-            from r3_rllib.models import default_tiny_model_path
-
-            path = str(default_tiny_model_path())
+        path = _policy_path(self.config.model_path)
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
         ref.eval().requires_grad_(False)
         return ref

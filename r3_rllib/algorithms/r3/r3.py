@@ -312,8 +312,9 @@ class R3(Algorithm):
         results = self.learner_group.foreach_learner(lambda learner, _p=path: learner.export_hf(_p))
         assert any(r is not None for r in _all_results(results))
         from r3_rllib.algorithms.r3.env_runner import load_policy_tokenizer
+        from r3_rllib.models.tiny import save_tokenizer
 
-        load_policy_tokenizer(self.config).save_pretrained(path)
+        save_tokenizer(load_policy_tokenizer(self.config), path)
         return path
 
     def replay_metrics(self) -> dict[str, float]:
