@@ -100,15 +100,24 @@ def pack_samples(samples: Sequence[Sample], pad_id: int, device) -> dict[str, to
     }
 
 
-def token_logprobs(model, input_ids, attention_mask, *, with_entropy: bool = False):
-    """Log-probs of each next token (and optionally the entropy of each next-token distribution), fp32."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = torch.gather(logp_all, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+def token_logprobs(model, input_ids, attention_mask, *, with_entropy: bool = False, chunk: int = 1024):
+    """Log-probs of each next token (and optionally the entropy of each next-token distribution), fp32.
+
+    `log p = logit[token] - logsumexp(logits)` keeps one fp32 copy of the logits (for logsumexp's backward) instead
+    of that copy plus a full log-softmax (for a 1.5B model, 151k x 8k positions are ~5 GB each in fp32);
+    entropies are computed without gradients in chunks of `chunk` positions.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    logp = torch.gather(logits, -1, targets).squeeze(-1).float() - torch.logsumexp(logits.float(), dim=-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            parts = []
+            for start in range(0, logits.shape[1], chunk):
+                lp = torch.log_softmax(logits[:, start : start + chunk].float(), dim=-1)
+                parts.append(-(lp.exp() * lp).sum(-1))
+            entropy = torch.cat(parts, dim=1)
     return logp, entropy
 
 
