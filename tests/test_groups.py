@@ -92,6 +92,7 @@ def test_ranking_grades_failures_below_correct_reward():
     batch, m = build_training_batch([_group("a", [0, 0], ent)], sw)
     assert m["ranked_groups"] == 1 and m["zero_adv_frac_before"] == 1.0 and m["zero_adv_frac"] == 0.0
     assert [s.reward for s in batch] == pytest.approx([0.5, 0.0])
+    assert [s.env_reward for s in batch] == [0.0, 0.0]  # what goes to the replay buffer
     assert batch[0].advantage == pytest.approx(1.0) and batch[1].advantage == pytest.approx(-1.0)
 
 

@@ -43,6 +43,11 @@ class Sample:
     is_replay: bool = False
     is_reflection: bool = False
     advantage: float = 0.0
+    env_reward: float | None = None  # the env's reward, kept when a ranking reward replaces `reward`
+
+    def __post_init__(self) -> None:
+        if self.env_reward is None:
+            self.env_reward = self.reward
 
 
 @dataclass

@@ -356,8 +356,8 @@ def _to_replay_samples(groups: list[Group]):
                     prompt_ids=np.asarray(s.prompt_ids, dtype=np.int32),
                     response_ids=np.asarray(s.response_ids, dtype=np.int32),
                     behavior_logprobs=np.asarray(s.behavior_logprobs, dtype=np.float32),
-                    # The correctness reward, not a ranking reward given within this batch's group.
-                    reward=float(s.reward) if s.correct else 0.0,
+                    # The env's reward, not a ranking reward given within this batch's group.
+                    reward=float(s.env_reward),
                     correct=bool(s.correct),
                     policy_version=int(s.policy_version),
                     truncated=bool(s.truncated),
@@ -374,7 +374,7 @@ def _from_replay_sample(r) -> Sample:
         response_ids=[int(x) for x in r.response_ids],
         behavior_logprobs=np.asarray(r.behavior_logprobs, dtype=np.float32),
         entropies=np.zeros(0, dtype=np.float32),
-        reward=float(r.reward) if r.correct else 0.0,  # failures replay with their correctness reward
+        reward=float(r.reward),  # the env's reward (shaped partial credit included)
         correct=bool(r.correct),
         truncated=bool(r.truncated),
         policy_version=int(r.policy_version),
