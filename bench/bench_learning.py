@@ -1,21 +1,21 @@
 """Learning: GRPO, DAPO-style dynamic sampling and R^3 on an arithmetic task where GRPO groups often collapse, plus
 the R^3 ablation (without replay / reflection / ranking), several seeds each, in one run.
 
-    python bench/bench_learning.py                        # probe + 6 methods x 3 seeds (~25 min on 2 CPU cores)
+    python bench/bench_learning.py                        # probe + 6 methods x 3 seeds (~12-15 min on 2 CPU cores)
     python bench/bench_learning.py --quick                # GRPO, DAPO, R^3; 1 seed; 30 iterations (~3 min)
     python bench/bench_learning.py --methods grpo,r3 --seeds 0,1 --iterations 30
     python bench/bench_learning.py --smoke                # CI: R^3, one iteration
-    r3 plot bench_out/learning/runs/r3 bench_out/learning/runs/grpo   # curves of individual runs
+    r3 plot runs/bench_learning/runs/r3 runs/bench_learning/runs/grpo   # curves of individual runs
 
 Policy: the shipped tiny model (warm-started on 2-digit addition only). Task (default): 2-digit ``+`` and ``-``
 with a pool of 256 training queries, so an 80-iteration run of 16 queries per iteration passes the pool 5 times
 and R^3's parts (on from dataset epoch ``--start-epoch``) act for most of the run. The probe printed first shows why
-this task: with the shipped model about two thirds of the groups are all wrong (every subtraction, some
-additions) while a third of the queries are solvable. Held-out accuracy is greedy, on the env's disjoint test pool.
+this task: with the shipped model about 60 % of the groups are all wrong (every subtraction, some additions)
+while 40 % of the queries are solvable. Held-out accuracy is greedy, on the env's disjoint test pool.
 
-Writes ``OUT/runs/<method>/seed<k>/progress.csv`` (Tune's column names, so ``r3 plot`` reads them),
-``OUT/mean/<method>/progress.csv`` (seed means), ``OUT/learning_main.png`` (GRPO, DAPO, R^3),
-``OUT/learning_ablation.png`` (R^3 and its ablations) and ``OUT/summary.json``; prints the tables.
+Writes, under ``OUT`` (``--out``, default ``runs/bench_learning``): ``runs/<method>/seed<k>/progress.csv`` (Tune's
+column names, so ``r3 plot`` reads them), ``mean/<method>/progress.csv`` (seed means), ``learning_main.png`` (GRPO,
+DAPO, R^3), ``learning_ablation.png`` (R^3 and its ablations) and ``summary.json``; prints the tables.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ PLOT_METRICS = (
     "eval/accuracy",
     "rollout/accuracy",
     "rollout/zero_adv_frac_before",
+    "rollout/zero_adv_frac",
     "rollout/response_len_mean",
 )
 
@@ -187,6 +188,13 @@ def run_one(method: str, seed: int, args, out_dir: Path) -> dict[str, Any]:
             total += time.perf_counter() - t0
             row = flatten_result(result)
             row.update({"training_iteration": float(it), "time_total_s": total})
+            if method == "dapo":
+                # With dynamic sampling the algorithm computes zero_adv_frac_before on the groups that survived the
+                # filter (always 0); recover the fraction over every sampled group from the sample counter.
+                prev = rows[-1].get("num_env_steps_sampled_lifetime", 0.0)
+                sampled_groups = (row["num_env_steps_sampled_lifetime"] - prev) / args.group_size
+                if sampled_groups > 0:
+                    row["rollout/zero_adv_frac_before"] = 1.0 - row.get("r3/groups", 0.0) / sampled_groups
             rows.append(row)
         final = algo.evaluate_heldout(args.eval_queries)["accuracy"]
     finally:
@@ -356,8 +364,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--start-epoch", type=int, default=1, help="dataset epoch from which R^3's parts are on")
     ap.add_argument("--eval-interval", type=int, default=10)
     ap.add_argument("--eval-queries", type=int, default=256)
-    ap.add_argument("--out", default="bench_out/learning")
+    ap.add_argument("--out", default="runs/bench_learning")
     ap.add_argument("--no-probe", action="store_true")
+    ap.add_argument(
+        "--replot", action="store_true", help="only redraw the PNGs from the progress files in --out"
+    )
     ap.add_argument("--quick", action="store_true", help="GRPO, DAPO, R^3; one seed; 30 iterations")
     ap.add_argument("--smoke", action="store_true", help="CI: R^3, one seed, one iteration, no probe")
     args = ap.parse_args(argv)
@@ -388,6 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for m in methods:
         if m not in METHODS:
             raise SystemExit(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+    if args.replot:
+        print("plots: " + ", ".join(str(p) for p in plot(out_dir, methods, seeds)))
+        return 0
     if not args.no_probe:
         print("## task probe (shipped model, G samples per query at temperature 1, 128 queries each)")
         print(

@@ -67,6 +67,8 @@ def measure(model_name: str, model_path: str, engine: str, args) -> dict[str, An
     from r3_rllib.engines import make_engine
 
     # 1. through the algorithm (small batches: only the sync matters here)
+    # Ranking from iteration 0 keeps every group informative, so every iteration updates and syncs (an iteration
+    # without an update does not sync, and its timer would repeat the previous value).
     config = common.grpo_config(
         model_path,
         engine=engine,
@@ -74,14 +76,17 @@ def measure(model_name: str, model_path: str, engine: str, args) -> dict[str, An
         queries=2,
         max_new_tokens=8,
         seed=args.seed,
-        rank_all_wrong=model_name != "tiny",
+        rank_all_wrong=True,
     )
     algo = config.build_algo()
     algo_sync = []
     try:
+        version = 0.0
         for i in range(1 + args.repeats):
             result = algo.train()
-            if i >= 1 or args.smoke:
+            synced = result["rollout"]["policy_version"] > version  # else no update, no sync this iteration
+            version = result["rollout"]["policy_version"]
+            if synced and (i >= 1 or args.smoke):
                 algo_sync.append(result["timers_s"]["weight_sync_s"])
     finally:
         algo.stop()
@@ -129,7 +134,7 @@ def measure(model_name: str, model_path: str, engine: str, args) -> dict[str, An
         "engine": engine,
         "params": sum(p.numel() for p in model.parameters()),
         "bytes": nbytes,
-        "algo_sync_s": common.median(algo_sync),
+        "algo_sync_s": common.median(algo_sync),  # nan if no iteration synced
         **{f"{k}_s": v for k, v in med.items()},
         "bytes_per_s": nbytes / med["total"],
     }
@@ -147,7 +152,7 @@ def project(results: list[dict[str, Any]]) -> list[list[Any]]:
                 proj = t0 + slope * BYTES_1P5B_BF16
                 bw = 1.0 / slope if slope > 0 else float("inf")
             else:  # one point: bytes/s of that point
-                bw = pts[-1]["bytes"] / pts[-1][key]
+                bw = pts[-1]["bytes"] / pts[-1][key] if pts[-1][key] > 0 else float("nan")
                 t0, proj = 0.0, BYTES_1P5B_BF16 / bw
             rows.append([f"{engine} ({label})", t0, bw / 1e6, proj])
     return rows

@@ -88,7 +88,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    load = tuple(round(x, 2) for x in os.getloadavg()) if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem_gib, 1), "loadavg": load}
 
 
