@@ -206,8 +206,12 @@ class R3Learner(TorchLearner):
         # old log-probs it recomputes once cover every sample it trains on.
         plan = minibatch_plan(len(samples), cfg.num_minibatches, seed)
         plans = [plan] * cfg.num_epochs
-        # The proximal ("old") policy is the one at the start of this update: recompute its log-probs once.
-        old_lp, ref_lp = self._recompute_old_logprobs(samples, plan)
+        # The proximal ("old") policy is the one at the start of this update: recompute its log-probs once. With a
+        # single optimizer step they equal the training forward's detached log-probs, so that pass is skipped.
+        if len(plan) * cfg.num_epochs == 1:
+            old_lp, ref_lp = None, None
+        else:
+            old_lp, ref_lp = self._recompute_old_logprobs(samples, plan)
         totals: dict[str, float] = {}
         grad_norms = []
         trained_tokens = 0
@@ -289,11 +293,12 @@ class R3Learner(TorchLearner):
             packed = pack_samples(chunk_samples, self._pad_id, self._device)
             mask = packed["response_mask"]
             width = mask.shape[1]
-            old = torch.stack([_fit(old_lp[int(i)], width) for i in idx]) if real else None
             logp, entropy = token_logprobs(
                 policy, packed["input_ids"], packed["attention_mask"], with_entropy=True
             )
-            if old is None:
+            if old_lp is not None and real:
+                old = torch.stack([_fit(old_lp[int(i)], width) for i in idx])
+            else:  # single optimizer step (or a padding chunk): the proximal policy is the current one
                 old = logp.detach()
             is_w = None
             if cfg.off_policy_correction:
@@ -313,7 +318,15 @@ class R3Learner(TorchLearner):
             loss = pg
             kl_val = torch.zeros((), device=logp.device)
             if self._reference is not None:
-                ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx]) if real else logp.detach()
+                if ref_lp is None:
+                    with torch.no_grad():
+                        ref, _ = token_logprobs(
+                            self._reference, packed["input_ids"], packed["attention_mask"]
+                        )
+                elif real:
+                    ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx])
+                else:
+                    ref = logp.detach()
                 kl_val = aggregate_loss(
                     kl_penalty(logp, ref, cfg.kl_type), mask, cfg.loss_agg_mode, norm_len=cfg.max_new_tokens
                 )

@@ -64,6 +64,7 @@ class R3(Algorithm):
     def training_step(self) -> None:
         cfg: R3Config = self.config
         t_iter = time.perf_counter()
+        self._weight_sync_s = 0.0  # stays 0 in an iteration without an update
         switches = self._active_switches()
         reflection = None
         if cfg.reflection and self._dataset_epoch >= cfg.reflection_start_epoch:
@@ -93,7 +94,7 @@ class R3(Algorithm):
                 for k, v in more_info.items():
                     rollout[k] = rollout.get(k, 0.0) + v
                 rounds += 1
-            self.metrics.log_value(("rollout", "dynamic_sampling_rounds"), rounds)
+            self.metrics.log_value(("rollout", "dynamic_sampling_rounds"), rounds, reduce="mean", window=1)
         sample_s = time.perf_counter() - t0
 
         # 2. R^3 batch: replay, ranking, advantages.
@@ -170,7 +171,7 @@ class R3(Algorithm):
 
         outs = self.env_runner_group.foreach_env_runner(sample, local_env_runner=False, remote_worker_ids=ids)
         outs = [out for out in outs if out is not None]
-        self.metrics.log_value(("rollout", "runners_failed"), len(ids) - len(outs), reduce="sum")
+        self.metrics.log_value(("rollout", "runners_failed"), len(ids) - len(outs), reduce="mean", window=1)
         if not outs:
             return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0}
         groups = [g for out in outs for g in out["groups"]]
@@ -231,7 +232,12 @@ class R3(Algorithm):
             "response_len_max": float(lengths.max()) if len(lengths) else 0.0,
             "truncated_frac": float(np.mean([s.truncated for s in samples])) if samples else 0.0,
             "entropy_mean": float(np.mean(entropies)) if entropies else 0.0,
-            "zero_adv_frac_before": r3_metrics["zero_adv_frac_before"],
+            # Over every sampled group (before DAPO's filter) and on the env's rewards (before ranking).
+            "zero_adv_frac_before": float(
+                np.mean([is_degenerate([s.env_reward for s in g.samples]) for g in fresh])
+            )
+            if fresh
+            else 0.0,
             "zero_adv_frac": r3_metrics["zero_adv_frac"],
             "gen_tokens_per_s": rollout["generated_tokens"] / max(rollout["generate_s"], 1e-9),
             "grade_s": rollout["grade_s"],
