@@ -17,7 +17,6 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -482,7 +481,3 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
             continue
         return list(obj)
     raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} for FSDP sharding")
-
-
-def export_dir_ok(path: str | Path) -> bool:
-    return (Path(path) / "config.json").exists()

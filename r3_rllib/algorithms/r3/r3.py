@@ -132,7 +132,7 @@ class R3(Algorithm):
             key="timers_s",
         )
         if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
-            self._log_eval()
+            self.metrics.log_dict(self.evaluate_heldout(), key="eval")
         return None
 
     def _active_switches(self) -> R3Switches:
@@ -255,14 +255,6 @@ class R3(Algorithm):
         if self._replay is not None:
             self.metrics.log_dict(self._replay.metrics(), key="replay")
 
-    def _log_eval(self) -> None:
-        results = self.env_runner_group.foreach_env_runner(
-            lambda r, _n=self.config.eval_num_queries: r.evaluate(_n),
-            remote_worker_ids=self.env_runner_group.healthy_worker_ids()[:1],
-            local_env_runner=False,
-        )
-        self.metrics.log_dict(results[0], key="eval")
-
     def evaluate_heldout(self, num_queries: int | None = None) -> dict[str, float]:
         """Greedy accuracy of the current policy on the held-out env (runner 1)."""
         n = num_queries or self.config.eval_num_queries
@@ -330,11 +322,6 @@ class R3(Algorithm):
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
         return _all_results(self.learner_group.foreach_learner(fn))
-
-    @classmethod
-    def default_resource_request(cls, config):
-        # RLlib's request covers runners and learners; the replay actor asks for no CPU so it fits any bundle.
-        return super().default_resource_request(config)
 
 
 def _all_results(results) -> list[Any]:
