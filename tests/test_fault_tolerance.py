@@ -12,7 +12,10 @@ from r3_rllib import R3Config
 pytestmark = pytest.mark.slow
 
 
-def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
+    """With overlap_generation the runner dies with a rollout request in flight: that request is dropped, the
+    survivor's half of the batch is trained on."""
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
@@ -20,7 +23,12 @@ def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_rando
         .learners(num_learners=0)
         .r3(ranking=True, ranking_start_epoch=0)
         .training(
-            model_path=tiny_random_model, group_size=4, queries_per_iteration=8, max_new_tokens=4, lr=1e-3
+            model_path=tiny_random_model,
+            group_size=4,
+            queries_per_iteration=8,
+            max_new_tokens=4,
+            lr=1e-3,
+            overlap_generation=overlap,
         )
     )
     algo = config.build_algo()
@@ -31,6 +39,7 @@ def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_rando
         ray.kill(victim, no_restart=False)  # Ray restarts the actor process; RLlib marks it unhealthy
         result = algo.train()  # this iteration is sampled by the surviving runner alone
         assert result["training_iteration"] == 3
+        assert result["rollout"]["runners_failed"] == 1
         restored = []
         for _ in range(120):  # the restarted actor needs a few seconds to load its engine
             restored = algo.restore_env_runners(algo.env_runner_group)

@@ -92,6 +92,11 @@ class R3Settings:
     """Weight each token by min(pi_old/pi_behaviour, is_cap): corrects replayed (older-policy) samples."""
     is_cap: float = 2.0
     """Truncation of the behaviour importance weight."""
+    overlap_generation: bool = False
+    """Generate batch k+1 while the learner trains on batch k (one-step off-policy, as in verl's one-step-off-policy
+    recipe): the batch trained on was sampled with the weights from one update earlier, corrected by the
+    truncated importance weight above. Hides the cheaper of the two phases when runners and learners run on
+    different devices (or CPU cores)."""
     fsdp: bool | None = None
     """Shard the policy with FSDP2 across learners; None: on when num_learners > 1."""
     gradient_checkpointing: bool = False
@@ -258,6 +263,11 @@ class R3Config(AlgorithmConfig):
             errors.append("num_minibatches and micro_batch_size must be >= 1")
         if self.replay_k < 0:
             errors.append("replay_k must be >= 0")
+        if self.overlap_generation and self.sleep_between_rollouts:
+            errors.append(
+                "overlap_generation needs the engine awake while the learner trains; "
+                "turn off sleep_between_rollouts (or overlap_generation)"
+            )
         from r3_rllib.core.advantages import ADVANTAGE_FNS
 
         if self.advantage_estimator not in ADVANTAGE_FNS:

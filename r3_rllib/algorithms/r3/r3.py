@@ -24,6 +24,10 @@ from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_train
 
 R3_STATE_FILE = "r3_state.pkl"
 LEARNER_DIR = "learner_dcp"
+ROLLOUT_TAG = "r3_rollout"  # RLlib async-request tags: the rollout a runner generates ahead of the learner,
+WEIGHTS_TAG = "r3_weights"  # and the weight load queued behind it
+
+Rollout = tuple[list[Group], dict[str, float]]
 
 
 class R3(Algorithm):
@@ -40,6 +44,11 @@ class R3(Algorithm):
         self._dataset_epoch = 0
         self._rng = np.random.default_rng(self.config.seed)
         self._weight_sync_s = 0.0
+        # overlap_generation: the rollout request in flight on the runners, or one already gathered (a checkpoint
+        # drains the request so that its samples are saved, not lost).
+        self._rollout_in_flight = False
+        self._rollout_requested = 0
+        self._ready_rollout: Rollout | None = None
         self._replay = None
         if self.config.needs_replay_actor:
             from r3_rllib.replay import ReplayBufferClient, create_replay_actor
@@ -66,20 +75,12 @@ class R3(Algorithm):
         t_iter = time.perf_counter()
         self._weight_sync_s = 0.0  # stays 0 in an iteration without an update
         switches = self._active_switches()
-        reflection = None
-        if cfg.reflection and self._dataset_epoch >= cfg.reflection_start_epoch:
-            reflection = {
-                "tau": cfg.reflection_tau,
-                "guidance": cfg.reflection_guidance,
-                "template": cfg.reflection_template,
-                "max_per_batch": cfg.reflection_max_per_batch,
-                "max_answer_chars": cfg.reflection_max_answer_chars,
-                "current_version": self._policy_version,
-            }
+        reflection = self._reflection_settings()
 
         # 1. Rollouts (DAPO dynamic sampling: keep sampling until enough informative groups or out of rounds).
+        # With overlap_generation the batch was requested in the previous iteration, before its update.
         t0 = time.perf_counter()
-        groups, rollout = self._sample_groups(cfg.queries_per_iteration, reflection)
+        groups, rollout = self._next_rollout(cfg.queries_per_iteration, reflection)
         all_fresh = [g for g in groups if not g.is_reflection]
         if cfg.dynamic_sampling:
             groups = [g for g in groups if not is_degenerate([s.reward for s in g.samples])]
@@ -95,7 +96,15 @@ class R3(Algorithm):
                     rollout[k] = rollout.get(k, 0.0) + v
                 rounds += 1
             self.metrics.log_value(("rollout", "dynamic_sampling_rounds"), rounds, reduce="mean", window=1)
+        if cfg.overlap_generation:
+            # The runners generate the next batch with the current weights while the learner trains on this one;
+            # the weights of this update reach them after that rollout (a runner runs its calls in order).
+            self._request_rollout(cfg.queries_per_iteration, self._reflection_settings())
         sample_s = time.perf_counter() - t0
+        fresh_versions = [s.policy_version for g in all_fresh for s in g.samples]
+        if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
+            lag = self._policy_version - float(np.mean(fresh_versions))
+            self.metrics.log_value(("rollout", "policy_lag"), lag, reduce="mean", window=1)
 
         # 2. R^3 batch: replay, ranking, advantages.
         t0 = time.perf_counter()
@@ -118,7 +127,7 @@ class R3(Algorithm):
             )
             learner_metrics = _first_result(results)
             update_s = time.perf_counter() - t0
-            self._sync_weights()
+            self._sync_weights(block=not cfg.overlap_generation)
 
         self._log_metrics(all_fresh, groups, rollout, r3_metrics, learner_metrics)
         self.metrics.log_dict(
@@ -154,12 +163,35 @@ class R3(Algorithm):
             advantage_params=params,
         )
 
-    def _sample_groups(
-        self, num_queries: int, reflection: dict | None
-    ) -> tuple[list[Group], dict[str, float]]:
-        """Split `num_queries` over the healthy runners and sample. A runner that crashes is skipped for this
-        iteration (RLlib marks it unhealthy); `restore_env_runners` restarts it and pushes the current weights
-        before the next iteration."""
+    def _reflection_settings(self) -> dict | None:
+        cfg = self.config
+        if not (cfg.reflection and self._dataset_epoch >= cfg.reflection_start_epoch):
+            return None
+        return {
+            "tau": cfg.reflection_tau,
+            "guidance": cfg.reflection_guidance,
+            "template": cfg.reflection_template,
+            "max_per_batch": cfg.reflection_max_per_batch,
+            "max_answer_chars": cfg.reflection_max_answer_chars,
+            "current_version": self._policy_version,
+        }
+
+    def _next_rollout(self, num_queries: int, reflection: dict | None) -> Rollout:
+        """The batch to train on: one gathered ahead (restored from a checkpoint), the request in flight, or a
+        fresh synchronous rollout."""
+        if self._ready_rollout is not None:
+            ready, self._ready_rollout = self._ready_rollout, None
+            return ready
+        if self._rollout_in_flight:
+            return self._gather_rollout()
+        return self._sample_groups(num_queries, reflection)
+
+    def _sample_groups(self, num_queries: int, reflection: dict | None) -> Rollout:
+        self._request_rollout(num_queries, reflection)
+        return self._gather_rollout()
+
+    def _request_rollout(self, num_queries: int, reflection: dict | None) -> None:
+        """Split `num_queries` over the healthy runners and ask each for its share, without waiting."""
         ids = self.env_runner_group.healthy_worker_ids()
         if not ids:
             raise RuntimeError("no healthy EnvRunner left to sample from")
@@ -169,9 +201,18 @@ class R3(Algorithm):
             n = _share.get(runner.worker_index, 0)
             return runner.sample(num_queries=n, reflection=_refl) if n > 0 else None
 
-        outs = self.env_runner_group.foreach_env_runner(sample, local_env_runner=False, remote_worker_ids=ids)
-        outs = [out for out in outs if out is not None]
-        self.metrics.log_value(("rollout", "runners_failed"), len(ids) - len(outs), reduce="mean", window=1)
+        self._rollout_requested = len(ids)
+        self.env_runner_group.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=ids)
+        self._rollout_in_flight = True
+
+    def _gather_rollout(self) -> Rollout:
+        """Wait for the requested rollout. A runner that crashed is skipped for this iteration (RLlib marks it
+        unhealthy); `restore_env_runners` restarts it and pushes the current weights before the next one."""
+        results = self.env_runner_group.fetch_ready_async_reqs(tags=ROLLOUT_TAG, timeout_seconds=None)
+        self._rollout_in_flight = False
+        outs = [out for _, out in results if out is not None]
+        failed = self._rollout_requested - len(results)
+        self.metrics.log_value(("rollout", "runners_failed"), failed, reduce="mean", window=1)
         if not outs:
             return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0}
         groups = [g for out in outs for g in out["groups"]]
@@ -204,18 +245,30 @@ class R3(Algorithm):
         got = self._replay.sample_batch(full)
         return [[_from_replay_sample(s) for s in samples] for samples in got]
 
-    def _sync_weights(self, remote_worker_ids: list[int] | None = None) -> None:
-        """Learner rank 0 puts the full state dict in the object store once; every runner loads it from there."""
+    def _sync_weights(self, remote_worker_ids: list[int] | None = None, block: bool = True) -> None:
+        """Learner rank 0 puts the full state dict in the object store once; every runner loads it from there.
+
+        `block=False` queues the load behind the rollout a runner is generating (overlap_generation): the
+        driver goes on, and the runner's next call runs with the new weights."""
         t0 = time.perf_counter()
         results = self.learner_group.foreach_learner(lambda learner: learner.weights_ref())
         refs = [r for r in _all_results(results) if r[0] is not None]
         weights_ref, version = refs[0]
         self._policy_version = version
-        self.env_runner_group.foreach_env_runner(
-            lambda r, _w=weights_ref, _v=version: r.update_weights(_w, _v),
-            local_env_runner=False,
-            remote_worker_ids=remote_worker_ids,
-        )
+
+        def load(r, _w=weights_ref, _v=version):
+            return r.update_weights(_w, _v)
+
+        if block:
+            self.env_runner_group.foreach_env_runner(
+                load, local_env_runner=False, remote_worker_ids=remote_worker_ids
+            )
+        else:
+            # RLlib allows one request in flight per runner and tag: collect the previous (long finished) load.
+            self.env_runner_group.fetch_ready_async_reqs(tags=WEIGHTS_TAG, timeout_seconds=None)
+            self.env_runner_group.foreach_env_runner_async(
+                load, tag=WEIGHTS_TAG, remote_worker_ids=remote_worker_ids
+            )
         self._weight_sync_s = time.perf_counter() - t0
 
     # -- metrics --------------------------------------------------------------------------------------------------
@@ -269,6 +322,9 @@ class R3(Algorithm):
         """Learner shards via DCP (every rank writes its part) + driver, runner and replay state in a pickle."""
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
         self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p))
+        if self._rollout_in_flight:
+            # Its queries are already consumed from the runners' env order: keep the samples with the checkpoint.
+            self._ready_rollout = self._gather_rollout()
         state = {
             "iteration": self.iteration,
             "policy_version": self._policy_version,
@@ -280,6 +336,7 @@ class R3(Algorithm):
             "replay": self._replay.get_state() if self._replay is not None else None,
             "metrics": self.metrics.get_state(),
             "r3_settings": self.config.r3_settings(),
+            "ready_rollout": self._ready_rollout,
         }
         with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "wb") as f:
             pickle.dump(state, f)
@@ -293,6 +350,9 @@ class R3(Algorithm):
         self._dataset_epoch = state["dataset_epoch"]
         self._rng.bit_generator.state = state["rng"]
         self._iteration = state["iteration"]
+        if self._rollout_in_flight:  # generated by the policy being replaced
+            self._gather_rollout()
+        self._ready_rollout = state.get("ready_rollout")
         ids = self.env_runner_group.healthy_worker_ids()
         for wid, runner_state in zip(ids, state["runners"], strict=False):
             self.env_runner_group.foreach_env_runner(
