@@ -2,7 +2,7 @@
 
     python bench/bench_throughput.py                      # both settings, every path (~7 min on 2 CPU cores)
     python bench/bench_throughput.py --setting tiny       # the shipped 0.8 M model only
-    python bench/bench_throughput.py --setting gen --paths ours-vllm,trl
+    python bench/bench_throughput.py --setting gen --paths ours-vllm,ours-vllm-overlap,trl,trl-2t
     python bench/bench_throughput.py --scaling            # also fit and check the cost-per-iteration model
     python bench/bench_throughput.py --smoke              # CI: one tiny iteration per path
 
@@ -12,9 +12,14 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss):
 
 - ``ours-hf`` / ``ours-vllm``: the real algorithm (``R3Config.grpo_preset()``, ``algo.train()``): one remote
   EnvRunner with the HF or vLLM engine, a local learner in the driver, weights synced through the object store;
+- ``ours-hf-overlap`` / ``ours-vllm-overlap``: the same with ``overlap_generation=True``: the runner generates batch
+  k+1 while the learner trains on batch k (one-step off-policy, IS-corrected). Runner and learner each use one
+  thread, so this path uses both cores;
 - ``trl``: ``trl.GRPOTrainer`` (transformers ``generate``, no vLLM on CPU), one optimizer step per generation batch;
 - ``floor``: a hand-written loop in one process: ``model.generate`` with the same sampling, grading, group
   advantages, one clipped token-mean update. Nothing else: the lowest cost of a GRPO iteration with these libraries.
+- ``trl-2t`` / ``floor-2t``: the same two with two torch threads, i.e. the whole machine, the fair baseline for the
+  overlap paths (the single-process loops cannot use a second core otherwise).
 
 Two settings:
 
@@ -44,7 +49,7 @@ from typing import Any
 import common
 import numpy as np
 
-PATHS = ("ours-hf", "ours-vllm", "trl", "floor")
+PATHS = ("ours-hf", "ours-vllm", "ours-hf-overlap", "ours-vllm-overlap", "trl", "floor", "trl-2t", "floor-2t")
 
 
 @dataclasses.dataclass
@@ -208,9 +213,10 @@ class FloorGRPO:
         }
 
 
-def run_floor(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult:
+def run_floor(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 1) -> PathResult:
     import torch
 
+    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     floor = FloorGRPO(
         s.model_path,
@@ -239,7 +245,7 @@ def run_floor(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult
 # ------------------------------------------------------------------------------------------------------------------
 # TRL
 # ------------------------------------------------------------------------------------------------------------------
-def run_trl(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult:
+def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 1) -> PathResult:
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -338,7 +344,7 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult:
         callbacks=[clock],
     )
     trainer.bench = {"generate": [], "grade": [], "rollout": [], "gen_tokens": []}
-    torch.set_num_threads(1)  # accelerate may have reset it
+    torch.set_num_threads(threads)  # accelerate may have reset it
     trainer.train()
     steps = np.diff(clock.marks).tolist()
     b = trainer.bench
@@ -360,7 +366,9 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int) -> PathResult:
 # ------------------------------------------------------------------------------------------------------------------
 # Ours
 # ------------------------------------------------------------------------------------------------------------------
-def run_ours(s: Setting, engine: str, iterations: int, warmup: int, seed: int) -> PathResult:
+def run_ours(
+    s: Setting, engine: str, iterations: int, warmup: int, seed: int, overlap: bool = False
+) -> PathResult:
     config = common.grpo_config(
         s.model_path,
         engine=engine,
@@ -372,9 +380,10 @@ def run_ours(s: Setting, engine: str, iterations: int, warmup: int, seed: int) -
         seed=seed,
         rank_all_wrong=s.rank_all_wrong,
     )
+    config.training(overlap_generation=overlap)
     algo = config.build_algo()
     names = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
-    res = PathResult(f"ours-{engine}", [], [], [], [], {k: [] for k in names})
+    res = PathResult(f"ours-{engine}" + ("-overlap" if overlap else ""), [], [], [], [], {k: [] for k in names})
     try:
         for i in range(warmup + iterations):
             t0 = time.perf_counter()
@@ -442,11 +451,13 @@ def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
     for k in results:
         if not k.startswith("ours"):
             continue
-        if floor:
-            ratios[f"{k}/floor step time"] = sums[k]["s_per_iter_median"] / floor["s_per_iter_median"]
-        if trl:
-            ratios[f"{k}/trl step time"] = sums[k]["s_per_iter_median"] / trl["s_per_iter_median"]
-            ratios[f"{k}/trl samples/s"] = sums[k]["samples_per_s"] / trl["samples_per_s"]
+        for base in ("floor", "floor-2t"):
+            if base in sums:
+                ratios[f"{k}/{base} step time"] = sums[k]["s_per_iter_median"] / sums[base]["s_per_iter_median"]
+        for base in ("trl", "trl-2t"):
+            if base in sums:
+                ratios[f"{k}/{base} step time"] = sums[k]["s_per_iter_median"] / sums[base]["s_per_iter_median"]
+                ratios[f"{k}/{base} samples/s"] = sums[k]["samples_per_s"] / sums[base]["samples_per_s"]
     if trl and floor:
         ratios["trl/floor step time"] = trl["s_per_iter_median"] / floor["s_per_iter_median"]
     if ratios:
@@ -553,8 +564,9 @@ def build_settings(args) -> list[Setting]:
     settings = []
     chosen = set(args.paths.split(",")) if args.paths else None
     if args.setting in ("tiny", "all"):
-        paths = tuple(p for p in ("ours-hf", "floor", "trl") if chosen is None or p in chosen)
-        if chosen and "ours-vllm" in chosen:
+        default = ("ours-hf", "ours-hf-overlap", "floor", "trl", "floor-2t", "trl-2t")
+        paths = tuple(p for p in default if chosen is None or p in chosen)
+        if chosen and "ours-vllm" in chosen:  # 3x slower than HF on 8-token answers (BENCHMARKS.md, section 2)
             paths = ("ours-vllm",) + paths
         settings.append(
             Setting(
@@ -570,7 +582,7 @@ def build_settings(args) -> list[Setting]:
             )
         )
     if args.setting in ("gen", "all"):
-        paths = tuple(p for p in ("ours-vllm", "ours-hf", "floor", "trl") if chosen is None or p in chosen)
+        paths = tuple(p for p in PATHS if chosen is None or p in chosen)
         model = args.gen_model or common.long_response_model("tiny" if args.smoke else "gen")
         settings.append(
             Setting(
@@ -620,12 +632,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.queries, args.group_size, args.gen_queries, args.gen_group_size, args.gen_tokens = 2, 2, 2, 2, 8
         args.scaling_iterations = 1
     if args.no_trl:
-        keep = [p for p in (args.paths.split(",") if args.paths else PATHS) if p != "trl"]
+        keep = [p for p in (args.paths.split(",") if args.paths else PATHS) if not p.startswith("trl")]
         args.paths = ",".join(keep)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import torch
+
     args = parse_args(argv)
     common.setup_process()
     common.pickle_by_value(sys.modules[__name__], common)
@@ -640,12 +654,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in s.paths:
                 print(f"[{s.name}] running {path} ({args.warmup} warm-up + {iters} timed) ...", flush=True)
                 t0 = time.perf_counter()
+                threads_before = torch.get_num_threads()
                 if path.startswith("ours"):
-                    results[path] = run_ours(s, path.split("-", 1)[1], iters, args.warmup, args.seed)
-                elif path == "trl":
-                    results[path] = run_trl(s, iters, args.warmup, args.seed)
+                    engine = path.split("-")[1]
+                    overlap = path.endswith("-overlap")
+                    results[path] = run_ours(s, engine, iters, args.warmup, args.seed, overlap=overlap)
+                elif path.startswith("trl"):
+                    threads = 2 if path.endswith("-2t") else 1
+                    results[path] = run_trl(s, iters, args.warmup, args.seed, threads=threads)
                 else:
-                    results[path] = run_floor(s, iters, args.warmup, args.seed)
+                    threads = 2 if path.endswith("-2t") else 1
+                    results[path] = run_floor(s, iters, args.warmup, args.seed, threads=threads)
+                torch.set_num_threads(threads_before)
                 print(
                     f"[{s.name}] {path} done in {time.perf_counter() - t0:.0f}s ({common.load_note()})",
                     flush=True,

@@ -93,7 +93,8 @@ def test_throughput_smoke_ours_and_floor(ray_session, tiny_random_model, capsys)
     assert mod.main(["--smoke", "--setting", "tiny", "--model", tiny_random_model, "--no-trl"]) == 0
     out = capsys.readouterr().out
     assert "| ours-hf |" in out and "| floor |" in out
-    assert "ours-hf/floor step time" in out
+    assert "| ours-hf-overlap |" in out and "| floor-2t |" in out
+    assert "ours-hf/floor step time" in out and "ours-hf-overlap/floor-2t step time" in out
 
 
 @pytest.mark.slow
