@@ -1,7 +1,7 @@
 """Learning: GRPO, DAPO-style dynamic sampling and R^3 on an arithmetic task where GRPO groups often collapse, plus
 the R^3 ablation (without replay / reflection / ranking), several seeds each, in one run.
 
-    python bench/bench_learning.py                        # probe + 6 methods x 3 seeds (~12-15 min on 2 CPU cores)
+    python bench/bench_learning.py                        # probe + 7 methods x 3 seeds (~15-18 min on 2 CPU cores)
     python bench/bench_learning.py --quick                # GRPO, DAPO, R^3; 1 seed; 30 iterations (~3 min)
     python bench/bench_learning.py --methods grpo,r3 --seeds 0,1 --iterations 30
     python bench/bench_learning.py --smoke                # CI: R^3, one iteration
@@ -15,7 +15,8 @@ while 40 % of the queries are solvable. Held-out accuracy is greedy, on the env'
 
 Writes, under ``OUT`` (``--out``, default ``runs/bench_learning``): ``runs/<method>/seed<k>/progress.csv`` (Tune's
 column names, so ``r3 plot`` reads them), ``mean/<method>/progress.csv`` (seed means), ``learning_main.png`` (GRPO,
-DAPO, R^3), ``learning_ablation.png`` (R^3 and its ablations) and ``summary.json``; prints the tables.
+DAPO, R^3), ``learning_ablation.png`` (R^3 and its ablations), ``learning_overlap.png`` (GRPO on-policy vs with
+``overlap_generation``, one step off-policy) and ``summary.json``; prints the tables.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from typing import Any
 
 import common
 
-METHODS = ("grpo", "dapo", "r3", "r3-no-replay", "r3-no-reflection", "r3-no-ranking")
+METHODS = ("grpo", "dapo", "r3", "r3-no-replay", "r3-no-reflection", "r3-no-ranking", "grpo-overlap")
 MAIN_METHODS = ("grpo", "dapo", "r3")
 ABLATION_METHODS = ("r3", "r3-no-replay", "r3-no-reflection", "r3-no-ranking")
+OVERLAP_METHODS = ("grpo", "grpo-overlap")  # on-policy vs one-step off-policy (overlap_generation)
 PROBE_TASKS: tuple[dict[str, Any], ...] = (
     {"digits": 2},
     {"digits": 2, "operators": "+-"},
@@ -110,7 +112,7 @@ def method_config(method: str, args, seed: int):
     from r3_rllib import R3Config
     from r3_rllib.core.reflection import COMPACT_REFLECTION_TEMPLATE
 
-    if method == "grpo":
+    if method in ("grpo", "grpo-overlap"):
         config = R3Config.grpo_preset()
     elif method == "dapo":
         config = R3Config.dapo_preset()
@@ -140,6 +142,7 @@ def method_config(method: str, args, seed: int):
             eval_interval=args.eval_interval,
             eval_env_config={"split": "test"},
             eval_num_queries=args.eval_queries,
+            overlap_generation=method.endswith("-overlap"),
         )
         .r3(
             replay_start_epoch=args.start_epoch,
@@ -263,7 +266,11 @@ def plot(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> list[Pa
 
     means = {m: write_means(out_dir, m, seeds) for m in methods}
     pngs = []
-    for name, group in (("learning_main.png", MAIN_METHODS), ("learning_ablation.png", ABLATION_METHODS)):
+    for name, group in (
+        ("learning_main.png", MAIN_METHODS),
+        ("learning_ablation.png", ABLATION_METHODS),
+        ("learning_overlap.png", OVERLAP_METHODS),
+    ):
         chosen = [m for m in group if means.get(m) is not None]
         if len(chosen) >= 1:
             pngs.append(

@@ -1,6 +1,6 @@
 """Training throughput of r3-rllib's GRPO against TRL's GRPOTrainer and a plain-PyTorch GRPO loop, in one run.
 
-    python bench/bench_throughput.py                      # both settings, every path (~7 min on 2 CPU cores)
+    python bench/bench_throughput.py                      # both settings, every path (~13 min on 2 CPU cores)
     python bench/bench_throughput.py --setting tiny       # the shipped 0.8 M model only
     python bench/bench_throughput.py --setting gen --paths ours-vllm,ours-vllm-overlap,trl,trl-2t
     python bench/bench_throughput.py --scaling            # also fit and check the cost-per-iteration model
