@@ -56,3 +56,49 @@ def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_rando
         assert algo.train()["rollout"]["runners_failed"] == 0
     finally:
         algo.stop()
+
+
+def _replay_config(model_path: str) -> R3Config:
+    """R^3 with every part on from the first iteration (2-digit addition: the buffer fills at once)."""
+    return (
+        R3Config.r3_preset()
+        .environment("arithmetic", env_config={"num_queries": 200})
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0, reflection_tau=1.1)
+        .training(model_path=model_path, group_size=4, queries_per_iteration=8, max_new_tokens=4, lr=1e-3)
+    )
+
+
+def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint(ray_session, tiny_random_model, tmp_path):
+    algo = _replay_config(tiny_random_model).build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        algo.save(str(tmp_path / "ckpt"))
+        at_checkpoint = algo.replay_metrics()["size"]
+        assert at_checkpoint == 2 * 8 * 4
+        algo.train()  # these 32 samples are not in any checkpoint
+        ray.kill(algo._replay.handle, no_restart=False)  # Ray restarts the actor, empty
+        result = algo.train()
+        assert result["replay"]["actor_restarts"] == 1 and result["replay"]["available"] == 1.0
+        # The checkpoint's samples are back, plus this iteration's; the iteration after the checkpoint is lost.
+        assert algo.replay_metrics()["size"] == at_checkpoint + 8 * 4
+        assert result["r3"]["reflection_prompts"] > 0  # reflection reads the refilled buffer again
+    finally:
+        algo.stop()
+
+
+def test_replay_actor_gone_for_good_training_goes_on_without_it(ray_session, tiny_random_model):
+    algo = _replay_config(tiny_random_model).build_algo()
+    try:
+        algo.train()
+        ray.kill(algo._replay.handle, no_restart=True)
+        result = algo.train()
+        assert result["training_iteration"] == 2
+        assert result["replay"]["available"] == 0.0
+        assert result["r3"]["reflection_prompts"] == 0  # the runner skipped reflection, not the rollout
+        assert result["rollout"]["runners_failed"] == 0
+        assert result["learner"]["optimizer_steps"] == 1.0
+    finally:
+        algo.stop()

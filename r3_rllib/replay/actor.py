@@ -16,6 +16,7 @@ methods returns it), which is about ten times cheaper to serialise than a list o
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -47,9 +48,14 @@ class ReplayBufferActor:
 
     def __init__(self, config: ReplayConfig | dict[str, Any] | None = None) -> None:
         self._buffer = QueryReplayBuffer(_as_config(config))
+        # New on every (re)start: a caller that sees it change knows the buffer restarted empty.
+        self._incarnation = uuid.uuid4().hex
 
     def ping(self) -> bool:
         return True
+
+    def incarnation(self) -> str:
+        return self._incarnation
 
     def config(self) -> dict[str, Any]:
         return asdict(self._buffer.config)

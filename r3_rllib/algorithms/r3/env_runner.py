@@ -195,7 +195,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return float(reward), bool(info.get("correct", reward > 0))
 
     def _reflection_prompts(self, query_ids, query_texts, cfg: dict) -> list[tuple[str, str, str]]:
-        """Prompts `query + past wrong answer + guidance` for queries whose mean past reward is below tau."""
+        """Prompts `query + past wrong answer + guidance` for queries whose mean past reward is below tau.
+
+        A replay actor that died (Ray restarts it, empty, and the algorithm refills it) costs this rollout its
+        reflection prompts, not the rollout."""
+        try:
+            return self._reflection_prompts_from_replay(query_ids, query_texts, cfg)
+        except ray.exceptions.RayActorError as err:
+            logger.warning("replay actor unavailable, no reflection prompts in this rollout: %s", err)
+            return []
+
+    def _reflection_prompts_from_replay(self, query_ids, query_texts, cfg: dict) -> list[tuple[str, str, str]]:
         stats = self._replay.query_stats(query_ids)
         hard = [q for q in dict.fromkeys(query_ids) if q in stats and stats[q].n_seen > 0]
         hard = [q for q in hard if stats[q].mean_reward < cfg["tau"]]

@@ -9,6 +9,7 @@ algorithm's checkpoint.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import time
@@ -27,7 +28,10 @@ LEARNER_DIR = "learner_dcp"
 ROLLOUT_TAG = "r3_rollout"  # RLlib async-request tags: the rollout a runner generates ahead of the learner,
 WEIGHTS_TAG = "r3_weights"  # and the weight load queued behind it
 
+REPLAY_RESTART_TIMEOUT_S = 60.0  # how long an iteration waits for Ray to bring a crashed replay actor back
+
 Rollout = tuple[list[Group], dict[str, float]]
+logger = logging.getLogger(__name__)
 
 
 class R3(Algorithm):
@@ -50,6 +54,13 @@ class R3(Algorithm):
         self._rollout_requested = 0
         self._ready_rollout: Rollout | None = None
         self._replay = None
+        # Replay actor health: Ray restarts it (empty) after a crash; the driver notices by its incarnation id and
+        # refills it with the replay state of the last checkpoint saved or loaded, kept in the object store (Tune
+        # moves checkpoint folders, so a path would not do; the object store spills to disk under pressure).
+        self._replay_ok = True
+        self._replay_incarnation: str | None = None
+        self._replay_restarts = 0
+        self._replay_snapshot: ray.ObjectRef | None = None
         if self.config.needs_replay_actor:
             from r3_rllib.replay import ReplayBufferClient, create_replay_actor
 
@@ -60,9 +71,11 @@ class R3(Algorithm):
                         "max_total_samples": self.config.replay_max_total,
                         "max_staleness": self.config.replay_max_staleness,
                         "seed": self.config.seed,
-                    }
+                    },
+                    max_restarts=-1,
                 )
             )
+            self._check_replay()
             handle = self._replay
             self.env_runner_group.foreach_env_runner(
                 lambda r, h=handle: r.set_replay_actor(h), local_env_runner=False
@@ -74,6 +87,8 @@ class R3(Algorithm):
         cfg: R3Config = self.config
         t_iter = time.perf_counter()
         self._weight_sync_s = 0.0  # stays 0 in an iteration without an update
+        if self._replay is not None:
+            self._check_replay()
         switches = self._active_switches()
         reflection = self._reflection_settings()
 
@@ -108,12 +123,13 @@ class R3(Algorithm):
 
         # 2. R^3 batch: replay, ranking, advantages.
         t0 = time.perf_counter()
-        fetch = self._fetch_replay if (switches.replay and self._replay is not None) else None
+        fetch = self._fetch_replay if (switches.replay and self._replay_available) else None
         batch, r3_metrics = build_training_batch(groups, switches, fetch)
         # Every fresh sample enters the per-query buffer after the batch is built (reflection samples do not:
         # their prompt is not the query's, see groups.py).
-        if self._replay is not None:
-            self._replay.add(_to_replay_samples([g for g in groups if not g.is_reflection]), block=False)
+        if self._replay_available:
+            fresh_samples = _to_replay_samples([g for g in groups if not g.is_reflection])
+            self._replay_call(lambda replay: replay.add(fresh_samples, block=False), None)
         r3_s = time.perf_counter() - t0
 
         # 3. Learner update, 4. weight sync.
@@ -242,8 +258,47 @@ class R3(Algorithm):
 
     def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
         full = [(qid, want, k, self._policy_version) for qid, want, k in requests]
-        got = self._replay.sample_batch(full)
+        got = self._replay_call(lambda replay: replay.sample_batch(full), [[] for _ in full])
         return [[_from_replay_sample(s) for s in samples] for samples in got]
+
+    # -- replay actor health ------------------------------------------------------------------------------------
+    @property
+    def _replay_available(self) -> bool:
+        return self._replay is not None and self._replay_ok
+
+    def _replay_call(self, fn, default):
+        """`fn(replay_client)`, or `default` when the actor died: the iteration goes on without replay."""
+        try:
+            return fn(self._replay)
+        except ray.exceptions.RayActorError as err:
+            logger.warning("replay actor unavailable, this iteration goes on without it: %s", err)
+            self._replay_ok = False
+            return default
+
+    def _check_replay(self) -> None:
+        """Once per iteration: is the replay actor up, and is it the one that holds our samples? After a restart
+        (new incarnation, empty buffer) reload the replay state of the last checkpoint; samples added since then
+        are lost, and the buffer fills again from the next batches."""
+        try:
+            incarnation = ray.get(self._replay.handle.incarnation.remote(), timeout=REPLAY_RESTART_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+            logger.warning("replay actor not back yet, iteration without replay: %s", err)
+            self._replay_ok = False
+            return
+        self._replay_ok = True
+        if self._replay_incarnation is not None and incarnation != self._replay_incarnation:
+            self._replay_restarts += 1
+            restored = 0
+            if self._replay_snapshot is not None:
+                self._replay.set_state(ray.get(self._replay_snapshot))
+                restored = int(self._replay.metrics().get("size", 0))
+            logger.warning(
+                "replay actor restarted (restart %d): refilled with %d samples from the last checkpoint%s",
+                self._replay_restarts,
+                restored,
+                "" if self._replay_snapshot is not None else " (none yet: starts empty)",
+            )
+        self._replay_incarnation = incarnation
 
     def _sync_weights(self, remote_worker_ids: list[int] | None = None, block: bool = True) -> None:
         """Learner rank 0 puts the full state dict in the object store once; every runner loads it from there.
@@ -306,7 +361,9 @@ class R3(Algorithm):
             self.metrics.log_dict(learner_metrics, key="learner")
         self.metrics.log_value("num_env_steps_sampled_lifetime", len(samples), reduce="lifetime_sum")
         if self._replay is not None:
-            self.metrics.log_dict(self._replay.metrics(), key="replay")
+            replay_metrics = self._replay_call(lambda replay: replay.metrics(), {})
+            health = {"actor_restarts": self._replay_restarts, "available": float(self._replay_ok)}
+            self.metrics.log_dict({**replay_metrics, **health}, key="replay")
 
     def evaluate_heldout(self, num_queries: int | None = None) -> dict[str, float]:
         """Greedy accuracy of the current policy on the held-out env (runner 1)."""
@@ -333,13 +390,15 @@ class R3(Algorithm):
             "runners": self.env_runner_group.foreach_env_runner(
                 lambda r: r.get_state(), local_env_runner=False
             ),
-            "replay": self._replay.get_state() if self._replay is not None else None,
+            "replay": self._replay.get_state() if self._replay_available else None,
             "metrics": self.metrics.get_state(),
             "r3_settings": self.config.r3_settings(),
             "ready_rollout": self._ready_rollout,
         }
         with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "wb") as f:
             pickle.dump(state, f)
+        if state["replay"] is not None:
+            self._replay_snapshot = ray.put(state["replay"])
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "rb") as f:
@@ -360,6 +419,7 @@ class R3(Algorithm):
             )
         if self._replay is not None and state["replay"] is not None:
             self._replay.set_state(state["replay"])
+            self._replay_snapshot = ray.put(state["replay"])
         self.metrics.set_state(state["metrics"])
         self._sync_weights()
 
