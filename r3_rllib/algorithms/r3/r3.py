@@ -267,7 +267,21 @@ class R3(Algorithm):
         return self._replay is not None and self._replay_ok
 
     def _replay_call(self, fn, default):
-        """`fn(replay_client)`, or `default` when the actor died: the iteration goes on without replay."""
+        """`fn(replay_client)`; if the actor is restarting, wait for it (and refill it) and call once more; if it is
+        gone, `default`: the iteration goes on without replay."""
+        try:
+            return fn(self._replay)
+        except ray.exceptions.ActorUnavailableError:
+            self._check_replay()
+            if self._replay_ok:
+                return self._replay_call_once(fn, default)
+            return default
+        except ray.exceptions.RayActorError as err:
+            logger.warning("replay actor gone, this iteration goes on without it: %s", err)
+            self._replay_ok = False
+            return default
+
+    def _replay_call_once(self, fn, default):
         try:
             return fn(self._replay)
         except ray.exceptions.RayActorError as err:
@@ -279,12 +293,22 @@ class R3(Algorithm):
         """Once per iteration: is the replay actor up, and is it the one that holds our samples? After a restart
         (new incarnation, empty buffer) reload the replay state of the last checkpoint; samples added since then
         are lost, and the buffer fills again from the next batches."""
-        try:
-            incarnation = ray.get(self._replay.handle.incarnation.remote(), timeout=REPLAY_RESTART_TIMEOUT_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
-            logger.warning("replay actor not back yet, iteration without replay: %s", err)
-            self._replay_ok = False
-            return
+        deadline = time.monotonic() + REPLAY_RESTART_TIMEOUT_S
+        while True:
+            try:
+                incarnation = ray.get(
+                    self._replay.handle.incarnation.remote(), timeout=max(0.0, deadline - time.monotonic())
+                )
+                break
+            except ray.exceptions.ActorUnavailableError:  # restarting: ask again until it is back
+                if time.monotonic() > deadline:
+                    self._replay_ok = False
+                    return
+                time.sleep(0.1)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+                logger.warning("replay actor gone, iteration without replay: %s", err)
+                self._replay_ok = False
+                return
         self._replay_ok = True
         if self._replay_incarnation is not None and incarnation != self._replay_incarnation:
             self._replay_restarts += 1
