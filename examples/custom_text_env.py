@@ -10,18 +10,19 @@ R^3's replay and reflection on the shipped tiny character-level model.
 Measured with the defaults (2-digit strings, 45 training strings, 32 queries x 8 samples per iteration): training
 accuracy rose from 0% to ~27% and held-out accuracy (the 45 other strings, greedy) from 2% to 27% in 30 iterations.
 
-Three steps make a task trainable:
+Two steps make a task trainable:
 
 1. Subclass `TextEnv`: `reset()` returns the prompt and an info dict with a stable `query_id`; `step(response)` returns
    the reward and `info["correct"]`. Two reset options are part of the contract: `{"query_id": q}` serves query q
    again (the G samples of a group are scored against one query), and `{"query_id": q, "user_content": text}` shows
    `text` instead of the query's prompt but grades against q's answer (R^3's reflection prompts).
-2. Register a factory under a name with `register_text_env(name, factory)`.
-3. Make the registration happen *in every Ray worker process*: the env is built inside the EnvRunner actor, whose
-   registry starts empty (it does not see registrations made in this driver script). Here a
-   `worker_process_setup_hook` passed to `ray.init` registers the env in each worker as it starts. A package of
-   tasks would instead declare an entry point in the group `r3_rllib.text_envs` (see pyproject.toml), which the
-   registry looks up by name in any process where the package is installed.
+2. Register a factory under a name with `register_text_env(name, factory)` and use the name in
+   `.environment(name, env_config=...)`. The env is built inside the EnvRunner actor, another process whose own
+   registry lacks the name; `R3Config.environment` therefore also puts a name registered only in this process into
+   Ray Tune's cluster-wide env registry (as RLlib does for gym envs), and Ray ships the class by value, so the
+   workers need not import this script. A package of tasks would instead declare an entry point in the group
+   `r3_rllib.text_envs` (see pyproject.toml), which the registry looks up by name in any process where the package
+   is installed.
 
 The reward is shaped: 1 for the exact sorted string, otherwise `partial_credit * (positions right) / (longer length)`.
 The tiny model was warm-started on addition only, so at first it almost never sorts ("53<" -> "5"); the partial credit separates its
@@ -220,10 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         num_cpus=args.num_cpus,
         include_dashboard=False,
         log_to_driver=False,
-        # Runs in every worker process of this job as it starts, before any actor is built there: the EnvRunner
-        # finds "digit_sort" in its registry. Ray pickles the function (and DigitSortEnv with it) by value, so the
-        # workers need not import this script.
-        runtime_env={"worker_process_setup_hook": register_digit_sort, "env_vars": {"OMP_NUM_THREADS": "1"}},
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
     )
     algo = build_config(
         quick=args.quick, model_path=args.model, length=args.length, num_queries=args.num_queries

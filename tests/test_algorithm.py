@@ -136,3 +136,31 @@ def test_dapo_dynamic_sampling_trains_only_informative_groups(ray_session):
     assert result["rollout"]["dynamic_sampling_rounds"] >= 1
     assert result["rollout"]["zero_adv_frac"] == 0.0
     assert result["r3"]["groups"] >= 1 and result["learner"]["optimizer_steps"] >= 1
+
+
+def test_env_registered_only_in_the_driver_reaches_the_runner(ray_session, tiny_random_model):
+    """`register_text_env` in the driver is enough: the runner's process has its own registry without the name,
+    and finds it in Ray Tune's cluster-wide one."""
+    import functools
+
+    from r3_rllib.envs import register_text_env
+    from r3_rllib.envs.arithmetic import ArithmeticEnv
+    from r3_rllib.envs.registry import _REGISTRY
+
+    register_text_env("driver_only_subtraction", functools.partial(ArithmeticEnv, operators="-"), overwrite=True)
+    try:
+        config = tiny_config(tiny_random_model).environment(
+            "driver_only_subtraction", env_config={"num_queries": 50}
+        )
+        algo = config.build_algo()
+        try:
+            result = algo.train()
+            prompts = algo.env_runner_group.foreach_env_runner(
+                lambda r: r.env.reset()[0], local_env_runner=False
+            )
+        finally:
+            algo.stop()
+    finally:
+        _REGISTRY.pop("driver_only_subtraction", None)
+    assert result["training_iteration"] == 1
+    assert "-" in prompts[0]

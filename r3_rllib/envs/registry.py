@@ -82,6 +82,17 @@ def get_text_env_factory(name: str) -> TextEnvFactory:
     )
 
 
+def registered_only_here(name: str) -> bool:
+    """True when ``name`` was registered in this process with a factory that other processes cannot find (no
+    installed entry point declares it): the registry is per process, so such a name must be shipped to Ray
+    workers another way (``R3Config.environment`` puts it in Ray Tune's cluster-wide env registry)."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        return False
+    eps = _entry_points()
+    return not (name in eps and _load_entry_point(eps[name]) is factory)
+
+
 def make_text_env(name: str, **config: Any) -> TextEnv:
     """Build the text env registered as ``name`` with keyword ``config``."""
     env = get_text_env_factory(name)(**config)

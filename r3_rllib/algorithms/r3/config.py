@@ -189,6 +189,19 @@ class R3Config(AlgorithmConfig):
         self.seed = 0
 
     # -- builder methods ---------------------------------------------------------------------------------------
+    def environment(self, env=NotProvided, **kwargs) -> R3Config:
+        """RLlib's `.environment()`. A TextEnv name registered only in this process (`register_text_env`, no
+        installed entry point) is also put in Ray Tune's cluster-wide env registry, as RLlib does for gym envs: the
+        EnvRunners and Tune trials that build the env run in other processes, with registries of their own."""
+        if isinstance(env, str):
+            from r3_rllib.envs.registry import get_text_env_factory, registered_only_here
+
+            if registered_only_here(env):
+                from ray.tune.registry import register_env
+
+                register_env(env, get_text_env_factory(env))
+        return super().environment(env=env, **kwargs)
+
     def training(self, **kwargs) -> R3Config:
         """RLlib's `.training()` plus every field of `R3Settings`."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in R3_FIELDS}

@@ -58,13 +58,25 @@ def engine_dtype(name: str) -> str:
     return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 
 
-def build_env(name, env_config: dict, tokenizer) -> TextEnv:
-    """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
+def _text_env_factory(name: str):
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
     from r3_rllib.envs.registry import get_text_env_factory
 
+    try:
+        return get_text_env_factory(name)
+    except ValueError:
+        if _global_registry.contains(ENV_CREATOR, name):
+            return _global_registry.get(ENV_CREATOR, name)
+        raise
+
+
+def build_env(name, env_config: dict, tokenizer) -> TextEnv:
+    """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
     cfg = dict(env_config)
-    # A registered name, or the env class/factory itself (which reaches remote runners by pickling).
-    factory = name if callable(name) else get_text_env_factory(name)
+    # The env class/factory itself (it reaches remote runners by pickling), or a name registered in this process
+    # (entry points) or in Ray Tune's cluster-wide registry (names the driver registered, see R3Config.environment).
+    factory = name if callable(name) else _text_env_factory(name)
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
