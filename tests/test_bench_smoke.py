@@ -130,3 +130,11 @@ def test_learning_smoke_writes_progress_and_plots(ray_session, tiny_random_model
     assert (tmp_path / "runs" / "r3" / "seed0" / "progress.csv").is_file()
     assert (tmp_path / "learning_ablation.png").stat().st_size > 0
     assert "| r3 |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_kv_cache_smoke(tiny_random_model, capsys):
+    mod = load("bench_kv_cache")
+    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    out = capsys.readouterr().out
+    assert "| preallocated |" in out and "preallocated / dynamic tokens/s" in out

@@ -79,7 +79,7 @@ def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint(ray_session, 
         at_checkpoint = algo.replay_metrics()["size"]
         assert at_checkpoint == 2 * 8 * 4
         algo.train()  # these 32 samples are not in any checkpoint
-        ray.kill(algo._replay.handle, no_restart=False)  # Ray restarts the actor, empty
+        ray.kill(algo._replay.client.handle, no_restart=False)  # Ray restarts the actor, empty
         result = algo.train()
         assert result["replay"]["actor_restarts"] == 1 and result["replay"]["available"] == 1.0
         # The checkpoint's samples are back, plus this iteration's; the iteration after the checkpoint is lost.
@@ -96,7 +96,7 @@ def test_replay_actor_gone_for_good_training_goes_on_without_it(ray_session, tin
     try:
         algo.train()
         algo.train()
-        ray.kill(algo._replay.handle, no_restart=True)
+        ray.kill(algo._replay.client.handle, no_restart=True)
         result = algo.train()
         assert result["training_iteration"] == 3
         assert result["replay"]["available"] == 0.0

@@ -18,6 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.engines.kv_cache import preallocated_cache
+
+KV_CACHES = ("preallocated", "dynamic")
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -86,6 +89,9 @@ class HFEngine(GenerationEngine):
         max_batch_size: most sequences decoded together; larger requests are split into chunks.
         eos_token_ids: tokens that end a completion besides ``SamplingParams.stop_token_ids``; by default the
             tokenizer's eos and the model's ``generation_config.eos_token_id``.
+        kv_cache: ``"preallocated"`` (buffers sized once per batch, see :mod:`r3_rllib.engines.kv_cache`; models
+            with sliding-window or linear-attention layers fall back to transformers' cache) or ``"dynamic"``
+            (transformers' ``DynamicCache``, grown by concatenation every step).
     """
 
     def __init__(
@@ -97,9 +103,13 @@ class HFEngine(GenerationEngine):
         device: str | torch.device = "cpu",
         max_batch_size: int = 256,
         eos_token_ids: Sequence[int] | None = None,
+        kv_cache: str = "preallocated",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+        self.kv_cache = kv_cache
         self.device = torch.device(device)
         if isinstance(model, (str, Path)):
             from r3_rllib.models.tiny import load_tokenizer
@@ -193,7 +203,11 @@ class HFEngine(GenerationEngine):
             mask[k, width - lengths[k] :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = None
+        if self.kv_cache == "preallocated":
+            cache = preallocated_cache(self.model.config, width + params.max_new_tokens)
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,

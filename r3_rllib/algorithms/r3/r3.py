@@ -9,7 +9,6 @@ algorithm's checkpoint.
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import time
@@ -22,6 +21,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
+from r3_rllib.replay.supervisor import ReplaySupervisor
 
 R3_STATE_FILE = "r3_state.pkl"
 LEARNER_DIR = "learner_dcp"
@@ -31,7 +31,6 @@ WEIGHTS_TAG = "r3_weights"  # and the weight load queued behind it
 REPLAY_RESTART_TIMEOUT_S = 60.0  # how long an iteration waits for Ray to bring a crashed replay actor back
 
 Rollout = tuple[list[Group], dict[str, float]]
-logger = logging.getLogger(__name__)
 
 
 class R3(Algorithm):
@@ -53,18 +52,12 @@ class R3(Algorithm):
         self._rollout_in_flight = False
         self._rollout_requested = 0
         self._ready_rollout: Rollout | None = None
-        self._replay = None
-        # Replay actor health: Ray restarts it (empty) after a crash; the driver notices by its incarnation id and
-        # refills it with the replay state of the last checkpoint saved or loaded, kept in the object store (Tune
-        # moves checkpoint folders, so a path would not do; the object store spills to disk under pressure).
-        self._replay_ok = True
-        self._replay_incarnation: str | None = None
-        self._replay_restarts = 0
-        self._replay_snapshot: ray.ObjectRef | None = None
+        # The replay actor is restarted by Ray after a crash and refilled by its supervisor (replay/supervisor.py).
+        self._replay: ReplaySupervisor | None = None
         if self.config.needs_replay_actor:
             from r3_rllib.replay import ReplayBufferClient, create_replay_actor
 
-            self._replay = ReplayBufferClient(
+            client = ReplayBufferClient(
                 create_replay_actor(
                     {
                         "max_per_query": self.config.replay_max_per_query,
@@ -75,10 +68,10 @@ class R3(Algorithm):
                     max_restarts=-1,
                 )
             )
-            self._check_replay()
-            handle = self._replay
+            self._replay = ReplaySupervisor(client, restart_timeout_s=REPLAY_RESTART_TIMEOUT_S)
+            self._replay.check()
             self.env_runner_group.foreach_env_runner(
-                lambda r, h=handle: r.set_replay_actor(h), local_env_runner=False
+                lambda r, c=client: r.set_replay_actor(c), local_env_runner=False
             )
         # Runners start from the same checkpoint as the learner; version 0 on both sides.
 
@@ -88,7 +81,7 @@ class R3(Algorithm):
         t_iter = time.perf_counter()
         self._weight_sync_s = 0.0  # stays 0 in an iteration without an update
         if self._replay is not None:
-            self._check_replay()
+            self._replay.check()
         switches = self._active_switches()
         reflection = self._reflection_settings()
 
@@ -129,7 +122,7 @@ class R3(Algorithm):
         # their prompt is not the query's, see groups.py).
         if self._replay_available:
             fresh_samples = _to_replay_samples([g for g in groups if not g.is_reflection])
-            self._replay_call(lambda replay: replay.add(fresh_samples, block=False), None)
+            self._replay.call(lambda replay: replay.add(fresh_samples, block=False), None)
         r3_s = time.perf_counter() - t0
 
         # 3. Learner update, 4. weight sync.
@@ -248,7 +241,7 @@ class R3(Algorithm):
             return []
         self._counters["total_num_restored_workers"] += len(restored)
         if self._replay is not None:
-            client = self._replay
+            client = self._replay.client
             env_runner_group.foreach_env_runner(
                 lambda r, c=client: r.set_replay_actor(c), remote_worker_ids=restored, local_env_runner=False
             )
@@ -258,71 +251,12 @@ class R3(Algorithm):
 
     def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
         full = [(qid, want, k, self._policy_version) for qid, want, k in requests]
-        got = self._replay_call(lambda replay: replay.sample_batch(full), [[] for _ in full])
+        got = self._replay.call(lambda replay: replay.sample_batch(full), [[] for _ in full])
         return [[_from_replay_sample(s) for s in samples] for samples in got]
 
-    # -- replay actor health ------------------------------------------------------------------------------------
     @property
     def _replay_available(self) -> bool:
-        return self._replay is not None and self._replay_ok
-
-    def _replay_call(self, fn, default):
-        """`fn(replay_client)`; if the actor is restarting, wait for it (and refill it) and call once more; if it is
-        gone, `default`: the iteration goes on without replay."""
-        try:
-            return fn(self._replay)
-        except ray.exceptions.ActorUnavailableError:
-            self._check_replay()
-            if self._replay_ok:
-                return self._replay_call_once(fn, default)
-            return default
-        except ray.exceptions.RayActorError as err:
-            logger.warning("replay actor gone, this iteration goes on without it: %s", err)
-            self._replay_ok = False
-            return default
-
-    def _replay_call_once(self, fn, default):
-        try:
-            return fn(self._replay)
-        except ray.exceptions.RayActorError as err:
-            logger.warning("replay actor unavailable, this iteration goes on without it: %s", err)
-            self._replay_ok = False
-            return default
-
-    def _check_replay(self) -> None:
-        """Once per iteration: is the replay actor up, and is it the one that holds our samples? After a restart
-        (new incarnation, empty buffer) reload the replay state of the last checkpoint; samples added since then
-        are lost, and the buffer fills again from the next batches."""
-        deadline = time.monotonic() + REPLAY_RESTART_TIMEOUT_S
-        while True:
-            try:
-                incarnation = ray.get(
-                    self._replay.handle.incarnation.remote(), timeout=max(0.0, deadline - time.monotonic())
-                )
-                break
-            except ray.exceptions.ActorUnavailableError:  # restarting: ask again until it is back
-                if time.monotonic() > deadline:
-                    self._replay_ok = False
-                    return
-                time.sleep(0.1)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
-                logger.warning("replay actor gone, iteration without replay: %s", err)
-                self._replay_ok = False
-                return
-        self._replay_ok = True
-        if self._replay_incarnation is not None and incarnation != self._replay_incarnation:
-            self._replay_restarts += 1
-            restored = 0
-            if self._replay_snapshot is not None:
-                self._replay.set_state(ray.get(self._replay_snapshot))
-                restored = int(self._replay.metrics().get("size", 0))
-            logger.warning(
-                "replay actor restarted (restart %d): refilled with %d samples from the last checkpoint%s",
-                self._replay_restarts,
-                restored,
-                "" if self._replay_snapshot is not None else " (none yet: starts empty)",
-            )
-        self._replay_incarnation = incarnation
+        return self._replay is not None and self._replay.available
 
     def _sync_weights(self, remote_worker_ids: list[int] | None = None, block: bool = True) -> None:
         """Learner rank 0 puts the full state dict in the object store once; every runner loads it from there.
@@ -385,9 +319,8 @@ class R3(Algorithm):
             self.metrics.log_dict(learner_metrics, key="learner")
         self.metrics.log_value("num_env_steps_sampled_lifetime", len(samples), reduce="lifetime_sum")
         if self._replay is not None:
-            replay_metrics = self._replay_call(lambda replay: replay.metrics(), {})
-            health = {"actor_restarts": self._replay_restarts, "available": float(self._replay_ok)}
-            self.metrics.log_dict({**replay_metrics, **health}, key="replay")
+            replay_metrics = self._replay.call(lambda replay: replay.metrics(), {})
+            self.metrics.log_dict({**replay_metrics, **self._replay.health_metrics()}, key="replay")
 
     def evaluate_heldout(self, num_queries: int | None = None) -> dict[str, float]:
         """Greedy accuracy of the current policy on the held-out env (runner 1)."""
@@ -414,7 +347,7 @@ class R3(Algorithm):
             "runners": self.env_runner_group.foreach_env_runner(
                 lambda r: r.get_state(), local_env_runner=False
             ),
-            "replay": self._replay.get_state() if self._replay_available else None,
+            "replay": self._replay.client.get_state() if self._replay_available else None,
             "metrics": self.metrics.get_state(),
             "r3_settings": self.config.r3_settings(),
             "ready_rollout": self._ready_rollout,
@@ -422,7 +355,7 @@ class R3(Algorithm):
         with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "wb") as f:
             pickle.dump(state, f)
         if state["replay"] is not None:
-            self._replay_snapshot = ray.put(state["replay"])
+            self._replay.remember(state["replay"])
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "rb") as f:
@@ -442,8 +375,8 @@ class R3(Algorithm):
                 lambda r, _s=runner_state: r.set_state(_s), remote_worker_ids=[wid], local_env_runner=False
             )
         if self._replay is not None and state["replay"] is not None:
-            self._replay.set_state(state["replay"])
-            self._replay_snapshot = ray.put(state["replay"])
+            self._replay.client.set_state(state["replay"])
+            self._replay.remember(state["replay"])
         self.metrics.set_state(state["metrics"])
         self._sync_weights()
 
@@ -461,7 +394,7 @@ class R3(Algorithm):
 
     def replay_metrics(self) -> dict[str, float]:
         """The replay actor's metrics (size, bytes, hits, misses, evictions); empty without one."""
-        return self._replay.metrics() if self._replay is not None else {}
+        return self._replay.client.metrics() if self._replay is not None else {}
 
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
