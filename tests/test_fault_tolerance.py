@@ -70,6 +70,18 @@ def _replay_config(model_path: str) -> R3Config:
     )
 
 
+def _wait_for_new_incarnation(handle, before: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(handle.incarnation.remote(), timeout=timeout_s) != before:
+                return
+        except ray.exceptions.ActorUnavailableError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the replay actor was not restarted")
+
+
 def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint(ray_session, tiny_random_model, tmp_path):
     algo = _replay_config(tiny_random_model).build_algo()
     try:
@@ -79,7 +91,10 @@ def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint(ray_session, 
         at_checkpoint = algo.replay_metrics()["size"]
         assert at_checkpoint == 2 * 8 * 4
         algo.train()  # these 32 samples are not in any checkpoint
-        ray.kill(algo._replay.client.handle, no_restart=False)  # Ray restarts the actor, empty
+        handle = algo._replay.client.handle
+        before = ray.get(handle.incarnation.remote())
+        ray.kill(handle, no_restart=False)  # Ray restarts the actor, empty
+        _wait_for_new_incarnation(handle, before)  # kill is asynchronous: crash between two iterations
         result = algo.train()
         assert result["replay"]["actor_restarts"] == 1 and result["replay"]["available"] == 1.0
         # The checkpoint's samples are back, plus this iteration's; the iteration after the checkpoint is lost.
@@ -96,7 +111,12 @@ def test_replay_actor_gone_for_good_training_goes_on_without_it(ray_session, tin
     try:
         algo.train()
         algo.train()
-        ray.kill(algo._replay.client.handle, no_restart=True)
+        handle = algo._replay.client.handle
+        ray.kill(handle, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):  # wait until it is dead (kill is asynchronous)
+            for _ in range(600):
+                ray.get(handle.ping.remote(), timeout=60)
+                time.sleep(0.1)
         result = algo.train()
         assert result["training_iteration"] == 3
         assert result["replay"]["available"] == 0.0
