@@ -122,8 +122,49 @@ def test_local_file_wins_and_hub_gets_registry_fields(tmp_path, monkeypatch):
     source, kwargs = calls[-1]
     assert source == "math-ai/olympiadbench"
     assert kwargs == dict(
-        split="test", problem_key="question", answer_key="final_answer", id_key="id", max_rows=7
+        split="test",
+        problem_key="question",
+        answer_key="final_answer",
+        answers_key="answer",
+        id_key="id",
+        max_rows=7,
     )
+
+
+@pytest.mark.parametrize(
+    "name, row, answers",
+    [
+        # OlympiadBench as the loaders that use math-ai/olympiadbench read it, and as its dataset card describes it.
+        (
+            "olympiadbench",
+            {"id": 7, "question": "q", "final_answer": ["$\\frac{1}{2}$"]},
+            ("$\\frac{1}{2}$",),
+        ),
+        ("olympiadbench", {"id": 7, "question": "q", "answer": "12"}, ("12",)),
+        # AMC's hub copy stores answers as floats.
+        ("amc", {"id": 3, "problem": "q", "answer": 142.0}, ("142",)),
+        ("minerva", {"question": "q", "answer": "0.5"}, ("0.5",)),
+        (
+            "math500",
+            {"problem": "q", "answer": "\\sqrt{2}", "unique_id": "test/algebra/1.json"},
+            ("\\sqrt{2}",),
+        ),
+    ],
+)
+def test_registry_fields_parse_hub_rows(tmp_path, name, row, answers):
+    """The registry's field names read rows shaped like each hub copy (through the same loader as the hub path)."""
+    from r3_rllib.envs.data import load_math_problems
+
+    b = get_benchmark(name)
+    write_jsonl(tmp_path / "rows.jsonl", [row])
+    (problem,) = load_math_problems(
+        str(tmp_path / "rows.jsonl"),
+        problem_key=b.problem_key,
+        answer_key=b.answer_key,
+        answers_key=b.answers_key,
+        id_key=b.id_key,
+    )
+    assert problem.problem == "q" and problem.answers == answers
 
 
 def test_local_file_rows_and_bad_row(tmp_path):

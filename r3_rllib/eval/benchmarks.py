@@ -34,6 +34,9 @@ class Benchmark:
     hub_split: str
     problem_key: str = "problem"
     answer_key: str = "answer"
+    # A second column of accepted answers, merged with answer_key's; a row needs one of the two. It also absorbs
+    # schema drift between revisions of a hub copy (see olympiadbench).
+    answers_key: str = "answers"
     # Rows without this column get "<dataset name>:<row index>" ids (see r3_rllib.envs.data).
     id_key: str = "id"
 
@@ -84,6 +87,9 @@ BENCHMARKS: dict[str, Benchmark] = {
             hub_split="test",
             problem_key="question",
             answer_key="final_answer",  # a list of accepted forms, LaTeX in $...$ (the grader strips them)
+            # The dataset card's schema names the column "answer" (the loaders that use this copy read
+            # "final_answer"): accept either, so a revision of the hub copy does not turn into a load error.
+            answers_key="answer",
         ),
         Benchmark(
             name="aime25",
@@ -171,6 +177,7 @@ def load_benchmark(
             split=bench.hub_split,
             problem_key=bench.problem_key,
             answer_key=bench.answer_key,
+            answers_key=bench.answers_key,
             id_key=bench.id_key,
             max_rows=max_problems,
         )
