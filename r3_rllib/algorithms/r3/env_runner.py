@@ -22,6 +22,7 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample
+from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams
@@ -266,12 +267,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     # -- weights ------------------------------------------------------------------------------------------------
     def update_weights(self, weights_ref, version: int) -> float:
-        """Load weights (an ObjectRef or a dict of full tensors) into the engine; return seconds taken."""
+        """Load weights (an ObjectRef of `PackedWeights`, `PackedWeights`, or a dict of full tensors) into the
+        engine; return seconds taken."""
         t0 = time.perf_counter()
         weights = ray.get(weights_ref) if isinstance(weights_ref, ray.ObjectRef) else weights_ref
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
-        self.engine.update_weights(weights.items(), version)
+        self.engine.update_weights(named_tensors(weights), version)
         if self.config.sleep_between_rollouts:
             self.engine.sleep()
         return time.perf_counter() - t0

@@ -29,6 +29,7 @@ from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.framework import get_device
 
 from r3_rllib.algorithms.r3.groups import Sample
+from r3_rllib.algorithms.r3.weight_sync import pack_weights
 from r3_rllib.core.losses import aggregate_loss, clipped_policy_loss, kl_penalty, truncated_importance_weights
 
 logger = logging.getLogger(__name__)
@@ -364,8 +365,11 @@ class R3Learner(TorchLearner):
         return dict(zip(keys, t.tolist(), strict=True))
 
     # -- weights for the EnvRunners -----------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full (unsharded) CPU state dict on rank 0, None elsewhere. Collective: call on every rank."""
+    def full_state_dict(self, *, copy: bool = True) -> dict[str, torch.Tensor] | None:
+        """Full (unsharded) CPU state dict on rank 0, None elsewhere. Collective: call on every rank.
+
+        ``copy=False`` lets an unsharded CPU policy hand out its own parameter memory (read it before the next
+        optimizer step)."""
         policy = self.policy
         if self._world > 1 and self.config.use_fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -374,7 +378,7 @@ class R3Learner(TorchLearner):
                 policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
         else:
-            sd = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+            sd = {k: v.detach().to("cpu", copy=copy) for k, v in policy.state_dict().items()}
         if self._rank != 0:
             return None
         # vLLM needs the tied output embedding under its own name (without it, reloads silently go wrong).
@@ -383,9 +387,10 @@ class R3Learner(TorchLearner):
         return sd
 
     def weights_ref(self) -> tuple[Any, int]:
-        """(ObjectRef of the full state dict or None on ranks != 0, policy version). Collective."""
-        sd = self.full_state_dict()
-        return (ray.put(sd) if sd is not None else None), self._policy_version
+        """(ObjectRef of the full state dict as `PackedWeights`, or None on ranks != 0; policy version).
+        Collective. `ray.put` copies the parameters' memory straight into the object store (see weight_sync.py)."""
+        sd = self.full_state_dict(copy=False)
+        return (ray.put(pack_weights(sd)) if sd is not None else None), self._policy_version
 
     def export_hf(self, path: str, tokenizer_path: str | None = None) -> str | None:
         """Write a Hugging Face folder of the current policy (rank 0). Collective."""
