@@ -8,9 +8,10 @@ Two measurements per (model, engine):
 
 1. **algorithm**: ``result["timers_s"]["weight_sync_s"]`` of ``algo.train()`` (learner ``full_state_dict`` ->
    ``ray.put`` -> every runner ``ray.get`` + ``engine.update_weights``), warm-up iteration excluded;
-2. **direct**: the same steps by hand, each timed: copy the state dict to CPU, ``ray.put``, ``ray.get`` inside an
+2. **direct**: the same steps by hand, each timed: take the state dict, ``ray.put``, ``ray.get`` inside an
    actor that holds the engine, ``engine.update_weights`` there; plus ``update_weights`` on an engine in this
-   process (no Ray).
+   process (no Ray). Two ways to ship the weights, in the same run: ``tensors`` (a dict of torch tensors, pickled:
+   the baseline) and ``arrays`` (``PackedWeights``: numpy arrays, out of band, which the algorithm uses).
 
 From the two model sizes a line ``t = t0 + bytes / bandwidth`` is fitted per engine and extrapolated to a 1.5 B
 parameter policy in bf16 (3.09 GB). That number is a projection from this CPU machine's object-store path, not a
@@ -29,6 +30,10 @@ from typing import Any
 import common
 
 BYTES_1P5B_BF16 = 1.544e9 * 2  # Qwen2-1.5B-class policy (1.54 B parameters) in bf16
+TRANSFERS = (
+    "tensors",
+    "arrays",
+)  # pickled torch tensors (baseline) / PackedWeights (what the algorithm ships)
 
 
 def engine_holder_class():
@@ -47,10 +52,12 @@ def engine_holder_class():
             self.engine = make_engine(kind, model_path, dtype="float32")
 
         def update(self, ref_holder: list, version: int) -> tuple[float, float]:
+            from r3_rllib.algorithms.r3.weight_sync import named_tensors
+
             t0 = time.perf_counter()
-            sd = ray.get(ref_holder[0])
+            weights = ray.get(ref_holder[0])
             t1 = time.perf_counter()
-            self.engine.update_weights(sd.items(), version)
+            self.engine.update_weights(named_tensors(weights), version)
             return t1 - t0, time.perf_counter() - t1
 
         def shutdown(self) -> None:
@@ -91,52 +98,49 @@ def measure(model_name: str, model_path: str, engine: str, args) -> dict[str, An
     finally:
         algo.stop()
 
-    # 2. step by step
+    # 2. step by step, both transfer formats alternating
+    from r3_rllib.algorithms.r3.weight_sync import named_tensors, pack_weights
+
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     holder = engine_holder_class().remote(engine, model_path)
     ray.get(holder.update.remote([ray.put(model.state_dict())], 0))  # warm-up
     local = make_engine(engine, model_path, dtype="float32")
-    steps: dict[str, list[float]] = {
-        "state_dict": [],
-        "ray_put": [],
-        "ray_get": [],
-        "update": [],
-        "total": [],
-        "local_update": [],
-    }
-    nbytes = 0
+    names = ("state_dict", "ray_put", "ray_get", "update", "total", "local_update")
+    steps: dict[str, dict[str, list[float]]] = {fmt: {k: [] for k in names} for fmt in TRANSFERS}
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     try:
         for v in range(1, args.repeats + 1):
-            t0 = time.perf_counter()
-            sd = {k: t.detach().to("cpu", copy=True) for k, t in model.state_dict().items()}
-            t1 = time.perf_counter()
-            ref = ray.put(sd)
-            t2 = time.perf_counter()
-            get_s, update_s = ray.get(holder.update.remote([ref], v))
-            t3 = time.perf_counter()
-            nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-            steps["state_dict"].append(t1 - t0)
-            steps["ray_put"].append(t2 - t1)
-            steps["ray_get"].append(get_s)
-            steps["update"].append(update_s)
-            steps["total"].append(t3 - t0)
-            t4 = time.perf_counter()
-            local.update_weights(sd.items(), v)
-            steps["local_update"].append(time.perf_counter() - t4)
-            del ref
+            for fmt in TRANSFERS:
+                t0 = time.perf_counter()
+                if fmt == "tensors":
+                    weights: Any = {k: t.detach().to("cpu", copy=True) for k, t in model.state_dict().items()}
+                else:
+                    weights = pack_weights(model.state_dict())
+                t1 = time.perf_counter()
+                ref = ray.put(weights)
+                t2 = time.perf_counter()
+                get_s, update_s = ray.get(holder.update.remote([ref], v))
+                t3 = time.perf_counter()
+                for k, x in zip(names, (t1 - t0, t2 - t1, get_s, update_s, t3 - t0), strict=False):
+                    steps[fmt][k].append(x)
+                t4 = time.perf_counter()
+                local.update_weights(named_tensors(weights), v)
+                steps[fmt]["local_update"].append(time.perf_counter() - t4)
+                del ref
     finally:
         ray.get(holder.shutdown.remote())
         ray.kill(holder)
         local.shutdown()
-    med = {k: common.median(v) for k, v in steps.items()}
+    med = {fmt: {k: common.median(v) for k, v in steps[fmt].items()} for fmt in TRANSFERS}
     return {
         "model": model_name,
         "engine": engine,
         "params": sum(p.numel() for p in model.parameters()),
         "bytes": nbytes,
         "algo_sync_s": common.median(algo_sync),  # nan if no iteration synced
-        **{f"{k}_s": v for k, v in med.items()},
-        "bytes_per_s": nbytes / med["total"],
+        **{f"{fmt}_{k}_s": v for fmt in TRANSFERS for k, v in med[fmt].items()},
+        "speedup": med["tensors"]["total"] / med["arrays"]["total"],
+        "bytes_per_s": nbytes / med["arrays"]["total"],
     }
 
 
@@ -145,7 +149,11 @@ def project(results: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for engine in sorted({r["engine"] for r in results}):
         pts = sorted((r for r in results if r["engine"] == engine), key=lambda r: r["bytes"])
-        for key, label in (("total_s", "direct"), ("algo_sync_s", "algorithm timer")):
+        for key, label in (
+            ("tensors_total_s", "direct, tensors"),
+            ("arrays_total_s", "direct, arrays"),
+            ("algo_sync_s", "algorithm timer"),
+        ):
             if len(pts) >= 2 and pts[-1]["bytes"] > pts[0]["bytes"]:
                 slope = (pts[-1][key] - pts[0][key]) / (pts[-1]["bytes"] - pts[0]["bytes"])
                 t0 = pts[0][key] - slope * pts[0]["bytes"]
@@ -201,13 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "params",
                 "MB (fp32)",
                 "algorithm timer (s)",
-                "direct total (s)",
-                "state dict",
-                "ray.put",
-                "ray.get in actor",
-                "update_weights",
-                "update in-process",
-                "MB/s (direct)",
+                "direct, tensors (s)",
+                "direct, arrays (s)",
+                "tensors / arrays",
+                "arrays: ray.put",
+                "arrays: ray.get in actor",
+                "arrays: update_weights",
+                "tensors: ray.put",
+                "tensors: ray.get in actor",
+                "MB/s (arrays)",
             ],
             [
                 [
@@ -215,12 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{r['params'] / 1e6:.2f} M",
                     r["bytes"] / 1e6,
                     r["algo_sync_s"],
-                    r["total_s"],
-                    r["state_dict_s"],
-                    r["ray_put_s"],
-                    r["ray_get_s"],
-                    r["update_s"],
-                    r["local_update_s"],
+                    r["tensors_total_s"],
+                    r["arrays_total_s"],
+                    r["speedup"],
+                    r["arrays_ray_put_s"],
+                    r["arrays_ray_get_s"],
+                    r["arrays_update_s"],
+                    r["tensors_ray_put_s"],
+                    r["tensors_ray_get_s"],
                     r["bytes_per_s"] / 1e6,
                 ]
                 for r in results
