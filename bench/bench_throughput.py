@@ -92,13 +92,15 @@ class PathResult:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Prompts: the arithmetic env's training pool, in the env's own order
+# Prompts: the arithmetic env's training pool, in the order our EnvRunner sees it
 # ------------------------------------------------------------------------------------------------------------------
-def problem_stream(env_config: dict, seed: int):
+def problem_stream(s: Setting, seed: int):
+    """The queries our (single) EnvRunner draws, in its order, so every path trains on the same prompts."""
+    from r3_rllib.algorithms.r3.env_runner import runner_env_config
     from r3_rllib.envs.arithmetic import ArithmeticEnv
 
-    cfg = {k: v for k, v in env_config.items() if k != "seed"}
-    env = ArithmeticEnv(**cfg, seed=seed)
+    config = common.grpo_config(s.model_path, env_config=s.env_config, seed=seed)
+    env = ArithmeticEnv(**runner_env_config(config, worker_index=1))
     while True:
         obs, info = env.reset()
         yield obs, info["gold"]
@@ -225,7 +227,7 @@ def run_floor(s: Setting, iterations: int, warmup: int, seed: int, threads: int 
         lr=s.lr,
         drop_degenerate=not s.rank_all_wrong,
     )
-    stream = problem_stream(s.env_config, seed)
+    stream = problem_stream(s, seed)
     res = PathResult("floor", [], [], [], [], {k: [] for k in ("generate", "grade", "learner")})
     for i in range(warmup + iterations):
         problems = [next(stream) for _ in range(s.queries)]
@@ -290,7 +292,7 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
     torch.manual_seed(seed)
     tok = load_tokenizer(s.model_path)
     model = AutoModelForCausalLM.from_pretrained(s.model_path, dtype=torch.float32)
-    stream = problem_stream(s.env_config, seed)
+    stream = problem_stream(s, seed)
     rows = [next(stream) for _ in range(s.queries * (warmup + iterations) + s.queries)]
     data = datasets.Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
 

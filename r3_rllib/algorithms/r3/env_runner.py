@@ -90,6 +90,17 @@ def build_env(name, env_config: dict, tokenizer) -> TextEnv:
     return env
 
 
+def runner_seed(config, worker_index: int | None) -> int:
+    """Each runner's seed: its data order and sampling differ from the other runners' but are reproducible."""
+    return int(config.seed or 0) + 1000 * int(worker_index or 0)
+
+
+def runner_env_config(config, worker_index: int | None) -> dict:
+    """The env_config runner `worker_index` builds its TextEnv with (the env's own seed offset by the runner's)."""
+    env_config = dict(config.env_config)
+    return {**env_config, "seed": env_config.get("seed", 0) + runner_seed(config, worker_index)}
+
+
 class LLMEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of responses from a TextEnv with a GenerationEngine (see module docstring)."""
 
@@ -97,9 +108,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner or 1)))
         self.tokenizer = load_policy_tokenizer(self.config)
-        seed = int(self.config.seed or 0) + 1000 * int(self.worker_index or 0)
-        env_config = {**dict(self.config.env_config), "seed": self.config.env_config.get("seed", 0) + seed}
-        self.env = build_env(self.config.env, env_config, self.tokenizer)
+        seed = runner_seed(self.config, self.worker_index)
+        self.env = build_env(
+            self.config.env, runner_env_config(self.config, self.worker_index), self.tokenizer
+        )
         self._eval_env: TextEnv | None = None
         self.engine = make_engine(
             self.config.engine,
@@ -218,7 +230,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             logger.warning("replay actor unavailable, no reflection prompts in this rollout: %s", err)
             return []
 
-    def _reflection_prompts_from_replay(self, query_ids, query_texts, cfg: dict) -> list[tuple[str, str, str]]:
+    def _reflection_prompts_from_replay(
+        self, query_ids, query_texts, cfg: dict
+    ) -> list[tuple[str, str, str]]:
         stats = self._replay.query_stats(query_ids)
         hard = [q for q in dict.fromkeys(query_ids) if q in stats and stats[q].n_seen > 0]
         hard = [q for q in hard if stats[q].mean_reward < cfg["tau"]]
