@@ -36,9 +36,6 @@ class PackedWeights:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
 
-    def __len__(self) -> int:
-        return len(self.names)
-
 
 def _to_array(tensor: torch.Tensor) -> np.ndarray:
     t = tensor.detach().to("cpu").contiguous()
