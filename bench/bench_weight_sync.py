@@ -30,10 +30,8 @@ from typing import Any
 import common
 
 BYTES_1P5B_BF16 = 1.544e9 * 2  # Qwen2-1.5B-class policy (1.54 B parameters) in bf16
-TRANSFERS = (
-    "tensors",
-    "arrays",
-)  # pickled torch tensors (baseline) / PackedWeights (what the algorithm ships)
+# Pickled torch tensors (the baseline) and PackedWeights (numpy arrays: what the algorithm ships).
+TRANSFERS = ("tensors", "arrays")
 
 
 def engine_holder_class():
