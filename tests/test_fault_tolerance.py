@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -13,9 +14,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
-    """With overlap_generation the runner may die with a rollout request in flight: that request is dropped and the
-    survivor's half of the batch is trained on."""
+def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
+    """Runner 2's process exits in the middle of generating (as on an out-of-memory kill): its rollout request is
+    lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets the learner's
+    weights. With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration
+    later."""
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
@@ -31,14 +34,31 @@ def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_rando
             overlap_generation=overlap,
         )
     )
+    samples_per_iteration = 8 * 4
+
+    def crash_in_next_generate(runner):
+        def exit_process(*args, **kwargs):
+            os._exit(1)
+
+        runner.engine.generate = exit_process
+
     algo = config.build_algo()
     try:
-        algo.train()
-        algo.train()
-        victim = algo.env_runner_group._worker_manager._actors[2]
-        ray.kill(victim, no_restart=False)  # Ray restarts the actor process; RLlib marks it unhealthy
-        result = algo.train()  # this iteration is sampled by the surviving runner alone
-        assert result["training_iteration"] == 3
+        sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
+        # A runner runs its calls in order, so this lands after the requests already queued on it.
+        algo.env_runner_group.foreach_env_runner(
+            crash_in_next_generate, remote_worker_ids=[2], local_env_runner=False
+        )
+        crash_iteration = 4 if overlap else 3
+        for it in range(3, crash_iteration + 1):
+            result = algo.train()
+            sampled.append(result["num_env_steps_sampled_lifetime"])
+            assert result["rollout"]["runners_failed"] == (1 if it == crash_iteration else 0)
+        per_iteration = [b - a for a, b in zip([0, *sampled[:-1]], sampled, strict=True)]
+        assert per_iteration[-1] == samples_per_iteration // 2  # the survivor's 4 queries
+        assert all(n == samples_per_iteration for n in per_iteration[:-1])
+        assert algo.env_runner_group.healthy_worker_ids() == [1]
+
         restored = []
         for _ in range(120):  # the restarted actor needs a few seconds to load its engine
             restored = algo.restore_env_runners(algo.env_runner_group)
@@ -52,7 +72,9 @@ def test_killed_runner_is_restarted_with_current_weights(ray_session, tiny_rando
         )
         learner_version = algo.learner_call(lambda lr: lr._policy_version)[0]
         assert learner_version >= 1 and versions == [learner_version, learner_version]
-        assert algo.train()["rollout"]["runners_failed"] == 0
+        result = algo.train()
+        assert result["rollout"]["runners_failed"] == 0
+        assert result["num_env_steps_sampled_lifetime"] - sampled[-1] == samples_per_iteration
     finally:
         algo.stop()
 
