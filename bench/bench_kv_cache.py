@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = med["dynamic"] / med["preallocated"]
     print(f"\npreallocated / dynamic tokens/s: {ratio:.2f}  (same sampled token: {same:.3f} of positions)")
     print(f"({common.load_note()})")
-    common.write_json(args.json, {"median_s": med, "tokens": n_tok, "speedup": ratio, "same_token_frac": same})
+    common.write_json(
+        args.json, {"median_s": med, "tokens": n_tok, "speedup": ratio, "same_token_frac": same}
+    )
     return 0
 
 

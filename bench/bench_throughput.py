@@ -385,7 +385,9 @@ def run_ours(
     config.training(overlap_generation=overlap)
     algo = config.build_algo()
     names = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
-    res = PathResult(f"ours-{engine}" + ("-overlap" if overlap else ""), [], [], [], [], {k: [] for k in names})
+    res = PathResult(
+        f"ours-{engine}" + ("-overlap" if overlap else ""), [], [], [], [], {k: [] for k in names}
+    )
     try:
         for i in range(warmup + iterations):
             t0 = time.perf_counter()
@@ -455,10 +457,14 @@ def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
             continue
         for base in ("floor", "floor-2t"):
             if base in sums:
-                ratios[f"{k}/{base} step time"] = sums[k]["s_per_iter_median"] / sums[base]["s_per_iter_median"]
+                ratios[f"{k}/{base} step time"] = (
+                    sums[k]["s_per_iter_median"] / sums[base]["s_per_iter_median"]
+                )
         for base in ("trl", "trl-2t"):
             if base in sums:
-                ratios[f"{k}/{base} step time"] = sums[k]["s_per_iter_median"] / sums[base]["s_per_iter_median"]
+                ratios[f"{k}/{base} step time"] = (
+                    sums[k]["s_per_iter_median"] / sums[base]["s_per_iter_median"]
+                )
                 ratios[f"{k}/{base} samples/s"] = sums[k]["samples_per_s"] / sums[base]["samples_per_s"]
     if trl and floor:
         ratios["trl/floor step time"] = trl["s_per_iter_median"] / floor["s_per_iter_median"]
@@ -568,7 +574,9 @@ def build_settings(args) -> list[Setting]:
     if args.setting in ("tiny", "all"):
         default = ("ours-hf", "ours-hf-overlap", "floor", "trl", "floor-2t", "trl-2t")
         paths = tuple(p for p in default if chosen is None or p in chosen)
-        if chosen and "ours-vllm" in chosen:  # 3x slower than HF on 8-token answers (BENCHMARKS.md, section 2)
+        if (
+            chosen and "ours-vllm" in chosen
+        ):  # 3x slower than HF on 8-token answers (BENCHMARKS.md, section 2)
             paths = ("ours-vllm",) + paths
         settings.append(
             Setting(

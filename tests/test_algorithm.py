@@ -147,7 +147,9 @@ def test_env_registered_only_in_the_driver_reaches_the_runner(ray_session, tiny_
     from r3_rllib.envs.arithmetic import ArithmeticEnv
     from r3_rllib.envs.registry import _REGISTRY
 
-    register_text_env("driver_only_subtraction", functools.partial(ArithmeticEnv, operators="-"), overwrite=True)
+    register_text_env(
+        "driver_only_subtraction", functools.partial(ArithmeticEnv, operators="-"), overwrite=True
+    )
     try:
         config = tiny_config(tiny_random_model).environment(
             "driver_only_subtraction", env_config={"num_queries": 50}

@@ -16,7 +16,9 @@ def _query_ids(rollout) -> list[str]:
     return [g.query_id for g in groups]
 
 
-def test_overlap_trains_on_batches_one_update_old_and_delivers_weights_in_order(ray_session, tiny_random_model):
+def test_overlap_trains_on_batches_one_update_old_and_delivers_weights_in_order(
+    ray_session, tiny_random_model
+):
     algo = tiny_config(tiny_random_model, overlap_generation=True).build_algo()
     try:
         results = [algo.train() for _ in range(3)]

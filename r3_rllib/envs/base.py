@@ -42,7 +42,9 @@ class TextEnv(gym.Env):
         self.action_space = gym.spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0, charset=charset)
 
     @abstractmethod
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """Start an episode; return ``(prompt_text, info)``."""
 
     @abstractmethod
