@@ -102,10 +102,11 @@ def test_tune_grid_search_runs_two_trials(ray_session, tiny_random_model, tmp_pa
 
 def test_kl_to_frozen_reference(ray_session, tiny_random_model):
     """KL to the frozen reference is zero while the policy equals it (first update) and positive afterwards.
-    The env is given as a class rather than a registered name (it reaches the runner by pickling)."""
+    The env is given as a class rather than a registered name (it reaches the runner by pickling). With
+    learner_entropy off the learner skips its entropy pass and reports no entropy."""
     from r3_rllib.envs.arithmetic import ArithmeticEnv
 
-    config = tiny_config(tiny_random_model, kl_coef=0.1, kl_type="k3", lr=1e-2)
+    config = tiny_config(tiny_random_model, kl_coef=0.1, kl_type="k3", lr=1e-2, learner_entropy=False)
     algo = config.environment(ArithmeticEnv, env_config={"num_queries": 200}).build_algo()
     try:
         first = algo.train()
@@ -114,6 +115,7 @@ def test_kl_to_frozen_reference(ray_session, tiny_random_model):
         algo.stop()
     assert first["learner"]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert second["learner"]["kl"] > 0.0
+    assert "entropy" not in second["learner"] and "loss" in second["learner"]
 
 
 def test_dapo_dynamic_sampling_trains_only_informative_groups(ray_session):

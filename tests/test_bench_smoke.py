@@ -138,3 +138,10 @@ def test_kv_cache_smoke(tiny_random_model, capsys):
     assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
     out = capsys.readouterr().out
     assert "| preallocated |" in out and "preallocated / dynamic tokens/s" in out
+
+
+def test_learner_entropy_smoke(capsys):
+    mod = load("bench_learner_entropy")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| without |" in out and "without / with entropy pass" in out

@@ -102,6 +102,10 @@ class R3Settings:
     """Shard the policy with FSDP2 across learners; None: on when num_learners > 1."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (long responses on GPUs)."""
+    learner_entropy: bool = True
+    """Log learner/entropy (mean entropy of the policy's next-token distributions over the trained tokens). It costs a
+    no-grad softmax over the whole vocabulary at every position: off for large vocabularies, where
+    rollout/entropy_mean (the sampled responses' entropies) is the one to watch."""
 
     # --- baselines -------------------------------------------------------------------------------------------
     dynamic_sampling: bool = False

@@ -282,10 +282,11 @@ class R3Learner(TorchLearner):
             "pg_loss": 0.0,
             "kl": 0.0,
             "clip_frac": 0.0,
-            "entropy": 0.0,
             "approx_kl": 0.0,
             "is_weight_mean": 0.0,
         }
+        if cfg.learner_entropy:
+            acc["entropy"] = 0.0
         local_tokens = 0
         for chunk in self._micro_chunks(mb):
             idx, real = self._chunk_or_dummy(chunk)
@@ -294,7 +295,7 @@ class R3Learner(TorchLearner):
             mask = packed["response_mask"]
             width = mask.shape[1]
             logp, entropy = token_logprobs(
-                policy, packed["input_ids"], packed["attention_mask"], with_entropy=True
+                policy, packed["input_ids"], packed["attention_mask"], with_entropy=cfg.learner_entropy
             )
             if old_lp is not None and real:
                 old = torch.stack([_fit(old_lp[int(i)], width) for i in idx])
@@ -345,7 +346,8 @@ class R3Learner(TorchLearner):
                 clip = pg_metrics["clip_frac_low"] + pg_metrics["clip_frac_high"]
                 acc["clip_frac"] += float(clip) * weight
                 acc["approx_kl"] += float(pg_metrics.get("approx_kl", 0.0)) * weight
-                acc["entropy"] += float((entropy * mask).sum() / mask.sum().clamp(min=1)) * weight
+                if entropy is not None:
+                    acc["entropy"] += float((entropy * mask).sum() / mask.sum().clamp(min=1)) * weight
                 if is_w is not None:
                     acc["is_weight_mean"] += float((is_w * mask).sum() / mask.sum().clamp(min=1)) * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip or float("inf"))
