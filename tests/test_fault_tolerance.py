@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
     """Runner 2's process exits in the middle of generating (as on an out-of-memory kill): its rollout request is
     lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets the learner's
-    weights. With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration
-    later."""
+    weights and resumes its data where its last delivered rollout left it (so the lost queries are drawn again).
+    With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration later."""
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
@@ -41,14 +41,17 @@ def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_rand
             os._exit(1)
 
         runner.engine.generate = exit_process
+        return runner.env.state()
 
     algo = config.build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
         # A runner runs its calls in order, so this lands after the requests already queued on it.
-        algo.env_runner_group.foreach_env_runner(
+        # It returns runner 2's data position after its last rollout, the one the crashed rollout starts from.
+        [position] = algo.env_runner_group.foreach_env_runner(
             crash_in_next_generate, remote_worker_ids=[2], local_env_runner=False
         )
+        assert position["cursor"] > 0
         crash_iteration = 4 if overlap else 3
         for it in range(3, crash_iteration + 1):
             result = algo.train()
@@ -72,6 +75,10 @@ def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_rand
         )
         learner_version = algo.learner_call(lambda lr: lr._policy_version)[0]
         assert learner_version >= 1 and versions == [learner_version, learner_version]
+        [resumed_at] = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.env.state(), remote_worker_ids=[2], local_env_runner=False
+        )
+        assert resumed_at == position  # not the start of its data, as a fresh process would be
         result = algo.train()
         assert result["rollout"]["runners_failed"] == 0
         assert result["num_env_steps_sampled_lifetime"] - sampled[-1] == samples_per_iteration

@@ -209,6 +209,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "env_epoch": int(getattr(self.env, "epoch", 0)),
             "timing": {"generate_s": gen_s, "grade_s": grade_s, "sample_s": time.perf_counter() - t0},
             "generated_tokens": gen_tokens,
+            # Where this runner stands in its data after these draws: a restarted runner resumes from here.
+            "runner_state": self.get_state(),
         }
 
     def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool]:
