@@ -339,7 +339,7 @@ class R3Learner(TorchLearner):
             (loss * weight * self._world).backward()
             if real:
                 local_tokens += int(mask.sum())
-                loss, pg = loss.detach(), pg.detach()
+                loss, pg, kl_val = loss.detach(), pg.detach(), kl_val.detach()
                 acc["loss"] += float(loss) * weight
                 acc["pg_loss"] += float(pg) * weight
                 acc["kl"] += float(kl_val) * weight
