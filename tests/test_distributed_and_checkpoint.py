@@ -17,7 +17,7 @@ sys.path.insert(0, HERE)
 from resume_child import make_config  # noqa: E402
 
 
-def _trajectory(model_path: str, num_learners: int, iterations: int = 3) -> list[dict]:
+def _trajectory(model_path: str, num_learners: int, iterations: int = 3, **training) -> list[dict]:
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
@@ -34,6 +34,7 @@ def _trajectory(model_path: str, num_learners: int, iterations: int = 3) -> list
             num_minibatches=2,
             micro_batch_size=4,
         )
+        .training(**training)
     )
     algo = config.build_algo()
     try:
@@ -47,13 +48,25 @@ def _trajectory(model_path: str, num_learners: int, iterations: int = 3) -> list
         algo.stop()
 
 
-def test_two_fsdp_learners_match_one(ray_session, tiny_random_model):
-    one = _trajectory(tiny_random_model, 0)
-    two = _trajectory(tiny_random_model, 2)
+def _assert_same_trajectory(
+    one: list[dict], two: list[dict], rel: float = 1e-4, abs_: float = 1e-6, params_rel: float = 1e-5
+) -> None:
     for a, b in zip(one[:-1], two[:-1], strict=True):
         for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, one, two)
-    assert two[-1]["params"] == pytest.approx(one[-1]["params"], rel=1e-5)
+            assert b[key] == pytest.approx(a[key], rel=rel, abs=abs_), (key, one, two)
+    assert two[-1]["params"] == pytest.approx(one[-1]["params"], rel=params_rel)
+
+
+def test_two_fsdp_learners_match_one(ray_session, tiny_random_model):
+    one = _trajectory(tiny_random_model, 0)
+    _assert_same_trajectory(one, _trajectory(tiny_random_model, 2))
+    # Token-budget micro-batches: each rank packs its own samples (1-2 of ~10-15 tokens per pass), so the ranks
+    # may run different numbers of passes; the gradient is the same because losses use global normalisers. The
+    # passes have other shapes than above, so float rounding differs, and Adam turns it into parameter differences
+    # on near-zero gradients: measured 3e-6 on the loss (of 0.01-0.04), 3e-5 relative on the gradient norm, 5e-6
+    # relative on the parameter sum, hence the wider tolerance.
+    budget = _trajectory(tiny_random_model, 2, micro_batch_max_tokens=24)
+    _assert_same_trajectory(one, budget, rel=2e-4, abs_=2e-5, params_rel=3e-5)
 
 
 def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_random_model, tmp_path):

@@ -79,6 +79,9 @@ def test_deepscaler_run_file_builds_the_paper_setting(no_hub):
     assert 4 <= c.num_learners <= 8
     assert c.num_gpus_per_learner == 1
     assert c.use_fsdp
+    # a sequence at the length limit fits one learner pass; shorter ones share passes up to the same size
+    assert c.micro_batch_max_tokens == c.engine_kwargs["max_model_len"]
+    assert not c.learner_entropy
     # DeepScaleR's published 8k-stage values
     assert c.group_size == 8
     assert c.queries_per_iteration == 128

@@ -73,6 +73,10 @@ class R3Settings:
     """Optimizer steps per epoch over the batch (PPO minibatches). `num_epochs` (RLlib) sets the epochs."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass on one learner (gradient accumulation inside a minibatch)."""
+    micro_batch_max_tokens: int | None = None
+    """Token budget of one forward/backward pass on one learner (rows x longest row, prompt + response), replacing
+    micro_batch_size: sequences are packed longest first, so short responses share a pass and a long one gets its
+    own (verl's dynamic batch size). None: micro_batch_size rows per pass."""
     clip_low: float = 0.2
     """PPO ratio clip below: 1 - clip_low."""
     clip_high: float = 0.28
@@ -279,6 +283,8 @@ class R3Config(AlgorithmConfig):
             errors.append("ranking_p must be in (0, 1]")
         if self.num_minibatches < 1 or self.micro_batch_size < 1:
             errors.append("num_minibatches and micro_batch_size must be >= 1")
+        if self.micro_batch_max_tokens is not None and self.micro_batch_max_tokens < 1:
+            errors.append(f"micro_batch_max_tokens must be >= 1 or None, got {self.micro_batch_max_tokens}")
         if self.replay_k < 0:
             errors.append("replay_k must be >= 0")
         if self.overlap_generation and self.sleep_between_rollouts:

@@ -127,6 +127,30 @@ def minibatch_plan(n: int, num_minibatches: int, seed: int) -> list[np.ndarray]:
     return [mb for mb in np.array_split(perm, min(num_minibatches, n)) if len(mb)]
 
 
+def token_budget_chunks(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
+    """Split rows ``0..n-1`` into micro-batches whose padded size (rows x longest row) is at most ``max_tokens``.
+
+    Rows are taken longest first and packed greedily, so each micro-batch is padded to its first row and rows of
+    similar length share one; a row longer than the budget gets a micro-batch of its own. Returns index arrays.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    chunks: list[np.ndarray] = []
+    current: list[int] = []
+    width = 0
+    for i in order:
+        if current and (len(current) + 1) * width > max_tokens:
+            chunks.append(np.asarray(current, dtype=np.int64))
+            current = []
+        if not current:
+            width = int(lengths[i])
+        current.append(int(i))
+    if current:
+        chunks.append(np.asarray(current, dtype=np.int64))
+    return chunks
+
+
 class R3Learner(TorchLearner):
     """Trains the policy on batches of `Sample`s with advantages (see module docstring)."""
 
@@ -236,13 +260,24 @@ class R3Learner(TorchLearner):
     def _local_slice(self, mb: np.ndarray) -> np.ndarray:
         return mb[self._rank :: self._world]
 
-    def _micro_chunks(self, mb: np.ndarray) -> list[np.ndarray]:
-        """Split this rank's part of a minibatch into micro-batches; every rank gets the same number of chunks
-        (FSDP's collectives must line up), padded with empty chunks where a rank has fewer samples."""
+    def _micro_chunks(self, mb: np.ndarray, samples: Sequence[Sample]) -> list[np.ndarray]:
+        """Split this rank's part of a minibatch into micro-batches (micro_batch_size rows, or the
+        micro_batch_max_tokens budget); every rank gets the same number of chunks (FSDP's collectives must line
+        up), padded with empty chunks where a rank has fewer."""
         local = self._local_slice(mb)
-        per_rank = math.ceil(len(mb) / self._world)
-        n_chunks = max(1, math.ceil(per_rank / self.config.micro_batch_size))
-        chunks = [c for c in np.array_split(local, n_chunks)] if len(local) else []
+        budget = self.config.micro_batch_max_tokens
+        if budget:
+            lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in local]
+            chunks = [local[c] for c in token_budget_chunks(lengths, budget)]
+            n_chunks = max(1, len(chunks))
+            if self._world > 1:  # the ranks' samples differ in length, so their chunk counts may differ too
+                count = torch.tensor([n_chunks], dtype=torch.int64, device=self._device)
+                dist.all_reduce(count, op=dist.ReduceOp.MAX)
+                n_chunks = int(count.item())
+        else:
+            per_rank = math.ceil(len(mb) / self._world)
+            n_chunks = max(1, math.ceil(per_rank / self.config.micro_batch_size))
+            chunks = [c for c in np.array_split(local, n_chunks)] if len(local) else []
         return chunks + [np.array([], dtype=int)] * (n_chunks - len(chunks))
 
     @torch.no_grad()
@@ -251,7 +286,7 @@ class R3Learner(TorchLearner):
     ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         old, ref = {}, {}
         for mb in plan:
-            for chunk in self._micro_chunks(mb):
+            for chunk in self._micro_chunks(mb, samples):
                 idx, real = self._chunk_or_dummy(chunk)
                 packed = pack_samples([samples[i] for i in idx], self._pad_id, self._device)
                 lp, _ = token_logprobs(self.policy, packed["input_ids"], packed["attention_mask"])
@@ -288,7 +323,7 @@ class R3Learner(TorchLearner):
         if cfg.learner_entropy:
             acc["entropy"] = 0.0
         local_tokens = 0
-        for chunk in self._micro_chunks(mb):
+        for chunk in self._micro_chunks(mb, samples):
             idx, real = self._chunk_or_dummy(chunk)
             chunk_samples = [samples[i] for i in idx]
             packed = pack_samples(chunk_samples, self._pad_id, self._device)
