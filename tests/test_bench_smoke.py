@@ -145,3 +145,10 @@ def test_learner_entropy_smoke(capsys):
     assert mod.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "| without |" in out and "without / with entropy pass" in out
+
+
+def test_micro_batches_smoke(tiny_random_model, capsys):
+    mod = load("bench_micro_batches")
+    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    out = capsys.readouterr().out
+    assert "| budget |" in out and "speed-up over rows=1" in out
