@@ -72,13 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return time.perf_counter() - t0
 
     settings = {"with entropy": True, "without": False}
-    times: dict[str, list[float]] = {name: [] for name in settings}
-    for r in range(args.rounds + (0 if args.smoke else 1)):  # round 0 warms up
-        for name, flag in settings.items():
-            dt = step(flag)
-            if r > 0 or args.smoke:
-                times[name].append(dt)
-    med = {name: common.median(v) for name, v in times.items()}
+    paths = {name: (lambda flag=flag: step(flag)) for name, flag in settings.items()}
+    med = common.alternating_medians(paths, args.rounds, warmup=not args.smoke)
     params = sum(p.numel() for p in model.parameters())
     rows = [[name, med[name], args.tokens / med[name]] for name in settings]
     print(

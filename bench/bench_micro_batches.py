@@ -91,13 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             loss.backward()
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {name: [] for name in plans}
-    for r in range(args.rounds + (0 if args.smoke else 1)):  # round 0 warms up
-        for name, plan in plans.items():
-            dt = run(plan)
-            if r > 0 or args.smoke:
-                times[name].append(dt)
-    med = {name: common.median(v) for name, v in times.items()}
+    paths = {name: (lambda plan=plan: run(plan)) for name, plan in plans.items()}
+    med = common.alternating_medians(paths, args.rounds, warmup=not args.smoke)
     rows = []
     for name, plan in plans.items():
         padded = sum(len(c) * max(seq_lens[i] for i in c) for c in plan)

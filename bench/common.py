@@ -22,7 +22,7 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +313,21 @@ def median(xs: Sequence[float]) -> float:
         return float("nan")
     mid = len(vals) // 2
     return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+
+
+def alternating_medians(
+    paths: dict[str, Callable[[], float]], rounds: int, *, warmup: bool = True
+) -> dict[str, float]:
+    """Median seconds of each path over ``rounds`` rounds; every round runs every path once, in turn, so a shared
+    machine slows all paths alike. Each callable returns the seconds it measured; ``warmup`` adds an unrecorded
+    first round."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for r in range(rounds + int(warmup)):
+        for name, run in paths.items():
+            dt = run()
+            if r > 0 or not warmup:
+                times[name].append(dt)
+    return {name: median(v) for name, v in times.items()}
 
 
 def pm(xs: Sequence[float], fmt: str = "{:.3f}") -> str:
