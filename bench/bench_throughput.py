@@ -574,9 +574,8 @@ def build_settings(args) -> list[Setting]:
     if args.setting in ("tiny", "all"):
         default = ("ours-hf", "ours-hf-overlap", "floor", "trl", "floor-2t", "trl-2t")
         paths = tuple(p for p in default if chosen is None or p in chosen)
-        if (
-            chosen and "ours-vllm" in chosen
-        ):  # 3x slower than HF on 8-token answers (BENCHMARKS.md, section 2)
+        # ours-vllm only on request: 3x slower than HF on 8-token answers (BENCHMARKS.md, section 2)
+        if chosen and "ours-vllm" in chosen:
             paths = ("ours-vllm",) + paths
         settings.append(
             Setting(
