@@ -82,6 +82,7 @@ def test_deepscaler_run_file_builds_the_paper_setting(no_hub):
     # a sequence at the length limit fits one learner pass; shorter ones share passes up to the same size
     assert c.micro_batch_max_tokens == c.engine_kwargs["max_model_len"]
     assert not c.learner_entropy
+    assert c.rollout_timeout_s == 3600
     # DeepScaleR's published 8k-stage values
     assert c.group_size == 8
     assert c.queries_per_iteration == 128

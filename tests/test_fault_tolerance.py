@@ -13,28 +13,60 @@ from r3_rllib import R3Config
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
-    """Runner 2's process exits in the middle of generating (as on an out-of-memory kill): its rollout request is
-    lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets the learner's
-    weights and resumes its data where its last delivered rollout left it (so the lost queries are drawn again).
-    With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration later."""
-    config = (
+SAMPLES_PER_ITERATION = 8 * 4  # queries_per_iteration x group_size below
+
+
+def _two_runner_config(model_path: str, **training) -> R3Config:
+    return (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
         .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
         .learners(num_learners=0)
         .r3(ranking=True, ranking_start_epoch=0)
         .training(
-            model_path=tiny_random_model,
+            model_path=model_path,
             group_size=4,
             queries_per_iteration=8,
             max_new_tokens=4,
             lr=1e-3,
-            overlap_generation=overlap,
+            **training,
         )
     )
-    samples_per_iteration = 8 * 4
+
+
+def _samples_per_iteration(sampled_lifetime: list[float]) -> list[float]:
+    return [b - a for a, b in zip([0, *sampled_lifetime[:-1]], sampled_lifetime, strict=True)]
+
+
+def _assert_runner_2_comes_back(algo, position: dict, sampled_before: float) -> None:
+    """Runner 2 is restored with the learner's weights and the data position of its last delivered rollout, and
+    the next iteration is a full one."""
+    restored = []
+    for _ in range(120):  # the restarted actor needs a few seconds to load its engine
+        restored = algo.restore_env_runners(algo.env_runner_group)
+        if restored:
+            break
+        time.sleep(0.5)
+    assert restored == [2]
+    # Right after the restore, before any new update, the restarted runner holds the learner's weights.
+    versions = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
+    learner_version = algo.learner_call(lambda lr: lr._policy_version)[0]
+    assert learner_version >= 1 and versions == [learner_version, learner_version]
+    [resumed_at] = algo.env_runner_group.foreach_env_runner(
+        lambda r: r.env.state(), remote_worker_ids=[2], local_env_runner=False
+    )
+    assert resumed_at == position  # not the start of its data, as a fresh process would be
+    result = algo.train()
+    assert result["rollout"]["runners_failed"] == 0
+    assert result["num_env_steps_sampled_lifetime"] - sampled_before == SAMPLES_PER_ITERATION
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
+    """Runner 2's process exits in the middle of generating (as on an out-of-memory kill): its rollout request is
+    lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets the learner's
+    weights and resumes its data where its last delivered rollout left it (so the lost queries are drawn again).
+    With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration later."""
 
     def crash_in_next_generate(runner):
         def exit_process(*args, **kwargs):
@@ -43,11 +75,11 @@ def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_rand
         runner.engine.generate = exit_process
         return runner.env.state()
 
-    algo = config.build_algo()
+    algo = _two_runner_config(tiny_random_model, overlap_generation=overlap).build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
-        # A runner runs its calls in order, so this lands after the requests already queued on it.
-        # It returns runner 2's data position after its last rollout, the one the crashed rollout starts from.
+        # A runner runs its calls in order, so this lands after the requests already queued on it. It returns
+        # runner 2's data position after its last rollout, the one the crashed rollout starts from.
         [position] = algo.env_runner_group.foreach_env_runner(
             crash_in_next_generate, remote_worker_ids=[2], local_env_runner=False
         )
@@ -57,31 +89,41 @@ def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_rand
             result = algo.train()
             sampled.append(result["num_env_steps_sampled_lifetime"])
             assert result["rollout"]["runners_failed"] == (1 if it == crash_iteration else 0)
-        per_iteration = [b - a for a, b in zip([0, *sampled[:-1]], sampled, strict=True)]
-        assert per_iteration[-1] == samples_per_iteration // 2  # the survivor's 4 queries
-        assert all(n == samples_per_iteration for n in per_iteration[:-1])
+        per_iteration = _samples_per_iteration(sampled)
+        assert per_iteration[-1] == SAMPLES_PER_ITERATION // 2  # the survivor's 4 queries
+        assert all(n == SAMPLES_PER_ITERATION for n in per_iteration[:-1])
         assert algo.env_runner_group.healthy_worker_ids() == [1]
+        _assert_runner_2_comes_back(algo, position, sampled[-1])
+    finally:
+        algo.stop()
 
-        restored = []
-        for _ in range(120):  # the restarted actor needs a few seconds to load its engine
-            restored = algo.restore_env_runners(algo.env_runner_group)
-            if restored:
-                break
-            time.sleep(0.5)
-        assert restored == [2]
-        # Right after the restore, before any new update, the restarted runner holds the learner's weights.
-        versions = algo.env_runner_group.foreach_env_runner(
-            lambda r: r.engine.version, local_env_runner=False
+
+def test_hung_runner_is_restarted_after_the_rollout_timeout(ray_session, tiny_random_model):
+    """Runner 2's engine stops answering: after rollout_timeout_s the iteration goes on with runner 1's half of
+    the batch, and runner 2 is restarted and comes back like a crashed one."""
+    timeout_s = 15.0  # a rollout here takes well under a second
+
+    def hang_in_next_generate(runner):
+        def hang(*args, **kwargs):
+            time.sleep(3600)
+
+        runner.engine.generate = hang
+        return runner.env.state()
+
+    algo = _two_runner_config(tiny_random_model, rollout_timeout_s=timeout_s).build_algo()
+    try:
+        sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
+        [position] = algo.env_runner_group.foreach_env_runner(
+            hang_in_next_generate, remote_worker_ids=[2], local_env_runner=False
         )
-        learner_version = algo.learner_call(lambda lr: lr._policy_version)[0]
-        assert learner_version >= 1 and versions == [learner_version, learner_version]
-        [resumed_at] = algo.env_runner_group.foreach_env_runner(
-            lambda r: r.env.state(), remote_worker_ids=[2], local_env_runner=False
-        )
-        assert resumed_at == position  # not the start of its data, as a fresh process would be
+        t0 = time.monotonic()
         result = algo.train()
-        assert result["rollout"]["runners_failed"] == 0
-        assert result["num_env_steps_sampled_lifetime"] - sampled[-1] == samples_per_iteration
+        assert time.monotonic() - t0 >= timeout_s
+        sampled.append(result["num_env_steps_sampled_lifetime"])
+        assert result["rollout"]["runners_timed_out"] == 1 and result["rollout"]["runners_failed"] == 1
+        assert _samples_per_iteration(sampled)[-1] == SAMPLES_PER_ITERATION // 2
+        assert algo.env_runner_group.healthy_worker_ids() == [1]
+        _assert_runner_2_comes_back(algo, position, sampled[-1])
     finally:
         algo.stop()
 

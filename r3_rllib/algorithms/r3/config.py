@@ -67,6 +67,10 @@ class R3Settings:
     """Nucleus sampling for rollouts."""
     top_k: int = -1
     """Top-k for rollouts (-1: off)."""
+    rollout_timeout_s: float | None = None
+    """Seconds the driver waits for the runners' rollouts. A runner that has not answered by then (a hung engine)
+    is restarted like a crashed one and the iteration trains on the others' samples. None: wait as long as it
+    takes. RLlib's sample_timeout_s is not used: its 60 s default is shorter than long generations."""
 
     # --- learner ---------------------------------------------------------------------------------------------
     num_minibatches: int = 1
@@ -285,6 +289,8 @@ class R3Config(AlgorithmConfig):
             errors.append("num_minibatches and micro_batch_size must be >= 1")
         if self.micro_batch_max_tokens is not None and self.micro_batch_max_tokens < 1:
             errors.append(f"micro_batch_max_tokens must be >= 1 or None, got {self.micro_batch_max_tokens}")
+        if self.rollout_timeout_s is not None and self.rollout_timeout_s <= 0:
+            errors.append(f"rollout_timeout_s must be > 0 or None, got {self.rollout_timeout_s}")
         if self.replay_k < 0:
             errors.append("replay_k must be >= 0")
         if self.overlap_generation and self.sleep_between_rollouts:

@@ -9,6 +9,7 @@ algorithm's checkpoint.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import time
@@ -32,6 +33,8 @@ REPLAY_RESTART_TIMEOUT_S = 60.0  # how long an iteration waits for Ray to bring 
 
 Rollout = tuple[list[Group], dict[str, float]]
 
+logger = logging.getLogger(__name__)
+
 
 class R3(Algorithm):
     """GRPO-family RL of causal LMs on text environments, with R^3 (replay, reflection, ranking rewards)."""
@@ -50,7 +53,7 @@ class R3(Algorithm):
         # overlap_generation: the rollout request in flight on the runners, or one already gathered (a checkpoint
         # drains the request so that its samples are saved, not lost).
         self._rollout_in_flight = False
-        self._rollout_requested = 0
+        self._rollout_ids: list[int] = []  # the runners asked for the rollout in flight
         self._ready_rollout: Rollout | None = None
         # Each runner's data position and RNGs after its last rollout that reached this driver: a runner restarted
         # after a crash resumes from there (the queries of a rollout it lost are drawn again, not skipped).
@@ -213,19 +216,27 @@ class R3(Algorithm):
             n = _share.get(runner.worker_index, 0)
             return runner.sample(num_queries=n, reflection=_refl) if n > 0 else None
 
-        self._rollout_requested = len(ids)
+        self._rollout_ids = list(ids)
         self.env_runner_group.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=ids)
         self._rollout_in_flight = True
 
     def _gather_rollout(self) -> Rollout:
         """Wait for the requested rollout. A runner that crashed is skipped for this iteration (RLlib marks it
-        unhealthy); `restore_env_runners` restarts it and pushes the current weights before the next one."""
-        results = self.env_runner_group.fetch_ready_async_reqs(tags=ROLLOUT_TAG, timeout_seconds=None)
+        unhealthy), and so is one that has not answered within rollout_timeout_s (it is restarted here);
+        `restore_env_runners` brings either back with its data position and the current weights."""
+        results = self.env_runner_group.fetch_ready_async_reqs(
+            tags=ROLLOUT_TAG, timeout_seconds=self.config.rollout_timeout_s
+        )
         self._rollout_in_flight = False
+        answered = {wid for wid, _ in results}
+        healthy = set(self.env_runner_group.healthy_worker_ids())
+        late = [wid for wid in self._rollout_ids if wid in healthy and wid not in answered]
+        self._restart_hung_runners(late)
         outs = [out for _, out in results if out is not None]
         self._runner_states.update({wid: out["runner_state"] for wid, out in results if out is not None})
-        failed = self._rollout_requested - len(results)
+        failed = len(self._rollout_ids) - len(results)
         self.metrics.log_value(("rollout", "runners_failed"), failed, reduce="mean", window=1)
+        self.metrics.log_value(("rollout", "runners_timed_out"), len(late), reduce="mean", window=1)
         if not outs:
             return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0}
         groups = [g for out in outs for g in out["groups"]]
@@ -236,6 +247,24 @@ class R3(Algorithm):
             "generated_tokens": float(sum(out["generated_tokens"] for out in outs)),
         }
         return groups, info
+
+    def _restart_hung_runners(self, ids: list[int]) -> None:
+        """Take runners that missed the rollout timeout out of service (RLlib drops their requests in flight) and
+        kill their processes; Ray restarts them and `restore_env_runners` brings them back."""
+        if not ids:
+            return
+        manager = (
+            self.env_runner_group._worker_manager
+        )  # RLlib exposes no public handle to mark an actor unhealthy
+        handles = manager.actors()
+        for wid in ids:
+            logger.warning(
+                "EnvRunner %d gave no rollout within %.0f s: restarting it",
+                wid,
+                self.config.rollout_timeout_s,
+            )
+            manager.set_actor_state(wid, healthy=False)
+            ray.kill(handles[wid], no_restart=False)
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """Bring back crashed runners and give them what RLlib's default restore cannot: the current policy weights
