@@ -38,6 +38,22 @@ def _samples_per_iteration(sampled_lifetime: list[float]) -> list[float]:
     return [b - a for a, b in zip([0, *sampled_lifetime[:-1]], sampled_lifetime, strict=True)]
 
 
+def _break_runner_2(algo, failure) -> dict:
+    """Make runner 2's next `engine.generate` call `failure`. A runner runs its calls in order, so this lands after
+    the requests already queued on it; returns runner 2's data position after its last rollout, the one the broken
+    rollout starts from. (`failure` must pickle by value: a lambda.)"""
+
+    def install(runner, _failure=failure):
+        runner.engine.generate = _failure
+        return runner.env.state()
+
+    [position] = algo.env_runner_group.foreach_env_runner(
+        install, remote_worker_ids=[2], local_env_runner=False
+    )
+    assert position["cursor"] > 0
+    return position
+
+
 def _assert_runner_2_comes_back(algo, position: dict, sampled_before: float) -> None:
     """Runner 2 is restored with the learner's weights and the data position of its last delivered rollout, and
     the next iteration is a full one."""
@@ -67,23 +83,10 @@ def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_rand
     lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets the learner's
     weights and resumes its data where its last delivered rollout left it (so the lost queries are drawn again).
     With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration later."""
-
-    def crash_in_next_generate(runner):
-        def exit_process(*args, **kwargs):
-            os._exit(1)
-
-        runner.engine.generate = exit_process
-        return runner.env.state()
-
     algo = _two_runner_config(tiny_random_model, overlap_generation=overlap).build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
-        # A runner runs its calls in order, so this lands after the requests already queued on it. It returns
-        # runner 2's data position after its last rollout, the one the crashed rollout starts from.
-        [position] = algo.env_runner_group.foreach_env_runner(
-            crash_in_next_generate, remote_worker_ids=[2], local_env_runner=False
-        )
-        assert position["cursor"] > 0
+        position = _break_runner_2(algo, lambda *args, **kwargs: os._exit(1))
         crash_iteration = 4 if overlap else 3
         for it in range(3, crash_iteration + 1):
             result = algo.train()
@@ -102,20 +105,10 @@ def test_hung_runner_is_restarted_after_the_rollout_timeout(ray_session, tiny_ra
     """Runner 2's engine stops answering: after rollout_timeout_s the iteration goes on with runner 1's half of
     the batch, and runner 2 is restarted and comes back like a crashed one."""
     timeout_s = 15.0  # a rollout here takes well under a second
-
-    def hang_in_next_generate(runner):
-        def hang(*args, **kwargs):
-            time.sleep(3600)
-
-        runner.engine.generate = hang
-        return runner.env.state()
-
     algo = _two_runner_config(tiny_random_model, rollout_timeout_s=timeout_s).build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
-        [position] = algo.env_runner_group.foreach_env_runner(
-            hang_in_next_generate, remote_worker_ids=[2], local_env_runner=False
-        )
+        position = _break_runner_2(algo, lambda *args, **kwargs: time.sleep(3600))
         t0 = time.monotonic()
         result = algo.train()
         assert time.monotonic() - t0 >= timeout_s
