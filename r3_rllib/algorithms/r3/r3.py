@@ -253,9 +253,8 @@ class R3(Algorithm):
         kill their processes; Ray restarts them and `restore_env_runners` brings them back."""
         if not ids:
             return
-        manager = (
-            self.env_runner_group._worker_manager
-        )  # RLlib exposes no public handle to mark an actor unhealthy
+        # RLlib exposes no public way to mark an actor unhealthy.
+        manager = self.env_runner_group._worker_manager
         handles = manager.actors()
         for wid in ids:
             logger.warning(
@@ -275,11 +274,7 @@ class R3(Algorithm):
         self._counters["total_num_restored_workers"] += len(restored)
         for wid in restored:
             if wid in self._runner_states:
-                env_runner_group.foreach_env_runner(
-                    lambda r, _s=self._runner_states[wid]: r.set_state(_s),
-                    remote_worker_ids=[wid],
-                    local_env_runner=False,
-                )
+                self._push_runner_state(wid, self._runner_states[wid])
         if self._replay is not None:
             client = self._replay.client
             env_runner_group.foreach_env_runner(
@@ -411,16 +406,18 @@ class R3(Algorithm):
         self._runner_states = dict(runners)
         for wid in self.env_runner_group.healthy_worker_ids():
             if wid in runners:
-                self.env_runner_group.foreach_env_runner(
-                    lambda r, _s=runners[wid]: r.set_state(_s),
-                    remote_worker_ids=[wid],
-                    local_env_runner=False,
-                )
+                self._push_runner_state(wid, runners[wid])
         if self._replay is not None and state["replay"] is not None:
             self._replay.client.set_state(state["replay"])
             self._replay.remember(state["replay"])
         self.metrics.set_state(state["metrics"])
         self._sync_weights()
+
+    def _push_runner_state(self, worker_id: int, state: dict) -> None:
+        """Put a runner at a saved data position and RNG state (its `get_state()`)."""
+        self.env_runner_group.foreach_env_runner(
+            lambda r, _s=state: r.set_state(_s), remote_worker_ids=[worker_id], local_env_runner=False
+        )
 
     def _current_runner_states(self) -> dict[int, dict]:
         """Every runner's state, keyed by worker id: asked from the healthy ones, the last known for the others
