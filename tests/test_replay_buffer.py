@@ -12,17 +12,15 @@ from r3_rllib.replay.buffer import (
     ReplayConfig,
     ReplaySample,
     SampleRequest,
-    pack_samples,
+    from_columns,
     recency_length_priority,
-    unpack_samples,
+    to_columns,
 )
 
 _TOKEN = iter(range(10**9))
 
 
-def make(
-    qid="q", correct=True, version=0, length=3, truncated=False, reward=None, prompt=(1, 2), entropies=None
-):
+def make(qid="q", correct=True, version=0, length=3, truncated=False, reward=None, prompt=(1, 2)):
     """A sample with a unique response (tokens from a global counter) unless dedupe is being tested."""
     toks = [next(_TOKEN) % 30000 for _ in range(length)]
     return ReplaySample(
@@ -35,7 +33,6 @@ def make(
         policy_version=version,
         truncated=truncated,
         response_text=f"answer {toks}",
-        entropies=entropies,
     )
 
 
@@ -45,8 +42,6 @@ def test_sample_conversion_and_validation():
     assert s.behavior_logprobs.dtype == np.float32
     with pytest.raises(ValueError, match="query 'bad': behavior_logprobs"):
         ReplaySample("bad", [1], [1, 2], [0.0], 1.0, True, 0)
-    with pytest.raises(ValueError, match="entropies"):
-        ReplaySample("bad", [1], [1, 2], [0.0, 0.0], 1.0, True, 0, entropies=[1.0])
 
 
 @pytest.mark.parametrize(
@@ -306,19 +301,17 @@ def test_nbytes_accounting():
     assert len(buf) == 0 and buf.nbytes() == 0
 
 
-def test_pack_unpack_round_trip():
-    samples = [make(qid="a", entropies=[0.1, 0.2, 0.3]), make(qid="a"), make(qid="b", prompt=(7,), length=0)]
-    out = unpack_samples(pickle.loads(pickle.dumps(pack_samples(samples))))
+def test_columns_round_trip():
+    samples = [make(qid="a"), make(qid="a"), make(qid="b", prompt=(7,), length=0)]
+    out = from_columns(pickle.loads(pickle.dumps(to_columns(samples))))
     for x, y in zip(samples, out, strict=True):
         for f in ("query_id", "reward", "correct", "policy_version", "truncated", "response_text"):
             assert getattr(x, f) == getattr(y, f)
         for f in ("prompt_ids", "response_ids", "behavior_logprobs"):
             np.testing.assert_array_equal(getattr(x, f), getattr(y, f))
             assert getattr(y, f).dtype == getattr(x, f).dtype
-    np.testing.assert_array_equal(out[0].entropies, samples[0].entropies)
-    assert out[1].entropies is None
     assert out[0].prompt_ids is out[1].prompt_ids
-    assert unpack_samples(pack_samples([])) == []
+    assert from_columns(to_columns([])) == []
 
 
 def test_state_round_trip_is_exact():

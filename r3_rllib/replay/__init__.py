@@ -13,9 +13,9 @@ from r3_rllib.replay.buffer import (
     ReplayConfig,
     ReplaySample,
     SampleRequest,
-    pack_samples,
+    from_columns,
     register_priority,
-    unpack_samples,
+    to_columns,
 )
 
 _ACTOR_NAMES = ("ReplayBufferActor", "ReplayBufferClient", "create_replay_actor")
@@ -27,9 +27,9 @@ __all__ = [
     "ReplayConfig",
     "ReplaySample",
     "SampleRequest",
-    "pack_samples",
+    "to_columns",
     "register_priority",
-    "unpack_samples",
+    "from_columns",
     *_ACTOR_NAMES,
 ]
 

@@ -9,7 +9,7 @@ a time, which is what the pure-Python buffer needs.
 
 Every method is batched (lists in, lists out) so one round trip serves a whole batch of groups: a Ray call costs far
 more than a buffer operation. Samples travel in the columnar form of
-:func:`~r3_rllib.replay.buffer.pack_samples` when asked (``add`` accepts it; ``packed=True`` on the sampling
+:func:`~r3_rllib.replay.buffer.to_columns` when asked (``add`` accepts it; ``packed=True`` on the sampling
 methods returns it), which is about ten times cheaper to serialise than a list of dataclasses;
 :class:`ReplayBufferClient` does this packing for the caller.
 """
@@ -29,8 +29,8 @@ from r3_rllib.replay.buffer import (
     ReplayConfig,
     ReplaySample,
     SampleRequest,
-    pack_samples,
-    unpack_samples,
+    from_columns,
+    to_columns,
 )
 
 
@@ -61,8 +61,8 @@ class ReplayBufferActor:
         return asdict(self._buffer.config)
 
     def add(self, samples: Sequence[ReplaySample] | dict[str, Any]) -> int:
-        """Store a list of samples or their :func:`pack_samples` form; returns how many were stored."""
-        return self._buffer.add(unpack_samples(samples) if isinstance(samples, dict) else samples)
+        """Store a list of samples or their :func:`to_columns` form; returns how many were stored."""
+        return self._buffer.add(from_columns(samples) if isinstance(samples, dict) else samples)
 
     def sample_opposite(
         self, query_id: str, *, want_correct: bool, k: int, current_version: int
@@ -74,11 +74,11 @@ class ReplayBufferActor:
     def sample_batch(
         self, requests: Sequence[SampleRequest | tuple], *, packed: bool = False
     ) -> list[list[ReplaySample]] | dict[str, Any]:
-        """Per request a list of samples; with ``packed``: ``{"samples": pack_samples(all), "counts": [...]}``."""
+        """Per request a list of samples; with ``packed``: ``{"samples": to_columns(all), "counts": [...]}``."""
         groups = self._buffer.sample_batch(requests)
         if not packed:
             return groups
-        return {"samples": pack_samples([s for g in groups for s in g]), "counts": [len(g) for g in groups]}
+        return {"samples": to_columns([s for g in groups for s in g]), "counts": [len(g) for g in groups]}
 
     def sample_wrong_answer(self, query_id: str, current_version: int) -> ReplaySample | None:
         return self._buffer.sample_wrong_answer(query_id, current_version)
@@ -86,12 +86,12 @@ class ReplayBufferActor:
     def sample_wrong_answers(
         self, query_ids: Sequence[str], current_version: int, *, packed: bool = False
     ) -> list[ReplaySample | None] | dict[str, Any]:
-        """Per query a sample or None; with ``packed``: ``{"samples": pack_samples(found), "found": [bool...]}``."""
+        """Per query a sample or None; with ``packed``: ``{"samples": to_columns(found), "found": [bool...]}``."""
         found = self._buffer.sample_wrong_answers(query_ids, current_version)
         if not packed:
             return found
         return {
-            "samples": pack_samples([s for s in found if s is not None]),
+            "samples": to_columns([s for s in found if s is not None]),
             "found": [s is not None for s in found],
         }
 
@@ -152,12 +152,12 @@ class ReplayBufferClient:
 
     def add(self, samples: Sequence[ReplaySample], *, block: bool = True) -> int | ray.ObjectRef:
         """Store samples; with ``block=False`` return the ObjectRef of the count instead of waiting."""
-        ref = self.handle.add.remote(pack_samples(samples))
+        ref = self.handle.add.remote(to_columns(samples))
         return ray.get(ref) if block else ref
 
     def sample_batch(self, requests: Sequence[SampleRequest | tuple]) -> list[list[ReplaySample]]:
         out = ray.get(self.handle.sample_batch.remote(list(requests), packed=True))
-        flat = unpack_samples(out["samples"])
+        flat = from_columns(out["samples"])
         groups, i = [], 0
         for n in out["counts"]:
             groups.append(flat[i : i + n])
@@ -168,7 +168,7 @@ class ReplayBufferClient:
         self, query_ids: Sequence[str], current_version: int
     ) -> list[ReplaySample | None]:
         out = ray.get(self.handle.sample_wrong_answers.remote(list(query_ids), current_version, packed=True))
-        it = iter(unpack_samples(out["samples"]))
+        it = iter(from_columns(out["samples"]))
         return [next(it) if f else None for f in out["found"]]
 
     def query_stats(self, query_ids: Sequence[str]) -> dict[str, QueryStats]:

@@ -76,7 +76,6 @@ class ReplaySample:
     policy_version: int
     truncated: bool = False
     response_text: str = ""  # decoded response, for reflection prompts
-    entropies: np.ndarray | None = None  # per-token entropies (structural-entropy ranking), optional
 
     def __post_init__(self) -> None:
         self.prompt_ids = _as_array(self.prompt_ids, _INT32)
@@ -87,19 +86,10 @@ class ReplaySample:
                 f"query {self.query_id!r}: behavior_logprobs {self.behavior_logprobs.shape} must match "
                 f"response_ids {self.response_ids.shape} (one log-prob per response token)"
             )
-        if self.entropies is not None:
-            self.entropies = _as_array(self.entropies, _FLOAT32)
-            if self.entropies.shape != self.response_ids.shape:
-                raise ValueError(
-                    f"query {self.query_id!r}: entropies {self.entropies.shape} must match "
-                    f"response_ids {self.response_ids.shape}"
-                )
 
     def nbytes(self) -> int:
         """Approximate memory of this sample (arrays + text + fixed overhead), prompt included."""
         n = self.prompt_ids.nbytes + self.response_ids.nbytes + self.behavior_logprobs.nbytes
-        if self.entropies is not None:
-            n += self.entropies.nbytes
         return n + len(self.response_text) + _PER_SAMPLE_OVERHEAD
 
 
@@ -107,17 +97,17 @@ def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
 
 
-def pack_samples(samples: Sequence[ReplaySample]) -> dict[str, Any]:
+def to_columns(samples: Sequence[ReplaySample]) -> dict[str, Any]:
     """Columnar form of a list of samples: a few large arrays instead of thousands of small objects.
 
     Pickling (and so shipping through Ray) a list of dataclasses holding small numpy arrays costs tens of
     microseconds per sample, mostly per-array overhead; the packed form costs about a microsecond. Equal prompts
-    (the G samples of a group) are stored once. Inverse: :func:`unpack_samples`.
+    (the G samples of a group) are stored once. Inverse: :func:`from_columns`.
     """
     by_id: dict[int, int] = {}  # id(prompt array) -> index: samples from the buffer share prompt objects
     by_bytes: dict[bytes, int] = {}
     prompts: list[np.ndarray] = []
-    p_idx, qids, texts, resp, lps, ents, has_ent = [], [], [], [], [], [], []
+    p_idx, qids, texts, resp, lps = [], [], [], [], []
     rewards, correct, versions, truncated = [], [], [], []
     for s in samples:
         p = s.prompt_ids
@@ -134,9 +124,6 @@ def pack_samples(samples: Sequence[ReplaySample]) -> dict[str, Any]:
         texts.append(s.response_text)
         resp.append(s.response_ids)
         lps.append(s.behavior_logprobs)
-        has_ent.append(s.entropies is not None)
-        if s.entropies is not None:
-            ents.append(s.entropies)
         rewards.append(s.reward)
         correct.append(s.correct)
         versions.append(s.policy_version)
@@ -149,8 +136,6 @@ def pack_samples(samples: Sequence[ReplaySample]) -> dict[str, Any]:
         "response_lens": np.array([r.size for r in resp], dtype=np.int64),
         "response_ids": _concat(resp, np.int32),
         "behavior_logprobs": _concat(lps, np.float32),
-        "has_entropies": np.array(has_ent, dtype=bool),
-        "entropies": _concat(ents, np.float32),
         "reward": np.array(rewards, dtype=np.float64),
         "correct": np.array(correct, dtype=bool),
         "policy_version": np.array(versions, dtype=np.int64),
@@ -159,27 +144,21 @@ def pack_samples(samples: Sequence[ReplaySample]) -> dict[str, Any]:
     }
 
 
-def unpack_samples(packed: dict[str, Any]) -> list[ReplaySample]:
-    """Inverse of :func:`pack_samples`. Arrays are copied out of the packed buffers (a stored sample must not keep
+def from_columns(packed: dict[str, Any]) -> list[ReplaySample]:
+    """Inverse of :func:`to_columns`. Arrays are copied out of the packed buffers (a stored sample must not keep
     a whole batch alive); samples of one prompt share one prompt array."""
     p_off = np.concatenate([[0], np.cumsum(packed["prompt_lens"])])
     prompts = [packed["prompts"][p_off[j] : p_off[j + 1]].copy() for j in range(len(packed["prompt_lens"]))]
     r_off = np.concatenate([[0], np.cumsum(packed["response_lens"])]).tolist()
-    ids, lps, ents = packed["response_ids"], packed["behavior_logprobs"], packed["entropies"]
-    has_ent = packed["has_entropies"].tolist()
+    ids, lps = packed["response_ids"], packed["behavior_logprobs"]
     rewards = packed["reward"].tolist()
     correct = packed["correct"].tolist()
     versions = packed["policy_version"].tolist()
     truncated = packed["truncated"].tolist()
     p_idx = packed["prompt_index"].tolist()
     out = []
-    e_off = 0
     for i, qid in enumerate(packed["query_id"]):
         a, b = r_off[i], r_off[i + 1]
-        ent = None
-        if has_ent[i]:
-            ent = ents[e_off : e_off + b - a].copy()
-            e_off += b - a
         out.append(
             ReplaySample(
                 query_id=qid,
@@ -191,7 +170,6 @@ def unpack_samples(packed: dict[str, Any]) -> list[ReplaySample]:
                 policy_version=versions[i],
                 truncated=truncated[i],
                 response_text=packed["response_text"][i],
-                entropies=ent,
             )
         )
     return out
@@ -548,13 +526,13 @@ class QueryReplayBuffer:
 
     # -- state ------------------------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        """Plain picklable dict of everything: samples oldest first (:func:`pack_samples` form), query stats,
+        """Plain picklable dict of everything: samples oldest first (:func:`to_columns` form), query stats,
         counters, RNG state."""
         samples = [self._queries[qid].classes[c][key][1] for qid, c, key in self._order.values()]
         return {
             "version": 1,
             "config": asdict(self.config),
-            "samples": pack_samples(samples),  # columnar: fast to pickle and to ship through Ray
+            "samples": to_columns(samples),  # columnar: fast to pickle and to ship through Ray
             "stats": {q: list(v) for q, v in self._stats.items()},
             "counters": dict(self._counters),
             "rng_state": self._rng.bit_generator.state,
@@ -568,7 +546,7 @@ class QueryReplayBuffer:
             raise ValueError(f"unsupported replay buffer state version {state.get('version')!r}")
         self.__init__(ReplayConfig(**state["config"]))
         # Re-adding with no current version stores everything, in the original (age) order.
-        self.add(unpack_samples(state["samples"]))
+        self.add(from_columns(state["samples"]))
         self._stats = {q: list(v) for q, v in state["stats"].items()}
         self._counters = dict(state["counters"])
         self._rng.bit_generator.state = state["rng_state"]
