@@ -99,14 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     add_sft_args(p)
     p.set_defaults(func=run_sft)
 
-    try:
-        from r3_rllib.eval.evaluate import add_eval_args, run_eval
+    from r3_rllib.eval.evaluate import add_eval_args, run_eval
 
-        p = sub.add_parser("eval", help="pass@1 over n samples on math benchmarks")
-        add_eval_args(p)
-        p.set_defaults(func=run_eval)
-    except ImportError:  # pragma: no cover - eval module optional during development
-        pass
+    p = sub.add_parser("eval", help="pass@1 over n samples on math benchmarks")
+    add_eval_args(p)
+    p.set_defaults(func=run_eval)
     from r3_rllib.eval.plot import add_plot_args, run_plot
 
     p = sub.add_parser("plot", help="learning curves of one or more runs into a PNG")

@@ -46,7 +46,7 @@ RUN_KEYS = {
     "verbose",
     "keep_checkpoints_num",
 }
-TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run", "algorithm"}
+TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run"}
 PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
 
 

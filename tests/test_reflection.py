@@ -1,4 +1,5 @@
 import math
+from dataclasses import FrozenInstanceError
 
 import pytest
 
@@ -6,6 +7,7 @@ from r3_rllib.core.reflection import (
     COMPACT_REFLECTION_TEMPLATE,
     DEFAULT_REFLECTION_GUIDANCE,
     DEFAULT_REFLECTION_TEMPLATE,
+    ReflectionSettings,
     build_reflection_prompt,
     select_reflection_queries,
     strip_think,
@@ -81,3 +83,16 @@ def test_select_reflection_queries():
     assert select_reflection_queries({}, 0.5) == []
     with pytest.raises(ValueError, match="tau"):
         select_reflection_queries(means, math.nan)
+    assert select_reflection_queries(means, 0.5, max_queries=2) == ["a", "e"]
+    assert select_reflection_queries(means, 0.5, max_queries=0) == []
+    with pytest.raises(ValueError, match="max_queries"):
+        select_reflection_queries(means, 0.5, max_queries=-1)
+
+
+def test_reflection_settings_render_the_prompt_with_their_template_and_limit():
+    settings = ReflectionSettings(
+        tau=0.3, guidance="G", template="{wrong_answer}|{query}|{guidance}", max_answer_chars=3
+    )
+    assert settings.prompt("1+1=", "<think>long</think>12345") == "...345|1+1=|G"
+    with pytest.raises(FrozenInstanceError):
+        settings.tau = 0.5  # one object per iteration, shared by every runner: never mutated

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 DEFAULT_REFLECTION_GUIDANCE = (
     "The previous answer above is incorrect. Do not simply repeat it. Find the mistake in that reasoning, "
@@ -80,16 +81,47 @@ def build_reflection_prompt(
         raise ValueError(f"bad reflection template {template!r}: {e!r}") from None
 
 
-def select_reflection_queries(mean_past_rewards: Mapping[str, float | None], tau: float) -> list[str]:
-    """Query ids whose mean past reward is below ``tau`` (the policy keeps failing them), in mapping order.
+@dataclass(frozen=True)
+class ReflectionSettings:
+    """How an EnvRunner adds reflection prompts in one rollout (built by the algorithm from its config)."""
+
+    tau: float
+    """A query is hard when its mean past reward is below tau."""
+    guidance: str = DEFAULT_REFLECTION_GUIDANCE
+    template: str = DEFAULT_REFLECTION_TEMPLATE
+    max_per_batch: int | None = None
+    """At most this many reflection prompts per rollout (None: one per hard query)."""
+    max_answer_chars: int | None = None
+    policy_version: int = 0
+    """The policy generating the rollout: stale wrong answers are not reflected on (the replay actor's bound)."""
+
+    def prompt(self, query_text: str, wrong_answer: str) -> str:
+        """The reflection prompt's user content for one query (see :func:`build_reflection_prompt`)."""
+        return build_reflection_prompt(
+            query_text,
+            wrong_answer,
+            guidance=self.guidance,
+            template=self.template,
+            max_answer_chars=self.max_answer_chars,
+        )
+
+
+def select_reflection_queries(
+    mean_past_rewards: Mapping[str, float | None], tau: float, max_queries: int | None = None
+) -> list[str]:
+    """Query ids whose mean past reward is below ``tau`` (the policy keeps failing them), in mapping order, at most
+    ``max_queries`` of them.
 
     Queries with no history (value ``None`` or NaN) are excluded: nothing is known about them yet, and they have no
     wrong answer to reflect on.
     """
     if not math.isfinite(tau):
         raise ValueError(f"tau must be finite, got {tau}")
-    return [
+    if max_queries is not None and max_queries < 0:
+        raise ValueError(f"max_queries must be >= 0 or None, got {max_queries}")
+    hard = [
         qid
         for qid, r in mean_past_rewards.items()
         if r is not None and not math.isnan(float(r)) and float(r) < tau
     ]
+    return hard if max_queries is None else hard[:max_queries]

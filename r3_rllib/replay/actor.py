@@ -183,6 +183,10 @@ class ReplayBufferClient:
     def metrics(self) -> dict[str, float]:
         return ray.get(self.handle.metrics.remote())
 
+    def config(self) -> dict[str, Any]:
+        """The actor's ReplayConfig as a dict (what it was started with)."""
+        return ray.get(self.handle.config.remote())
+
     def get_state(self) -> dict[str, Any]:
         return ray.get(self.handle.get_state.remote())
 

@@ -196,7 +196,7 @@ class SampleRequest(NamedTuple):
 class ReplayConfig:
     """Bounds and priority settings of :class:`QueryReplayBuffer` (see the module docstring for the design)."""
 
-    max_per_query: int = 8  # per outcome class (correct / incorrect)
+    max_per_query: int = 16  # per outcome class (correct / incorrect)
     max_total_samples: int = 200_000
     max_staleness: int | None = 8  # in policy versions; None: no limit
     priority: str = "recency_length"  # key of PRIORITY_FNS

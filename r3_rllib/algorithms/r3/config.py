@@ -25,6 +25,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE
+from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3")
@@ -132,10 +133,19 @@ class R3Settings:
     """alpha in A = (R - mean(G_mix)) / (alpha * std(G_mix) + lambda)."""
     adv_lambda: float = 1e-6
     """lambda in the same formula."""
-    replay_max_per_query: int = 16
+    replay_max_per_query: int = ReplayConfig.max_per_query
     """Replay buffer bound per query and outcome class."""
-    replay_max_total: int = 200_000
+    replay_max_total: int = ReplayConfig.max_total_samples
     """Replay buffer bound in samples over all queries."""
+    replay_priority: str = ReplayConfig.priority
+    """Which stored samples a collapsed group gets: a name in r3_rllib.replay.PRIORITY_FNS ('recency_length',
+    'uniform', or one added with register_priority in a module the replay actor imports)."""
+    replay_recency_decay: float = ReplayConfig.recency_decay
+    """recency_length: priority factor per policy version of lag (fresher samples need less IS correction)."""
+    replay_correct_length_power: float = ReplayConfig.correct_length_power
+    """recency_length: prefer shorter correct samples, (L_min / L) ** power (0: no length preference)."""
+    replay_truncated_priority: float = ReplayConfig.truncated_priority
+    """recency_length: priority factor of truncated samples (0: never replay them)."""
     replay_max_staleness: int = 50
     """Samples older than this many policy versions are evicted and never replayed."""
     reflection: bool = False
@@ -298,6 +308,8 @@ class R3Config(AlgorithmConfig):
                 "overlap_generation needs the engine awake while the learner trains; "
                 "turn off sleep_between_rollouts (or overlap_generation)"
             )
+        if self.replay_priority not in PRIORITY_FNS:
+            errors.append(f"replay_priority must be one of {sorted(PRIORITY_FNS)}, got {self.replay_priority!r}")
         from r3_rllib.core.advantages import ADVANTAGE_FNS
 
         if self.advantage_estimator not in ADVANTAGE_FNS:

@@ -23,7 +23,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
-from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
+from r3_rllib.core.reflection import ReflectionSettings, select_reflection_queries
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
@@ -119,7 +119,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.tokenizer,
             **{"dtype": engine_dtype(self.config.dtype), **dict(self.config.engine_kwargs)},
         )
-        self._rng = np.random.default_rng(seed)
         self._sample_seed = seed
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on
         self._stop_ids = tuple(i for i in [self.tokenizer.eos_token_id] if i is not None)
@@ -157,7 +156,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             seed=self._sample_seed,
         )
 
-    def sample(self, *, num_queries: int = 1, reflection: dict | None = None, **kwargs) -> dict[str, Any]:
+    def sample(
+        self, *, num_queries: int = 1, reflection: ReflectionSettings | None = None, **kwargs
+    ) -> dict[str, Any]:
         """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given)."""
         t0 = time.perf_counter()
         if self.config.sleep_between_rollouts:
@@ -221,39 +222,27 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         _, reward, _, _, info = self.env.step(text)
         return float(reward), bool(info.get("correct", reward > 0))
 
-    def _reflection_prompts(self, query_ids, query_texts, cfg: dict) -> list[tuple[str, str, str]]:
-        """Prompts `query + past wrong answer + guidance` for queries whose mean past reward is below tau.
+    def _reflection_prompts(
+        self, query_ids: list[str], query_texts: dict[str, str], settings: ReflectionSettings
+    ) -> list[tuple[str, str, str]]:
+        """Prompts `query + past wrong answer + guidance` for this rollout's hard queries (core/reflection.py
+        chooses them from the replay actor's statistics and builds the prompt; the runner renders it with the env).
 
         A replay actor that died (Ray restarts it, empty, and the algorithm refills it) costs this rollout its
         reflection prompts, not the rollout."""
         try:
-            return self._reflection_prompts_from_replay(query_ids, query_texts, cfg)
+            stats = self._replay.query_stats(query_ids)
+            means = {q: stats[q].mean_reward if q in stats and stats[q].n_seen else None for q in query_ids}
+            hard = select_reflection_queries(means, settings.tau, settings.max_per_batch)
+            wrong = self._replay.sample_wrong_answers(hard, settings.policy_version) if hard else []
         except ray.exceptions.RayActorError as err:
             logger.warning("replay actor unavailable, no reflection prompts in this rollout: %s", err)
             return []
-
-    def _reflection_prompts_from_replay(
-        self, query_ids, query_texts, cfg: dict
-    ) -> list[tuple[str, str, str]]:
-        stats = self._replay.query_stats(query_ids)
-        hard = [q for q in dict.fromkeys(query_ids) if q in stats and stats[q].n_seen > 0]
-        hard = [q for q in hard if stats[q].mean_reward < cfg["tau"]]
-        if cfg.get("max_per_batch") is not None:
-            hard = hard[: cfg["max_per_batch"]]
-        if not hard:
-            return []
-        wrong = self._replay.sample_wrong_answers(hard, cfg["current_version"])
         out = []
         for qid, sample in zip(hard, wrong, strict=True):
             if sample is None:
                 continue
-            content = build_reflection_prompt(
-                query_texts[qid],
-                sample.response_text,
-                guidance=cfg["guidance"],
-                template=cfg.get("template") or DEFAULT_REFLECTION_TEMPLATE,
-                max_answer_chars=cfg.get("max_answer_chars"),
-            )
+            content = settings.prompt(query_texts[qid], sample.response_text)
             obs, _ = self.env.reset(options={"query_id": qid, "user_content": content})
             out.append((qid, content, obs))
         return out
@@ -302,10 +291,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         not_components: str | Collection[str] | None = None,
         **kwargs,
     ) -> dict:
-        # Weights live in the learner's checkpoint; a runner's state is its position in the data and its RNGs.
+        # Weights live in the learner's checkpoint; a runner's state is its position in the data and its sampling
+        # seed.
         return {
             "env": self.env.state(),
-            "rng": self._rng.bit_generator.state,
             "sample_seed": self._sample_seed,
             "policy_version": self.engine.version if self.engine else 0,
         }
@@ -315,7 +304,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             return  # RLlib's post-setup weight broadcast: our weights arrive through update_weights().
         if "env" in state:
             self.env.set_state(state["env"])
-            self._rng.bit_generator.state = state["rng"]
             self._sample_seed = state["sample_seed"]
 
     def get_ctor_args_and_kwargs(self):

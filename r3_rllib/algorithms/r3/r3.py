@@ -22,6 +22,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
+from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
 
 R3_STATE_FILE = "r3_state.pkl"
@@ -68,6 +69,10 @@ class R3(Algorithm):
                     {
                         "max_per_query": self.config.replay_max_per_query,
                         "max_total_samples": self.config.replay_max_total,
+                        "priority": self.config.replay_priority,
+                        "recency_decay": self.config.replay_recency_decay,
+                        "correct_length_power": self.config.replay_correct_length_power,
+                        "truncated_priority": self.config.replay_truncated_priority,
                         "max_staleness": self.config.replay_max_staleness,
                         "seed": self.config.seed,
                     },
@@ -178,20 +183,20 @@ class R3(Algorithm):
             advantage_params=params,
         )
 
-    def _reflection_settings(self) -> dict | None:
+    def _reflection_settings(self) -> ReflectionSettings | None:
         cfg = self.config
         if not (cfg.reflection and self._dataset_epoch >= cfg.reflection_start_epoch):
             return None
-        return {
-            "tau": cfg.reflection_tau,
-            "guidance": cfg.reflection_guidance,
-            "template": cfg.reflection_template,
-            "max_per_batch": cfg.reflection_max_per_batch,
-            "max_answer_chars": cfg.reflection_max_answer_chars,
-            "current_version": self._policy_version,
-        }
+        return ReflectionSettings(
+            tau=cfg.reflection_tau,
+            guidance=cfg.reflection_guidance,
+            template=cfg.reflection_template or DEFAULT_REFLECTION_TEMPLATE,
+            max_per_batch=cfg.reflection_max_per_batch,
+            max_answer_chars=cfg.reflection_max_answer_chars,
+            policy_version=self._policy_version,
+        )
 
-    def _next_rollout(self, num_queries: int, reflection: dict | None) -> Rollout:
+    def _next_rollout(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
         """The batch to train on: one gathered ahead (restored from a checkpoint), the request in flight, or a
         fresh synchronous rollout."""
         if self._ready_rollout is not None:
@@ -201,11 +206,11 @@ class R3(Algorithm):
             return self._gather_rollout()
         return self._sample_groups(num_queries, reflection)
 
-    def _sample_groups(self, num_queries: int, reflection: dict | None) -> Rollout:
+    def _sample_groups(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
         self._request_rollout(num_queries, reflection)
         return self._gather_rollout()
 
-    def _request_rollout(self, num_queries: int, reflection: dict | None) -> None:
+    def _request_rollout(self, num_queries: int, reflection: ReflectionSettings | None) -> None:
         """Split `num_queries` over the healthy runners and ask each for its share, without waiting."""
         ids = self.env_runner_group.healthy_worker_ids()
         if not ids:
