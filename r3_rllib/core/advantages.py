@@ -15,26 +15,27 @@ for users who want the sample std.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from r3_rllib.core.registry import Registry
+
 AdvantageFn = Callable[..., np.ndarray]
 
-#: Name -> per-group advantage function ``fn(rewards, **params) -> np.ndarray``.
-ADVANTAGE_FNS: dict[str, AdvantageFn] = {}
+#: Name -> per-group advantage function ``fn(rewards, **params, **sample_inputs) -> np.ndarray``, with the config
+#: fields each reads its parameters from (see :mod:`r3_rllib.core.registry`).
+ADVANTAGE_FNS = Registry("advantage estimator")
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator adding an estimator to :data:`ADVANTAGE_FNS` under ``name`` (names are unique)."""
+def register_advantage(
+    name: str, *, config_params: Mapping[str, str] | None = None, sample_inputs: tuple[str, ...] = ()
+) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding an estimator to :data:`ADVANTAGE_FNS` under ``name`` (names are unique).
 
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_FNS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_FNS[name] = fn
-        return fn
-
-    return deco
+    ``config_params`` maps its keyword parameters to the config fields that set them (``{"eps": "adv_eps"}``);
+    ``sample_inputs`` names per-sample fields it needs besides the rewards (passed as keyword sequences)."""
+    return ADVANTAGE_FNS.register(name, config_params=config_params, sample_inputs=sample_inputs)
 
 
 def _as_group(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -60,7 +61,7 @@ def group_is_degenerate(rewards: Sequence[float] | np.ndarray, atol: float = 0.0
     return bool(r.max() - r.min() <= atol)
 
 
-@register_advantage("mixed")
+@register_advantage("mixed", config_params={"alpha": "adv_alpha", "lam": "adv_lambda"})
 def mixed_group_advantages(rewards: Sequence[float] | np.ndarray, *, alpha: float, lam: float) -> np.ndarray:
     """``A_i = (R_i - mean(R)) / (alpha * std(R) + lam)`` with the population std.
 
@@ -83,7 +84,7 @@ def mixed_group_advantages(rewards: Sequence[float] | np.ndarray, *, alpha: floa
     return centered / denom
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", config_params={"eps": "adv_eps"})
 def grpo_advantages(rewards: Sequence[float] | np.ndarray, *, eps: float = 1e-6, ddof: int = 0) -> np.ndarray:
     """GRPO: ``(R_i - mean) / (std + eps)``. With ``ddof=1`` a group of one gets zero advantage (no spread)."""
     if not (np.isfinite(eps) and eps >= 0):
@@ -109,11 +110,7 @@ def drgrpo_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def compute_group_advantages(name: str, rewards: Sequence[float] | np.ndarray, **params: float) -> np.ndarray:
     """Advantages of one group with the estimator registered as ``name``."""
-    try:
-        fn = ADVANTAGE_FNS[name]
-    except KeyError:
-        raise KeyError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_FNS)}") from None
-    return fn(rewards, **params)
+    return ADVANTAGE_FNS.get_fn(name)(rewards, **params)
 
 
 def compute_advantages_by_group(
