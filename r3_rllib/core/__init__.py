@@ -12,6 +12,13 @@ from r3_rllib.core.advantages import (
     mixed_group_advantages,
     register_advantage,
 )
+from r3_rllib.core.hgpo import (
+    HGPO_SETTINGS,
+    discounted_returns,
+    hgpo_advantages,
+    hgpo_advantages_by_query,
+    hgpo_settings,
+)
 from r3_rllib.core.losses import (
     AGG_MODES,
     KL_KINDS,
@@ -46,6 +53,7 @@ __all__ = [
     "COMPACT_REFLECTION_TEMPLATE",
     "DEFAULT_REFLECTION_GUIDANCE",
     "DEFAULT_REFLECTION_TEMPLATE",
+    "HGPO_SETTINGS",
     "KL_KINDS",
     "LOSS_FNS",
     "ReflectionSettings",
@@ -54,6 +62,7 @@ __all__ = [
     "clipped_policy_loss",
     "compute_advantages_by_group",
     "compute_group_advantages",
+    "discounted_returns",
     "dominance_counts",
     "drgrpo_advantages",
     "entropy_from_logits",
@@ -62,6 +71,9 @@ __all__ = [
     "get_loss_fn",
     "group_is_degenerate",
     "grpo_advantages",
+    "hgpo_advantages",
+    "hgpo_advantages_by_query",
+    "hgpo_settings",
     "kl_penalty",
     "mixed_group_advantages",
     "rank_rewards",
