@@ -175,6 +175,24 @@ def test_kl_kinds_hand_computed():
         kl_penalty(logp, ref, "k4")
 
 
+def test_k3_is_clamped_at_ten_like_verl():
+    """d = ref - logp; k3 = e^d - d - 1 reaches 10 at d ~ 2.611 and d ~ -11.0. Inside, the value and gradient are
+    the unclamped ones; outside, the value is 10 with no gradient; a huge d (e^100 overflows fp32) stays finite."""
+    d = torch.tensor([2.6, 2.62, -10.99, -11.01, 100.0, -100.0])
+    logp = torch.zeros(6, requires_grad=True)
+    k3 = kl_penalty(logp, d, "k3")
+    e26, e_1099 = math.exp(2.6), math.exp(-10.99)
+    expected = [e26 - 3.6, 10.0, e_1099 + 9.99, 10.0, 10.0, 10.0]
+    torch.testing.assert_close(k3.detach(), torch.tensor(expected), rtol=1e-6, atol=1e-5)
+    k3.sum().backward()
+    # d k3 / d logp = -(e^d - 1) inside the clamp, 0 outside (and finite everywhere, not nan)
+    grad_inside = [-(e26 - 1.0), 0.0, -(e_1099 - 1.0), 0.0, 0.0, 0.0]
+    torch.testing.assert_close(logp.grad, torch.tensor(grad_inside), rtol=1e-6, atol=1e-6)
+    # k1 and k2 are not clamped
+    assert kl_penalty(logp.detach(), d, "k1")[4].item() == -100.0
+    assert kl_penalty(logp.detach(), d, "k2")[4].item() == 5000.0
+
+
 def test_truncated_importance_weights():
     prox = torch.tensor([0.0, math.log(3.0), math.log(0.5)], requires_grad=True)
     behav = torch.zeros(3)

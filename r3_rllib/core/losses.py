@@ -21,9 +21,11 @@ Clipping against the behaviour policy instead would clip almost every token of a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
+
+from r3_rllib.core.registry import Registry
 
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -135,15 +137,22 @@ def clipped_policy_loss(
 
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
 
+#: k3 clamps, as verl's ``low_var_kl``: the log-ratio ``ref - logp`` to +-20 before ``exp`` (e^20 ~ 4.9e8 stays finite
+#: in fp32/bf16; e^89 overflows fp32 to inf and its backward to nan), then the k3 value to +-10.
+K3_LOG_RATIO_CLAMP = 20.0
+K3_VALUE_CLAMP = 10.0
+
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled-token log-probs (Schulman's k1/k2/k3).
 
     - ``"k1"``: ``logp - ref`` (unbiased, can be negative, high variance);
     - ``"k2"``: ``0.5 * (logp - ref)^2`` (biased, low variance, its gradient is the true KL's gradient to first order);
-    - ``"k3"``: ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, always >= 0).
-
-    No clamping is applied; callers that fear overflow of ``exp`` in k3 can clamp ``ref - logp`` themselves.
+    - ``"k3"``: ``exp(d) - d - 1`` with ``d = clamp(ref - logp, -20, 20)``, then clamped to ``[-10, 10]`` (unbiased
+      before the clamps, always >= 0). The clamps follow verl's ``low_var_kl``: one token the policy has moved far
+      from the reference (``d`` of a few units gives ``e^d`` in the tens, and ``e^d`` grows without bound) would
+      otherwise dominate the batch's KL term and its gradient; a clamped token contributes 10 and no gradient. The
+      k3 value reaches 10 at ``d ~ 2.611`` and ``d ~ -11.0``.
     """
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     if kind == "k1":
@@ -151,8 +160,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     if kind == "k2":
         return 0.5 * (logprobs - ref_logprobs) ** 2
     if kind == "k3":
-        d = ref_logprobs - logprobs
-        return torch.exp(d) - d - 1.0
+        d = torch.clamp(ref_logprobs - logprobs, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+        return torch.clamp(torch.exp(d) - d - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
     raise ValueError(f"unknown KL kind {kind!r}; known: {list(KL_KINDS)}")
 
 
@@ -184,28 +193,29 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
-#: Name -> policy loss ``fn(logprobs, old_logprobs, advantages, mask, **kwargs) -> (loss, metrics)``.
-LOSS_FNS: dict[str, LossFn] = {}
+#: Name -> policy loss ``fn(logprobs, old_logprobs, advantages, mask, *, is_weights, **params) -> (loss, metrics)``,
+#: with the config fields each reads its parameters from (see :mod:`r3_rllib.core.registry`). The learner calls
+#: the one named by the config's ``policy_loss``.
+LOSS_FNS = Registry("policy loss")
 
 
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    """Decorator adding a policy loss to :data:`LOSS_FNS` under ``name`` (names are unique)."""
-
-    def deco(fn: LossFn) -> LossFn:
-        if name in LOSS_FNS:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        LOSS_FNS[name] = fn
-        return fn
-
-    return deco
+def register_loss(name: str, *, config_params: Mapping[str, str] | None = None) -> Callable[[LossFn], LossFn]:
+    """Decorator adding a policy loss to :data:`LOSS_FNS` under ``name`` (names are unique); ``config_params``
+    maps its keyword parameters to config fields."""
+    return LOSS_FNS.register(name, config_params=config_params)
 
 
-register_loss("clipped_pg")(clipped_policy_loss)
+register_loss(
+    "clipped_pg",
+    config_params={
+        "clip_low": "clip_low",
+        "clip_high": "clip_high",
+        "agg_mode": "loss_agg_mode",
+        "norm_len": "max_new_tokens",
+    },
+)(clipped_policy_loss)
 
 
 def get_loss_fn(name: str) -> LossFn:
     """The policy loss registered as ``name``."""
-    try:
-        return LOSS_FNS[name]
-    except KeyError:
-        raise KeyError(f"unknown policy loss {name!r}; known: {sorted(LOSS_FNS)}") from None
+    return LOSS_FNS.get_fn(name)
