@@ -88,6 +88,9 @@ class R3Settings:
     """PPO ratio clip above: 1 + clip_high (DAPO's clip-higher; equal to clip_low for symmetric PPO)."""
     loss_agg_mode: str = "token-mean"
     """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum-norm' (Dr.GRPO; normalised by max_new_tokens)."""
+    policy_loss: str = "clipped_pg"
+    """Name in r3_rllib.core.losses.LOSS_FNS: 'clipped_pg' (PPO/DAPO clipped surrogate), or one added with
+    register_loss (its parameters come from the config fields it declares)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
     kl_type: str = "k3"
@@ -109,8 +112,9 @@ class R3Settings:
     different devices (or CPU cores)."""
     fsdp: bool | None = None
     """Shard the policy with FSDP2 across learners; None: on when num_learners > 1."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward (long responses on GPUs)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in backward (cuts the learner's memory by most of the activations, costs about one more
+    forward). None: on for a pretrained model (`model_path` set), off for the shipped tiny model."""
     learner_entropy: bool = True
     """Log learner/entropy (mean entropy of the policy's next-token distributions over the trained tokens). It costs a
     no-grad softmax over the whole vocabulary at every position: off for large vocabularies, where
@@ -312,8 +316,19 @@ class R3Config(AlgorithmConfig):
             errors.append(f"replay_priority must be one of {sorted(PRIORITY_FNS)}, got {self.replay_priority!r}")
         from r3_rllib.core.advantages import ADVANTAGE_FNS
 
-        if self.advantage_estimator not in ADVANTAGE_FNS:
-            errors.append(f"advantage_estimator must be one of {sorted(ADVANTAGE_FNS)}")
+        from r3_rllib.core.losses import LOSS_FNS
+
+        for kind, name, registry in (
+            ("advantage_estimator", self.advantage_estimator, ADVANTAGE_FNS),
+            ("policy_loss", self.policy_loss, LOSS_FNS),
+        ):
+            if name not in registry:
+                errors.append(f"{kind} must be one of {sorted(registry)}, got {name!r}")
+            else:
+                try:
+                    registry.params_from(name, self)
+                except ValueError as e:
+                    errors.append(str(e))
         if errors:
             raise ValueError("Invalid R3Config: " + "; ".join(errors))
 

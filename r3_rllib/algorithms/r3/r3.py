@@ -22,6 +22,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
+from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
 
@@ -166,13 +167,8 @@ class R3(Algorithm):
 
     def _active_switches(self) -> R3Switches:
         cfg = self.config
-        params: dict[str, Any]
-        if cfg.advantage_estimator == "mixed":
-            params = {"alpha": cfg.adv_alpha, "lam": cfg.adv_lambda}
-        elif cfg.advantage_estimator == "grpo":
-            params = {"eps": cfg.adv_eps}
-        else:
-            params = {}
+        # Each estimator declares the config fields it reads (core/registry.py): no per-estimator branch here.
+        params = ADVANTAGE_FNS.params_from(cfg.advantage_estimator, cfg)
         return R3Switches(
             replay=cfg.replay and self._dataset_epoch >= cfg.replay_start_epoch,
             replay_k=cfg.replay_k,
