@@ -252,3 +252,12 @@ def test_bad_input_errors():
         _adv(base_group=False, step_groups=False)
     with pytest.raises(ValueError, match="at least one step"):
         hgpo_advantages(obs_keys=[], traj_ids=[], step_indices=[], step_returns=[])
+
+
+def test_registry_call_shape():
+    from r3_rllib.core.hgpo import HGPO_SAMPLE_INPUTS, hgpo_group_advantages
+
+    rewards = [0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    inputs = dict(zip(HGPO_SAMPLE_INPUTS, (KEYS, TRAJ, STEP), strict=True))
+    got = hgpo_group_advantages(rewards, gamma=0.9, history_length=1, mode="mean_norm", **inputs)
+    np.testing.assert_allclose(got, _adv(history_length=1, mode="mean_norm"))

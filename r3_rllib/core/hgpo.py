@@ -29,8 +29,9 @@ Named settings (:data:`HGPO_SETTINGS`): ``"episode_grpo"`` is the base group alo
 the episode's GRPO advantage); ``"gigpo"`` is ``k = 1`` plus the base group (a normalised weighted mean, where
 GiGPO itself adds the two with a coefficient: the same direction, another scale); ``"hgpo"`` is the full hierarchy.
 
-The estimator is not in :data:`r3_rllib.core.advantages.ADVANTAGE_FNS`: those take one group's rewards only, and
-HGPO needs each step's observation key, trajectory and step index.
+:func:`hgpo_group_advantages` has the call shape of :data:`r3_rllib.core.advantages.ADVANTAGE_FNS` entries
+(``fn(rewards, **params, **sample_inputs)``, the per-sample inputs named by :data:`HGPO_SAMPLE_INPUTS`); it is not
+registered here because the config has no HGPO fields yet and the single-step trainer passes no per-step inputs.
 """
 
 from __future__ import annotations
@@ -312,6 +313,25 @@ def hgpo_advantages(
     total = w.sum(axis=1)
     num = np.where(used, a, 0.0) @ weights
     return np.divide(num, total, out=np.zeros_like(total), where=total > 0)
+
+
+#: Per-step fields :func:`hgpo_group_advantages` needs besides the rewards (a registry's ``sample_inputs``).
+HGPO_SAMPLE_INPUTS: tuple[str, ...] = ("obs_keys", "traj_ids", "step_indices")
+
+
+def hgpo_group_advantages(
+    rewards: Sequence[float] | np.ndarray,
+    *,
+    obs_keys: Sequence[Hashable],
+    traj_ids: Sequence[Hashable],
+    step_indices: Sequence[int],
+    **options: Any,
+) -> np.ndarray:
+    """:func:`hgpo_advantages` in the advantage registry's call shape: ``rewards`` are the per-step rewards of
+    one query's steps (returns follow from ``gamma`` in ``options``, default 1)."""
+    return hgpo_advantages(
+        obs_keys=obs_keys, traj_ids=traj_ids, step_indices=step_indices, step_rewards=rewards, **options
+    )
 
 
 def hgpo_advantages_by_query(
