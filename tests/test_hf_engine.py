@@ -49,11 +49,11 @@ def shipped():
     return load_tiny(default_tiny_model_path())
 
 
-def forward_scores(model, prompt, tokens):
-    """Log-probs of ``tokens`` and entropies, from one forward pass over prompt + tokens."""
+def forward_scores(model, prompt, tokens, temperature=1.0):
+    """Log-probs of ``tokens`` and entropies under softmax(logits / temperature), from one forward pass."""
     ids = torch.tensor([list(prompt) + list(tokens)])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
     return lp.numpy(), (-(logp.exp() * logp).sum(-1)).numpy()
@@ -76,6 +76,15 @@ def test_logprobs_and_entropy_hand_computed():
     lp, ent = logprobs_and_entropy(logits, torch.tensor([1, 0]))
     assert lp.tolist() == pytest.approx([math.log(0.25), math.log(1 / 3)], abs=1e-6)
     assert ent.tolist() == pytest.approx([1.5 * math.log(2), math.log(3)], abs=1e-6)
+    # T = 0.5 squares the probabilities before renormalising: (0.25, 0.0625, 0.0625) / 0.375 = (2/3, 1/6, 1/6).
+    lp, ent = logprobs_and_entropy(logits, torch.tensor([1, 0]), 0.5)
+    assert lp.tolist() == pytest.approx([math.log(1 / 6), math.log(1 / 3)], abs=1e-6)
+    expected = -(2 / 3 * math.log(2 / 3) + 2 * (1 / 6) * math.log(1 / 6))
+    assert ent.tolist() == pytest.approx([expected, math.log(3)], abs=1e-6)
+    # Temperature 0 (greedy) reports the untempered distribution.
+    assert logprobs_and_entropy(logits, torch.tensor([1, 0]), 0.0)[0].tolist() == pytest.approx(
+        [math.log(0.25), math.log(1 / 3)], abs=1e-6
+    )
 
 
 def test_shapes_and_n_samples(model, tok, prompts):
@@ -97,8 +106,8 @@ def test_logprobs_and_entropies_match_a_forward_pass(model, tok, prompts):
     params = SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=20, seed=1)
     for prompt, group in zip(prompts, engine.generate(prompts, 2, params), strict=True):
         for c in group:
-            lp, ent = forward_scores(model, prompt, c.token_ids)
-            # Raw distribution: temperature, top-k and top-p do not enter the reported numbers.
+            lp, ent = forward_scores(model, prompt, c.token_ids, temperature=0.7)
+            # The tempered distribution before truncation: top-k and top-p do not enter the reported numbers.
             np.testing.assert_allclose(c.logprobs, lp, atol=1e-4)
             np.testing.assert_allclose(c.entropies, ent, atol=1e-4)
 

@@ -7,7 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from r3_rllib.algorithms.r3.learner import token_budget_chunks, token_logprobs
+from r3_rllib.algorithms.r3.learner import (
+    PeakMemory,
+    token_budget_chunks,
+    token_logprobs,
+    use_gradient_checkpointing,
+)
 from r3_rllib.core.losses import entropy_from_logits
 
 
@@ -31,6 +36,94 @@ def test_token_logprobs_match_log_softmax_and_entropies_are_optional(tiny_random
     lp_only, none = token_logprobs(model, input_ids, attention_mask)
     assert none is None
     torch.testing.assert_close(lp_only, lp)
+
+
+class _NoHeadSwap(torch.nn.Module):
+    """A causal LM whose forward takes no ``logits_to_keep``: token_logprobs must fall back to full logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+
+
+def test_response_only_tempered_scoring_matches_full_logits_with_gradients(tiny_random_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_model, torch_dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[2, 7:] = 0  # right padding, as pack_samples builds it
+    mask = torch.zeros((3, 8), dtype=torch.bool)
+    mask[0, 3:8] = True
+    mask[1, 5:7] = True
+    mask[2, 2:6] = True  # 11 scored positions
+    temperature = 0.6
+    weights = torch.randn((3, 8), generator=g)
+
+    def reference_grads():
+        model.zero_grad()
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logp = torch.log_softmax(logits / temperature, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        (logp * mask * weights).sum().backward()
+        return logp.detach() * mask, entropy_from_logits(logits.detach() / temperature) * mask, _grads(model)
+
+    def _grads(m):
+        return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    want_lp, want_ent, want_grads = reference_grads()
+    # chunk=4 scores the 11 positions in 3 checkpointed chunks; 1024 in one; the wrapper takes the fallback path.
+    for scored, chunk in ((model, 4), (model, 1024), (_NoHeadSwap(model), 4)):
+        model.zero_grad()
+        lp, ent = token_logprobs(
+            scored,
+            input_ids,
+            attention_mask,
+            response_mask=mask,
+            temperature=temperature,
+            with_entropy=True,
+            chunk=chunk,
+        )
+        (lp * weights).sum().backward()
+        torch.testing.assert_close(lp.detach(), want_lp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=1e-5)
+        assert bool((lp.detach()[~mask] == 0).all()) and bool((ent[~mask] == 0).all())
+        got = _grads(model)
+        assert got.keys() == want_grads.keys()
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(got[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # The head is the model's own again after every call.
+    assert "forward" not in vars(model.get_output_embeddings())
+
+
+def test_token_logprobs_rejects_bad_arguments(tiny_random_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_model, torch_dtype=torch.float32)
+    ids = torch.zeros((2, 5), dtype=torch.long)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(model, ids, torch.ones_like(ids), temperature=0.0)
+    with pytest.raises(ValueError, match=r"response_mask must have shape \(2, 4\)"):
+        token_logprobs(model, ids, torch.ones_like(ids), response_mask=torch.ones((2, 5), dtype=torch.bool))
+
+
+def test_gradient_checkpointing_defaults_on_for_pretrained_models():
+    assert use_gradient_checkpointing(None, "HuggingFaceTB/SmolLM2-135M-Instruct") is True
+    assert use_gradient_checkpointing(None, None) is False  # the shipped tiny model
+    assert use_gradient_checkpointing(False, "some/model") is False
+    assert use_gradient_checkpointing(True, None) is True
+
+
+def test_peak_memory_restarts_at_each_reset():
+    peak = PeakMemory("cpu")
+    peak.reset()
+    base = peak.read()["peak_rss_gb"]
+    block = torch.ones(50_000_000)  # 200 MB, written, so resident
+    del block
+    high = peak.read()["peak_rss_gb"]
+    assert high - base > 0.15
+    peak.reset()
+    if peak.per_call:  # Linux: the peak restarts from the current (smaller) resident size
+        assert peak.read()["peak_rss_gb"] < high - 0.1
 
 
 def test_token_budget_chunks_pack_longest_first_within_the_budget():

@@ -42,10 +42,15 @@ class SamplingParams:
 class Completion:
     """One sampled response.
 
-    ``logprobs[t]`` is the log-probability of ``token_ids[t]`` under the sampling policy *before* temperature and
-    top-p (the quantity the learner recomputes); ``entropies[t]`` is the entropy of that full next-token distribution
-    (exact for the HF engine, an estimate from the top-k log-probs for vLLM). ``token_ids`` include the stop token
-    when generation stopped on one.
+    ``logprobs[t]`` is the log-probability of ``token_ids[t]`` under the tempered distribution the engine sampled
+    from, softmax(logits / temperature) over the whole vocabulary, taken *before* top-k/top-p truncation (the
+    quantity the learner recomputes: it divides its logits by the same temperature, so with no update in between
+    the importance weight is 1). ``entropies[t]`` is the entropy of that same tempered, untruncated distribution
+    (exact for the HF engine, an estimate from the top-k log-probs for vLLM). Greedy decoding (temperature 0)
+    reports the untempered distribution. One exception: vLLM with top-p < 1 or top-k on reports its log-probs after
+    truncation (renormalised over the kept tokens, so each is log(kept mass) >= 0 above the untruncated one): vLLM
+    exposes no tempered-but-untruncated log-probs (see ``vllm_engine``). ``token_ids`` include the stop token when
+    generation stopped on one.
     """
 
     prompt_ids: list[int]

@@ -1,9 +1,9 @@
 """Generation with a Hugging Face transformers model: the CPU engine and the reference for every other engine.
 
-A hand-written decode loop instead of ``model.generate``: the loop sees the raw logits of each step, so it returns the
-sampled tokens' log-probabilities under the *unprocessed* distribution (what the learner recomputes) and the exact
-entropy of that distribution at no extra cost, and it prefills each distinct prompt once before fanning out to its
-``n`` samples.
+A hand-written decode loop instead of ``model.generate``: the loop sees the logits of each step, so it returns the
+sampled tokens' log-probabilities under the tempered distribution softmax(logits / T) *before* top-k/top-p (what the
+learner recomputes) and the exact entropy of that distribution at no extra cost, and it prefills each distinct prompt
+once before fanning out to its ``n`` samples.
 
 Batches are left-padded; position ids count only real tokens, so a padded prompt produces the same numbers as the
 same prompt alone.
@@ -70,9 +70,18 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of ``tokens`` and the entropy of the full distribution, both from raw ``[B, V]`` logits."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+def logprobs_and_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of ``tokens`` and the entropy of the full distribution softmax(logits / temperature), from
+    ``[B, V]`` logits before top-k/top-p. Temperature 0 (greedy) reports the untempered distribution: its limit is
+    a point mass that says nothing, and greedy samples are for evaluation, never trained on."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(dim=-1)
     return logp.gather(-1, tokens[:, None]).squeeze(-1), entropy
 
@@ -231,7 +240,7 @@ class HFEngine(GenerationEngine):
         active = torch.arange(batch, device=self.device)
         for step in range(steps):
             tokens = sample_next(logits, params, generator)
-            lp, ent = logprobs_and_entropy(logits, tokens)
+            lp, ent = logprobs_and_entropy(logits, tokens, params.temperature)
             tok[active, step] = tokens
             lps[active, step] = lp
             ents[active, step] = ent

@@ -5,13 +5,20 @@ works, including the character tokenizer of the tiny models; completions are dec
 
 Per-token data:
 
-- ``logprobs``: the sampled token's log-probability as vLLM reports it with ``logprobs_mode="raw_logprobs"``
-  (its default): the model's distribution before temperature, top-k and top-p, the quantity the learner recomputes.
-- ``entropies``: an *estimate* of the full distribution's entropy from the top-K log-probs vLLM returns (plus the
-  sampled token when it is outside the top K). With ``p_i`` those probabilities and ``r = 1 - sum_i p_i`` the mass
-  vLLM did not report, the estimate is ``-sum_i p_i log p_i - r log r``: the leftover mass counts as one bucket.
-  It is exact when the reported tokens cover the vocabulary and otherwise a lower bound (merging tokens never raises
-  entropy); for peaked LLM distributions and K = 20 it is close.
+- ``logprobs``: the sampled token's log-probability as vLLM reports it with ``logprobs_mode="processed_logprobs"``:
+  log-softmax of the logits after temperature (and after top-k/top-p, see below), the distribution the token was
+  sampled from. The learner divides its logits by the same temperature, so the two agree (vLLM's default,
+  ``"raw_logprobs"``, is the untempered distribution: at T = 0.6 a different one). In vLLM 0.32 "processed" means
+  after *every* sampling step: with top-p < 1 or top-k on, the log-probs are renormalised over the kept tokens and
+  vLLM offers no mode that is tempered but untruncated (raw modes are untempered; the normaliser of the tempered
+  distribution over the whole vocabulary cannot be rebuilt from the top-K). So with truncation the engine reports
+  vLLM's truncated values, each log(kept mass) >= 0 above the untruncated one, and warns once; without truncation
+  (every shipped config) they are exactly the tempered, untruncated log-probs the HF engine reports.
+- ``entropies``: an *estimate* of the entropy of the same (tempered) distribution from the top-K log-probs vLLM
+  returns (plus the sampled token when it is outside the top K). With ``p_i`` those probabilities and
+  ``r = 1 - sum_i p_i`` the mass vLLM did not report, the estimate is ``-sum_i p_i log p_i - r log r``: the leftover
+  mass counts as one bucket. It is exact when the reported tokens cover the vocabulary and otherwise a lower bound
+  (merging tokens never raises entropy); for peaked LLM distributions and K = 20 it is close.
 
 vLLM is imported lazily, so ``import r3_rllib.engines`` works without it.
 """
@@ -158,6 +165,7 @@ class VLLMEngine(GenerationEngine):
         self._weights_awake = True
         self._weights_dropped = False
         self._version = 0
+        self._warned_truncation = False
 
         try:
             import vllm
@@ -173,6 +181,8 @@ class VLLMEngine(GenerationEngine):
             tensor_parallel_size=tensor_parallel_size,
             seed=seed,
             max_logprobs=max(self.logprobs_k, 20),
+            # Log-probs of the tempered distribution the tokens were sampled from (see the module docstring).
+            logprobs_mode="processed_logprobs",
         )
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
@@ -235,6 +245,15 @@ class VLLMEngine(GenerationEngine):
             rng = np.random.default_rng(params.seed)
             seeds = [int(s) for s in rng.integers(0, 2**31 - n, size=len(prompts))]
         stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        truncated = params.temperature > 0 and (params.top_p < 1.0 or params.top_k > 0)
+        if truncated and not self._warned_truncation:
+            warnings.warn(
+                "VLLMEngine with top_p < 1 or top_k > 0 reports vLLM's log-probs after truncation (renormalised over "
+                "the kept tokens), not the untruncated tempered ones the learner recomputes: the importance weight "
+                "of fresh samples is then below 1 by the kept mass",
+                stacklevel=2,
+            )
+            self._warned_truncation = True
         sampling = [
             self._vllm.SamplingParams(
                 n=n,

@@ -12,6 +12,7 @@ and a run restored with the same number of learners continues bit-for-bit.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -27,10 +28,17 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 from ray.rllib.utils.framework import get_device
+from torch.utils.checkpoint import checkpoint
 
 from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.algorithms.r3.weight_sync import pack_weights
-from r3_rllib.core.losses import aggregate_loss, clipped_policy_loss, kl_penalty, truncated_importance_weights
+from r3_rllib.core.losses import (
+    aggregate_loss,
+    clipped_policy_loss,
+    entropy_from_logits,
+    kl_penalty,
+    truncated_importance_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,25 +108,173 @@ def pack_samples(samples: Sequence[Sample], pad_id: int, device) -> dict[str, to
     }
 
 
-def token_logprobs(model, input_ids, attention_mask, *, with_entropy: bool = False, chunk: int = 1024):
-    """Log-probs of each next token (and optionally the entropy of each next-token distribution), fp32.
+def _head_swap_supported(model) -> bool:
+    """Whether `model.forward` ends in ``lm_head(hidden_states[:, slice])`` and nothing after it that changes the
+    logits (the transformers causal LMs that take ``logits_to_keep``; soft-capped or scaled logits do not qualify),
+    so the head can be replaced for one call by the response-only scoring below."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        return False
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        return False
+    cfg = getattr(model, "config", None)
+    text_cfg = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
+        if getattr(text_cfg, name, None) not in (None, 1, 1.0):
+            return False
+    return True
 
-    `log p = logit[token] - logsumexp(logits)` keeps one fp32 copy of the logits (for logsumexp's backward) instead
-    of that copy plus a full log-softmax (for a 1.5B model, 151k x 8k positions are ~5 GB each in fp32);
-    entropies are computed without gradients in chunks of `chunk` positions.
+
+def _score_rows(
+    head_fn, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `targets` [N] (and no-grad entropies) under softmax(head_fn(hidden) / temperature), `hidden`
+    [N, H], `chunk` rows at a time.
+
+    With gradients and more than one chunk each chunk runs under activation checkpointing: autograd then keeps only
+    the chunk's hidden rows and recomputes its [chunk, V] logits in backward, so the fp32 logits of all scored
+    positions (5 GB for 8k positions of a 151k vocabulary) never exist at once.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    logp = torch.gather(logits, -1, targets).squeeze(-1).float() - torch.logsumexp(logits.float(), dim=-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            parts = []
-            for start in range(0, logits.shape[1], chunk):
-                lp = torch.log_softmax(logits[:, start : start + chunk].float(), dim=-1)
-                parts.append(-(lp.exp() * lp).sum(-1))
-            entropy = torch.cat(parts, dim=1)
+    entropies: dict[int, torch.Tensor] = {}
+
+    def one(k: int, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = head_fn(h).float() / temperature
+        # Entropies once per chunk, not again when checkpointing recomputes the chunk in backward.
+        if with_entropy and k not in entropies:
+            with torch.no_grad():
+                entropies[k] = entropy_from_logits(logits)
+        # log p = z_t - logsumexp(z): no full log-softmax tensor next to the logits.
+        return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    n = hidden.shape[0]
+    starts = list(range(0, n, chunk)) or [0]
+    recompute = torch.is_grad_enabled() and len(starts) > 1
+    parts = []
+    for k, s in enumerate(starts):
+        h, t = hidden[s : s + chunk], targets[s : s + chunk]
+        if recompute:
+            parts.append(checkpoint(one, k, h, t, use_reentrant=False))
+        else:
+            parts.append(one(k, h, t))
+    logp = torch.cat(parts)
+    entropy = torch.cat([entropies[k] for k in range(len(starts))]) if with_entropy else None
     return logp, entropy
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    response_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of each next token under softmax(logits / temperature) (and optionally the entropy of each of
+    those next-token distributions, without gradients), fp32, shape ``[B, T - 1]``.
+
+    ``logp[b, t]`` scores ``input_ids[b, t + 1]``. Only positions where ``response_mask`` (``[B, T - 1]`` bool) is
+    set are scored; the others are 0 (entropy 0). ``temperature`` is the rollout's sampling temperature: the
+    engines sample from (and report) the tempered distribution, so the learner's ratio and importance weight must
+    be taken under the same one (as verl does).
+
+    The LM head runs only on the scored positions, ``chunk`` positions at a time (see `_score_rows`): for a
+    SmolLM2-sized model the [B, T, V] fp32 logits of a whole batch were most of the learner's memory. The head is
+    swapped for one call inside the model's own forward (not called from outside), so an FSDP2-sharded root, which
+    gathers the head/embedding weights around its forward, needs nothing special. Models whose forward changes the
+    logits after the head fall back to full logits, scored with the same selection.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    batch, width = input_ids.shape
+    if response_mask is None:
+        response_mask = torch.ones((batch, width - 1), dtype=torch.bool, device=input_ids.device)
+    elif tuple(response_mask.shape) != (batch, width - 1):
+        raise ValueError(
+            f"response_mask must have shape {(batch, width - 1)} (one entry per scored position), "
+            f"got {tuple(response_mask.shape)}"
+        )
+    mask = response_mask.bool()
+    targets = input_ids[:, 1:][mask]
+    result: dict[str, Any] = {}
+
+    if _head_swap_supported(model):
+        head = model.get_output_embeddings()
+        head_fn = head.forward
+
+        def scoring_head(hidden: torch.Tensor) -> torch.Tensor:
+            result["lp"], result["ent"] = _score_rows(
+                head_fn, hidden[:, :-1][mask], targets, temperature, chunk, with_entropy
+            )
+            return result["lp"]
+
+        head.forward = scoring_head  # an instance attribute shadows the class's forward for this one call
+        try:
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=0)
+        finally:
+            del head.forward
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        result["lp"], result["ent"] = _score_rows(
+            lambda x: x, logits[:, :-1][mask], targets, temperature, chunk, with_entropy
+        )
+    zeros = torch.zeros((batch, width - 1), dtype=torch.float32, device=input_ids.device)
+    logp = zeros.masked_scatter(mask, result["lp"])
+    entropy = zeros.masked_scatter(mask, result["ent"]) if with_entropy else None
+    return logp, entropy
+
+
+def use_gradient_checkpointing(setting: bool | None, model_path: str | None) -> bool:
+    """The ``gradient_checkpointing`` config value resolved: None means on for a pretrained model (``model_path``
+    set), where activations of every layer are most of the learner's memory, and off for the shipped tiny model,
+    where recomputing them only costs time."""
+    return bool(setting) if setting is not None else model_path is not None
+
+
+class PeakMemory:
+    """Peak memory of this process between :meth:`reset` and :meth:`read`: resident set size on CPU (Linux's
+    ``VmHWM``, reset through ``/proc/self/clear_refs``; elsewhere the lifetime peak from ``getrusage``) and
+    ``torch.cuda.max_memory_allocated`` on a GPU."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.per_call = (
+            False  # whether the RSS peak restarts at each reset (else it is the process lifetime's)
+        )
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # "5" resets the peak RSS (VmHWM) to the current RSS
+            self.per_call = True
+        except OSError:
+            self.per_call = False
+
+    def read(self) -> dict[str, float]:
+        out = {"peak_rss_gb": _peak_rss_bytes() / 1e9}
+        if self.cuda:
+            out["peak_gpu_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        return out
+
+
+def _peak_rss_bytes() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return float(peak) if sys.platform == "darwin" else float(peak) * 1024  # bytes on macOS, kB on Linux
 
 
 def minibatch_plan(n: int, num_minibatches: int, seed: int) -> list[np.ndarray]:
@@ -172,8 +328,12 @@ class R3Learner(TorchLearner):
         self._world = dist.get_world_size() if dist.is_initialized() else 1
         self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device))
         policy = self.policy
-        if self.config.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
+        if use_gradient_checkpointing(self.config.gradient_checkpointing, self.config.model_path):
+            # Non-reentrant: the variant that works under FSDP2 and with inputs that need no grad.
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # The engines sample from softmax(logits / T) and report log-probs of that distribution; the learner scores
+        # under the same one. T = 0 (greedy) is for evaluation only and is never trained on: score at T = 1 then.
+        self._temperature = float(self.config.temperature) if self.config.temperature > 0 else 1.0
         if self._world > 1 and self.config.use_fsdp:
             self._shard(policy)
         elif self._dtype != torch.float32:
@@ -184,6 +344,7 @@ class R3Learner(TorchLearner):
         self._reference = self._load_reference() if self.config.kl_coef > 0 else None
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
         self._policy_version = 0
+        self._peak_memory = PeakMemory(self._device)
         self._is_built = True
 
     @property
@@ -224,6 +385,7 @@ class R3Learner(TorchLearner):
         samples: list[Sample] = ray.get(batch) if isinstance(batch, ray.ObjectRef) else batch
         cfg = self.config
         t0 = time.perf_counter()
+        self._peak_memory.reset()
         policy = self.policy
         policy.train()
         # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
@@ -254,6 +416,8 @@ class R3Learner(TorchLearner):
         metrics["update_s"] = elapsed
         metrics["trained_tokens"] = float(trained_tokens)
         metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
+        # The largest learner process is the one that meets a memory limit first.
+        metrics |= self._all_reduce_max(self._peak_memory.read())
         self._policy_version += 1
         return metrics
 
@@ -289,16 +453,28 @@ class R3Learner(TorchLearner):
             for chunk in self._micro_chunks(mb, samples):
                 idx, real = self._chunk_or_dummy(chunk)
                 packed = pack_samples([samples[i] for i in idx], self._pad_id, self._device)
-                lp, _ = token_logprobs(self.policy, packed["input_ids"], packed["attention_mask"])
+                lp, _ = self._score(self.policy, packed)
                 rlp = None
                 if self._reference is not None:
-                    rlp, _ = token_logprobs(self._reference, packed["input_ids"], packed["attention_mask"])
+                    rlp, _ = self._score(self._reference, packed)
                 if real:
                     for j, i in enumerate(idx):
                         old[int(i)] = lp[j]
                         if rlp is not None:
                             ref[int(i)] = rlp[j]
         return old, ref
+
+    def _score(self, model, packed, *, with_entropy: bool = False):
+        # The KL reference is scored at the rollout temperature too (as verl does): the penalty then compares two
+        # distributions of the same shape, and at T = 1 nothing changes.
+        return token_logprobs(
+            model,
+            packed["input_ids"],
+            packed["attention_mask"],
+            response_mask=packed["response_mask"],
+            temperature=self._temperature,
+            with_entropy=with_entropy,
+        )
 
     def _chunk_or_dummy(self, chunk: np.ndarray) -> tuple[np.ndarray, bool]:
         # An empty chunk still runs one forward/backward (on sample 0, weighted 0) to keep collectives in step.
@@ -329,9 +505,7 @@ class R3Learner(TorchLearner):
             packed = pack_samples(chunk_samples, self._pad_id, self._device)
             mask = packed["response_mask"]
             width = mask.shape[1]
-            logp, entropy = token_logprobs(
-                policy, packed["input_ids"], packed["attention_mask"], with_entropy=cfg.learner_entropy
-            )
+            logp, entropy = self._score(policy, packed, with_entropy=cfg.learner_entropy)
             if old_lp is not None and real:
                 old = torch.stack([_fit(old_lp[int(i)], width) for i in idx])
             else:  # single optimizer step (or a padding chunk): the proximal policy is the current one
@@ -356,9 +530,7 @@ class R3Learner(TorchLearner):
             if self._reference is not None:
                 if ref_lp is None:
                     with torch.no_grad():
-                        ref, _ = token_logprobs(
-                            self._reference, packed["input_ids"], packed["attention_mask"]
-                        )
+                        ref, _ = self._score(self._reference, packed)
                 elif real:
                     ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx])
                 else:
@@ -392,6 +564,14 @@ class R3Learner(TorchLearner):
         reduced = self._all_reduce_sum(acc)
         reduced["grad_norm"] = float(grad_norm)
         return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
+
+    def _all_reduce_max(self, values: dict[str, float]) -> dict[str, float]:
+        if self._world == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return dict(zip(keys, t.tolist(), strict=True))
 
     def _all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
         if self._world == 1:
