@@ -1,0 +1,245 @@
+"""The multi-step text gridworld (r3_rllib/envs/gridworld.py)."""
+
+import itertools
+
+import pytest
+
+from r3_rllib.envs.gridworld import (
+    MOVES,
+    GridLayout,
+    GridWorldEnv,
+    expert_move,
+    expert_sft_pairs,
+    generate_layout,
+    parse_move,
+    solve,
+)
+from r3_rllib.models.tiny import CHARACTERS
+
+# Hand-made 3x3 maze (border included): start bottom-left, goal top-right, a wall in the middle.
+#   #####
+#   #..G#     row 1
+#   #.#.#     row 2
+#   #@..#     row 3
+#   #####
+SMALL = GridLayout(seed=-1, rows=("#####", "#...#", "#.#.#", "#...#", "#####"), start=(3, 1), goal=(1, 3))
+
+
+def _brute_force_shortest(layout: GridLayout, limit: int = 8) -> int:
+    """Shortest number of moves by trying every move sequence (independent of the BFS)."""
+    for n in range(limit + 1):
+        for seq in itertools.product(MOVES, repeat=n):
+            cell = layout.start
+            for m in seq:
+                cell = layout.moved(cell, m)
+            if cell == layout.goal:
+                return n
+    raise AssertionError("no path within the limit")
+
+
+def test_parse_move_lenient():
+    assert parse_move("up") == "up"
+    assert parse_move("  Right<eos>") == "right"
+    assert parse_move("I go north") == "up"
+    assert parse_move("w") == "left"
+    assert parse_move("go  down then up") == "down"
+    assert parse_move("jump") is None
+    assert parse_move("") is None
+    assert parse_move("upward") is None  # not a move word
+
+
+def test_observation_view_and_offset():
+    assert SMALL.observation((3, 1)) == "#.#/#@./### +2,-2"
+    assert SMALL.observation((1, 2)) == "###/.@G/.#. +1,0"
+    assert SMALL.render((3, 1)).splitlines()[1] == "#..G#"
+
+
+def test_walls_bump_and_goal_terminates():
+    ep = GridWorldEnv(num_queries=1).episode("grid:5:0")
+    ep.layout = SMALL
+    ep.cell = SMALL.start
+    prompt, reward, term, trunc, info = ep.step("left")  # wall
+    assert info["bumped"] and ep.cell == (3, 1) and reward == 0.0 and not term and not trunc
+    assert prompt.splitlines()[0] == "#.#/#@./### +2,-2:left"
+    for move in ("right", "right", "up"):
+        prompt, reward, term, trunc, info = ep.step(move)
+        assert reward == 0.0 and not term
+    prompt, reward, term, trunc, info = ep.step("up")
+    assert (reward, term, trunc, prompt, info["correct"], info["obs_key"]) == (
+        1.0,
+        True,
+        False,
+        "",
+        True,
+        None,
+    )
+    with pytest.raises(RuntimeError, match="over"):
+        ep.step("up")
+
+
+def test_invalid_action_stays_counts_and_truncates():
+    env = GridWorldEnv(num_queries=3, max_steps=2)
+    prompt, info = env.reset(options={"query_id": env.query_ids[0]})
+    key = info["obs_key"]
+    nxt, reward, term, trunc, info = env.step("dance")
+    assert info["invalid"] and info["move"] is None and info["obs_key"] == key and reward == 0.0
+    assert not term and not trunc
+    assert nxt.splitlines()[0] == f"{key}:?"
+    _, _, term, trunc, info = env.step("???")
+    assert trunc and not term and not info["correct"]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("up")
+
+
+def test_memory_window_and_instruction():
+    env = GridWorldEnv(num_queries=1, memory=1, instruction="reach G", max_steps=20)
+    prompt, _ = env.reset()
+    assert prompt.splitlines()[0] == "reach G" and len(prompt.splitlines()) == 2
+    for move in ("up", "left", "down"):
+        prompt, *_ = env.step(move)
+    lines = prompt.splitlines()
+    assert len(lines) == 3 and lines[1].endswith(":down") and lines[2].endswith(":")
+    env0 = GridWorldEnv(num_queries=1, memory=0)
+    p0, _ = env0.reset()
+    p0, *_ = env0.step("up")
+    assert len(p0.splitlines()) == 1
+
+
+def test_prompts_use_only_tiny_tokenizer_characters():
+    env = GridWorldEnv(num_queries=20)
+    chars = set(CHARACTERS)
+    for prompt, move in expert_sft_pairs(env, episodes=20, noise=0.3, seed=1):
+        assert set(prompt) <= chars and set(move) <= chars
+
+
+def test_layouts_deterministic_and_splits_disjoint():
+    a, b = GridWorldEnv(num_queries=50), GridWorldEnv(num_queries=50, seed=9)
+    assert [lay.rows for lay in a.layouts] == [lay.rows for lay in b.layouts]
+    assert generate_layout(123) == generate_layout(123)
+    test = GridWorldEnv(num_queries=50, split="test")
+    train_set = {(lay.rows, lay.start, lay.goal) for lay in a.layouts}
+    assert not train_set & {(lay.rows, lay.start, lay.goal) for lay in test.layouts}
+    assert not set(a.query_ids) & set(test.query_ids)
+    assert len(set(a.query_ids)) == 50
+    other_pool = GridWorldEnv(num_queries=50, pool_seed=1)
+    assert not set(a.query_ids) & set(other_pool.query_ids)
+
+
+def test_layout_distances_in_range():
+    env = GridWorldEnv(num_queries=100, min_distance=4, max_distance=6)
+    for lay in env.layouts:
+        assert 4 <= len(solve(lay)) <= 6
+        assert lay.rows[0] == "#" * 7 and all(row[0] == row[-1] == "#" for row in lay.rows)
+
+
+def test_same_rollout_given_seed_and_actions():
+    def run(seed):
+        env = GridWorldEnv(num_queries=30, seed=seed)
+        out = []
+        for _ in range(5):
+            prompt, info = env.reset()
+            out.append((info["query_id"], prompt))
+            for move in ("up", "right", "down"):
+                out.append(env.step(move)[:4])
+        return out
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)  # another shuffle of the same pool
+
+
+def test_solver_optimal_on_small_maps():
+    assert solve(SMALL) == ["right", "right", "up", "up"]
+    assert len(solve(SMALL)) == _brute_force_shortest(SMALL) == 4
+    env = GridWorldEnv(size=3, num_queries=25, min_distance=1, max_distance=6)
+    for lay in env.layouts:
+        moves = solve(lay)
+        assert len(moves) == _brute_force_shortest(lay)
+        cell = lay.start
+        for m in moves:
+            cell = lay.moved(cell, m)
+        assert cell == lay.goal
+    with pytest.raises(ValueError, match="already at the goal"):
+        expert_move(SMALL, SMALL.goal)
+
+
+def test_expert_prefers_the_larger_offset_axis():
+    # from (3, 1) the goal is 2 right and 2 up: both 'up' and 'right' are shortest; ties on the axis size go to
+    # the horizontal axis (|dx| >= |dy|)
+    assert expert_move(SMALL, (3, 1)) == "right"
+    # from (3, 2): goal 1 right, 2 up, but 'up' hits the wall: 'right' is the only shortest move
+    assert expert_move(SMALL, (3, 2)) == "right"
+
+
+def test_same_observation_reached_by_different_histories():
+    # Two trajectories of one query reach the same cell by different routes: equal obs keys, different prompts.
+    env = GridWorldEnv(num_queries=200)
+    found = 0
+    for qid in env.query_ids:
+        for route_a, route_b in ((("up", "right"), ("right", "up")), (("down", "left"), ("left", "down"))):
+            a, b = env.episode(qid), env.episode(qid)
+            infos_a = [a.step(m) for m in route_a]
+            infos_b = [b.step(m) for m in route_b]
+            if a.done or b.done or any(i[4]["bumped"] for i in infos_a + infos_b):
+                continue
+            assert a.cell == b.cell and a.obs_key == b.obs_key
+            assert a.prompt != b.prompt  # the memory window differs
+            found += 1
+    assert found > 20
+
+
+def test_expert_rollouts_reach_the_goal_and_sft_pairs():
+    env = GridWorldEnv(num_queries=40)
+    pairs = expert_sft_pairs(env, episodes=40)
+    assert len(pairs) == sum(len(solve(lay)) for lay in env.layouts)
+    for qid in env.query_ids:
+        prompt, info = env.reset(options={"query_id": qid})
+        for move in solve(env.layout(qid)):
+            prompt, reward, term, trunc, info = env.step(move)
+        assert term and reward == 1.0
+    noisy = expert_sft_pairs(env, episodes=40, noise=0.5, seed=2)
+    assert noisy == expert_sft_pairs(env, episodes=40, noise=0.5, seed=2)
+    assert len(noisy) > len(pairs)
+    with pytest.raises(ValueError, match="noise"):
+        expert_sft_pairs(env, episodes=1, noise=1.0)
+
+
+def test_state_round_trip_mid_episode():
+    env = GridWorldEnv(num_queries=10, seed=5)
+    env.reset()
+    env.reset()
+    env.step("up")
+    env.step("left")
+    saved = env.state()
+    other = GridWorldEnv(num_queries=10, seed=0)
+    other.set_state(saved)
+    assert other.state() == saved
+    for move in ("down", "right", "xyz"):
+        assert other.step(move) == env.step(move)
+    assert [other.reset()[0] for _ in range(12)] == [env.reset()[0] for _ in range(12)]
+    with pytest.raises(ValueError, match="unknown query_id"):
+        other.set_state({**saved, "episode": {**saved["episode"], "query_id": "grid:5:999999"}})
+
+
+def test_bad_config_and_options():
+    with pytest.raises(ValueError, match="split"):
+        GridWorldEnv(split="dev")
+    with pytest.raises(ValueError, match="size"):
+        GridWorldEnv(size=1)
+    with pytest.raises(ValueError, match="max_distance"):
+        GridWorldEnv(min_distance=5, max_distance=3)
+    with pytest.raises(ValueError, match="instruction"):
+        GridWorldEnv(instruction="two\nlines")
+    with pytest.raises(ValueError, match="no layout"):
+        generate_layout(0, size=2, min_distance=5, max_distance=6)
+    env = GridWorldEnv(num_queries=2)
+    with pytest.raises(ValueError, match="unknown query_id"):
+        env.reset(options={"query_id": "grid:5:424242"})
+    with pytest.raises(ValueError, match="user_content"):
+        env.reset(options={"query_id": env.query_ids[0], "user_content": "hi"})
+
+
+def test_registered_as_text_env():
+    from r3_rllib.envs.registry import make_text_env
+
+    env = make_text_env("gridworld", num_queries=3)
+    assert isinstance(env, GridWorldEnv) and len(env) == 3
