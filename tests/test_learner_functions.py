@@ -148,3 +148,34 @@ def test_config_rejects_a_non_positive_token_budget():
     R3Config().training(micro_batch_max_tokens=4096).validate()
     with pytest.raises(ValueError, match="micro_batch_max_tokens must be >= 1"):
         R3Config().training(micro_batch_max_tokens=0).validate()
+
+
+def test_learner_memory_error_names_the_process_and_the_settings():
+    from ray.exceptions import OutOfMemoryError, RayActorError
+
+    from r3_rllib import R3Config
+    from r3_rllib.algorithms.r3.learner import learner_memory_error
+
+    cfg = R3Config().training(micro_batch_size=8, max_new_tokens=48)
+    cfg.model_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    cfg.learners(num_learners=2)
+    killed = learner_memory_error(
+        OutOfMemoryError("Task was killed due to the node running low on memory."), cfg
+    )
+    text = str(killed)
+    assert "learner worker process (one of num_learners=2" in text
+    assert "killed by Ray's memory monitor" in text
+    assert "micro_batch_size (now 8" in text and "max_new_tokens (now 48)" in text
+    assert "gradient_checkpointing=True (now on)" in text  # auto: on for a pretrained model
+    assert "Task was killed" in text
+
+    cfg.learners(num_learners=0)
+    cfg.micro_batch_max_tokens = 4096
+    cfg.gradient_checkpointing = False
+    local = str(learner_memory_error(RuntimeError("DefaultCPUAllocator: can't allocate memory: 9 GB"), cfg))
+    assert "runs in the driver process" in local and "micro_batch_max_tokens (now 4096" in local
+    assert "gradient_checkpointing=True (now off)" in local and "num_learners > 1" in local
+    assert "died" in str(learner_memory_error(RayActorError(), cfg))
+    # Anything else is not a memory failure: the caller re-raises the original error.
+    assert learner_memory_error(ValueError("bad batch"), cfg) is None
+    assert learner_memory_error(RuntimeError("shape mismatch"), cfg) is None

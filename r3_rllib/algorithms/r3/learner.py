@@ -277,6 +277,67 @@ def _peak_rss_bytes() -> float:
     return float(peak) if sys.platform == "darwin" else float(peak) * 1024  # bytes on macOS, kB on Linux
 
 
+class LearnerOutOfMemoryError(RuntimeError):
+    """A learner process ran out of memory (or was killed for it); the message names the process and the settings
+    that lower the learner's peak memory."""
+
+
+def learner_memory_error(err: BaseException, config: Any) -> LearnerOutOfMemoryError | None:
+    """The error to show when a learner update failed with `err`, or None when `err` is not a learner that died or
+    ran out of memory (then the original error is the one to raise).
+
+    Ray's memory monitor kills the process that uses most memory and the driver only sees a dead actor
+    (`OutOfMemoryError`, `RayActorError`, `WorkerCrashedError`); in-process learners see torch's allocation errors.
+    """
+    from ray.exceptions import OutOfMemoryError, RayActorError, WorkerCrashedError
+
+    text = str(err)
+    allocation_failed = isinstance(err, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+    )
+    if isinstance(err, OutOfMemoryError):
+        what = "was killed by Ray's memory monitor (the node ran out of memory)"
+    elif isinstance(err, (RayActorError, WorkerCrashedError)):
+        memory = "memory" in text.lower() or "oom" in text.lower()
+        what = "died" + (
+            " of memory" if memory else " (a process killed by the OS for memory looks like this)"
+        )
+    elif allocation_failed:
+        what = "ran out of memory"
+    else:
+        return None
+    num_learners = int(getattr(config, "num_learners", 0) or 0)
+    process = (
+        "the learner, which runs in the driver process (num_learners=0),"
+        if num_learners == 0
+        else f"a learner worker process (one of num_learners={num_learners} Ray actors)"
+    )
+    if config.micro_batch_max_tokens:
+        batch = (
+            f"micro_batch_max_tokens (now {config.micro_batch_max_tokens} tokens per forward/backward pass)"
+        )
+    else:
+        batch = (
+            f"micro_batch_size (now {config.micro_batch_size} sequences per forward/backward pass), or set "
+            "micro_batch_max_tokens to bound the tokens per pass"
+        )
+    checkpointing = use_gradient_checkpointing(config.gradient_checkpointing, config.model_path)
+    hints = [
+        batch,
+        "gradient_checkpointing=True (now on)" if checkpointing else "gradient_checkpointing=True (now off)",
+        f"max_new_tokens (now {config.max_new_tokens}), which bounds the longest sequence in a pass",
+    ]
+    if getattr(config, "learner_entropy", False):
+        hints.append("learner_entropy=False (its no-grad pass over the vocabulary adds memory)")
+    if num_learners <= 1:
+        hints.append("num_learners > 1 shards the policy and optimizer state with FSDP2")
+    first_line = text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
+    return LearnerOutOfMemoryError(
+        f"The learner update failed: {process} {what}. The learner's peak memory is reported per iteration as "
+        f"learner/peak_rss_gb. To lower it, change: " + "; ".join(hints) + f". Original error: {first_line}"
+    )
+
+
 def minibatch_plan(n: int, num_minibatches: int, seed: int) -> list[np.ndarray]:
     """Deterministic shuffled split of n sample indices into minibatches (same on every rank)."""
     perm = np.random.default_rng(seed).permutation(n)
