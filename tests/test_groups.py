@@ -107,3 +107,26 @@ def test_reflection_groups_are_trained_but_not_counted_as_fresh():
     assert m["zero_adv_frac_before"] == 1.0 and m["zero_adv_frac"] == 1.0  # only the fresh group counts
     assert m["replay_requests"] == 1  # the reflection group asks for nothing
     assert m["train_reflected"] == 2 and len(batch) == 2
+
+
+def test_collapsed_groups_stay_in_the_batch_with_zero_advantage_when_kl_is_on():
+    """With a KL term a collapsed group still trains (KL only): it is kept with advantage 0, so the loss's token
+    count covers it; the informative group's advantages are those of plain GRPO."""
+    stale = _sample("a", 0.0, False)
+    stale.advantage = 0.7  # left over from an earlier batch: must be reset
+    groups = [Group("a", [stale, _sample("a", 0.0, False)]), _group("b", [1, 0, 0, 0]), _group("c", [1, 1])]
+    sw = R3Switches(advantage_estimator="grpo", advantage_params={"eps": 0.0}, keep_zero_advantage=True)
+    batch, m = build_training_batch(groups, sw)
+    assert [s.query_id for s in batch] == ["a", "a", "b", "b", "b", "b", "c", "c"]
+    np.testing.assert_allclose(
+        [s.advantage for s in batch], [0.0, 0.0, np.sqrt(3)] + [-1 / np.sqrt(3)] * 3 + [0.0, 0.0]
+    )
+    assert m["zero_adv_frac"] == pytest.approx(2 / 3)  # still reported as collapsed
+    assert m["train_samples"] == 8 and m["train_zero_adv_samples"] == 4
+
+    # Without a KL term the same groups lose their two collapsed groups.
+    batch, m = build_training_batch(
+        groups, R3Switches(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+    )
+    assert [s.query_id for s in batch] == ["b"] * 4
+    assert m["train_samples"] == 4 and m["train_zero_adv_samples"] == 0

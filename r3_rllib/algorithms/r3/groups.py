@@ -13,6 +13,10 @@ Choices the paper leaves open, made here and documented:
 - Reflection groups are trained on their own prompt, with advantages within their own group. Their samples do not
   enter the replay buffer: the query's mean past reward measures the policy on the original prompt, and a response
   conditioned on a reflection prompt replayed into the original query's group would mix two contexts.
+- A group whose advantages are all zero carries no policy gradient. Without a KL term it is left out of the batch
+  (it would only cost compute). With a KL term (``kl_coef > 0``) it is kept, as verl keeps it: its tokens still
+  carry the KL penalty to the reference, and leaving them out would shrink the loss's token (or sequence) count and
+  so re-weight every other sample's gradient by how many groups happened to collapse.
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ class R3Switches:
     ranking_r_max: float = 0.5
     advantage_estimator: str = "grpo"
     advantage_params: dict = field(default_factory=dict)
+    keep_zero_advantage: bool = False
+    """Keep groups whose advantages are all zero in the batch (set when kl_coef > 0: they add KL, no policy
+    gradient)."""
 
 
 def is_degenerate(rewards: Sequence[float]) -> bool:
@@ -115,8 +122,9 @@ def build_training_batch(
     """Mix in replayed samples, apply ranking rewards, compute advantages; return (samples, metrics).
 
     `fetch_replay(requests)` returns, per request, up to k past samples of that query with the wanted outcome.
-    Samples of groups that still have zero advantage everywhere are kept out of the batch (they carry no gradient)
-    but are counted in the metrics.
+    Samples of groups that still have zero advantage everywhere are kept out of the batch (they carry no policy
+    gradient) unless ``switches.keep_zero_advantage`` (a KL term: see the module docstring); either way they are
+    counted in ``zero_adv_frac``, and ``train_zero_adv_samples`` counts those kept.
     """
     fresh = [g for g in groups if not g.is_reflection]
     metrics: dict[str, float] = {
@@ -148,6 +156,7 @@ def build_training_batch(
 
     batch: list[Sample] = []
     zero_after = []
+    kept_zero = 0
     for g in groups:
         members = g.samples + g.replayed
         rewards = np.asarray([s.reward for s in members], dtype=np.float64)
@@ -158,12 +167,15 @@ def build_training_batch(
         if not g.is_reflection:
             zero_after.append(degenerate)
         if degenerate:
-            continue
+            if not switches.keep_zero_advantage:
+                continue
+            kept_zero += len(members)
         for s, a in zip(members, advantages, strict=True):
             s.advantage = float(a)
             batch.append(s)
     metrics["zero_adv_frac"] = _frac(zero_after)
     metrics["train_samples"] = float(len(batch))
+    metrics["train_zero_adv_samples"] = float(kept_zero)
     metrics["train_replayed"] = float(sum(s.is_replay for s in batch))
     metrics["train_reflected"] = float(sum(s.is_reflection for s in batch))
     return batch, metrics
