@@ -22,6 +22,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
+from r3_rllib.algorithms.r3.learner import learner_memory_error
 from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
@@ -143,10 +144,16 @@ class R3(Algorithm):
             t0 = time.perf_counter()
             ref = ray.put(batch)
             seed = int(self._rng.integers(2**31))
-            results = self.learner_group.foreach_learner(
-                lambda learner, _ref=ref, _seed=seed: learner.update_from_samples(_ref, seed=_seed)
-            )
-            learner_metrics = _first_result(results)
+            try:
+                results = self.learner_group.foreach_learner(
+                    lambda learner, _ref=ref, _seed=seed: learner.update_from_samples(_ref, seed=_seed)
+                )
+                learner_metrics = _first_result(results)
+            except Exception as err:  # a learner killed for memory: say which process and what to lower
+                oom = learner_memory_error(err, cfg)
+                if oom is None:
+                    raise
+                raise oom from err
             update_s = time.perf_counter() - t0
             self._sync_weights(block=not cfg.overlap_generation)
 
