@@ -37,6 +37,7 @@ from r3_rllib.core.ranking import (
     rank_rewards,
     structural_entropy_rewards,
 )
+from r3_rllib.core.rarity import DEFAULT_SKIP_RANGE, rarity_rewards, reward_frequencies, skip_flat_group
 from r3_rllib.core.reflection import (
     COMPACT_REFLECTION_TEMPLATE,
     DEFAULT_REFLECTION_GUIDANCE,
@@ -46,17 +47,23 @@ from r3_rllib.core.reflection import (
     select_reflection_queries,
     strip_think,
 )
+from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, StagePosition, active_stage, stage_position
 
 __all__ = [
     "ADVANTAGE_FNS",
     "AGG_MODES",
+    "BASE_STAGE",
     "COMPACT_REFLECTION_TEMPLATE",
     "DEFAULT_REFLECTION_GUIDANCE",
     "DEFAULT_REFLECTION_TEMPLATE",
+    "DEFAULT_SKIP_RANGE",
+    "HEAD_STAGE",
     "HGPO_SETTINGS",
     "KL_KINDS",
     "LOSS_FNS",
     "ReflectionSettings",
+    "StagePosition",
+    "active_stage",
     "aggregate_loss",
     "build_reflection_prompt",
     "clipped_policy_loss",
@@ -77,9 +84,13 @@ __all__ = [
     "kl_penalty",
     "mixed_group_advantages",
     "rank_rewards",
+    "rarity_rewards",
     "register_advantage",
     "register_loss",
+    "reward_frequencies",
     "select_reflection_queries",
+    "skip_flat_group",
+    "stage_position",
     "strip_think",
     "structural_entropy_rewards",
     "truncated_importance_weights",

@@ -7,6 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from r3_rllib.models.rollout_head import (
+    RolloutHead,
+    attach_rollout_head,
+    detach_rollout_head,
+    get_rollout_head,
+    load_policy_with_head,
+    load_rollout_head,
+    rollout_logits_enabled,
+    rollout_token_logprobs,
+    save_rollout_head,
+    set_stage_trainable,
+)
 from r3_rllib.models.tiny import (
     build_tiny_model,
     build_tiny_model_for_tokenizer,
@@ -31,6 +43,16 @@ def default_tiny_model_path() -> Path:
 
 
 __all__ = [
+    "RolloutHead",
+    "attach_rollout_head",
+    "detach_rollout_head",
+    "get_rollout_head",
+    "load_policy_with_head",
+    "load_rollout_head",
+    "rollout_logits_enabled",
+    "rollout_token_logprobs",
+    "save_rollout_head",
+    "set_stage_trainable",
     "build_tiny_model",
     "build_tiny_model_for_tokenizer",
     "build_tiny_tokenizer",
