@@ -243,3 +243,16 @@ def test_registered_as_text_env():
 
     env = make_text_env("gridworld", num_queries=3)
     assert isinstance(env, GridWorldEnv) and len(env) == 3
+
+
+def test_sft_pairs_encoding_masks_the_move_and_eos():
+    from r3_rllib.models.gridworld_sft import encode_pairs
+    from r3_rllib.models.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    ids, attn, mask = encode_pairs([("ab:", "up"), ("a:", "left")], tok)
+    assert tok.decode(ids[0, :6].tolist()) == "ab:up" + tok.eos_token
+    assert attn[1].tolist() == [1] * 7 and attn[0].tolist() == [1] * 6 + [0]
+    # position t predicts token t + 1: targets are "u", "p", eos (positions 2..4 of row 0)
+    assert mask[0].tolist() == [0, 0, 1, 1, 1, 0]
+    assert mask[1].tolist() == [0, 1, 1, 1, 1, 1]
