@@ -113,7 +113,14 @@ def test_head_changes_rollout_logits_not_inference_logits(tok):
     torch.testing.assert_close(last, out.logits[:, -1:], rtol=0, atol=1e-5)
 
 
-def test_token_logprobs_match_full_softmax_on_needed_positions_only(tok):
+@pytest.mark.parametrize(
+    "scored_rows_only", [True, False], ids=["lm-head-on-scored-rows", "full-logits-fallback"]
+)
+def test_token_logprobs_match_full_softmax(tok, monkeypatch, scored_rows_only):
+    import r3_rllib.models.rollout_head as rh
+
+    if not scored_rows_only:  # a model whose forward takes no logits_to_keep
+        monkeypatch.setattr(rh, "_takes_logits_to_keep", lambda model: False)
     model = _model(tok)
     head = attach_rollout_head(model, seed=1)
     head.reset_parameters(0.3, seed=2)
@@ -122,11 +129,19 @@ def test_token_logprobs_match_full_softmax_on_needed_positions_only(tok):
     resp[:, -3:] = True  # score the last three tokens of every row
     resp[1, -1] = False
     seen: list[int] = []
-    hook = head.register_forward_hook(lambda m, a, o: seen.append(a[0].shape[0]))
+    lm_out: list[tuple[int, ...]] = []
+    hooks = [
+        head.register_forward_hook(lambda m, a, o: seen.append(a[0].shape[0])),
+        model.lm_head.register_forward_hook(lambda m, a, o: lm_out.append(tuple(o.shape))),
+    ]
     temperature = 0.7
-    roll, base = rollout_token_logprobs(model, ids, mask, resp, temperature=temperature)
-    hook.remove()
-    assert seen == [int(resp.sum())]  # the head ran on the 8 scored positions, not on B * L
+    with rollout_logits_enabled(model):  # the result must not depend on the switch
+        roll, base = rollout_token_logprobs(model, ids, mask, resp, temperature=temperature)
+    for h in hooks:
+        h.remove()
+    n = int(resp.sum())
+    assert seen == [n]  # the rollout head ran on the 8 scored positions, not on B * L
+    assert lm_out == ([(n, len(tok))] if scored_rows_only else [(*ids.shape, len(tok))])
     kw = dict(input_ids=ids, attention_mask=mask, position_ids=_positions(mask))
     with torch.no_grad():
         full_base = model(**kw).logits[:, :-1]

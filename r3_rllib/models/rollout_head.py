@@ -25,6 +25,7 @@ that rescale or soft-cap their logits are refused.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,8 +81,7 @@ class RolloutHead(nn.Module):
         factory = dict(bias=False, dtype=dtype, device=device if device is not None else "cpu")
         self.hidden_proj = nn.utils.skip_init(nn.Linear, hidden_size, hidden_size, **factory)
         self.vocab_proj = nn.utils.skip_init(nn.Linear, hidden_size, vocab_size, **factory)
-        self.init_std = float(init_std)
-        self.reset_parameters(init_std, seed=seed)
+        self.reset_parameters(init_std, seed=seed)  # sets self.init_std
         #: Whether the attached hook adds this head to the model's logits (see :func:`rollout_logits_enabled`).
         self.enabled = False
 
@@ -320,9 +320,17 @@ def rollout_token_logprobs(
     token) and the other entries are 0. ``attention_mask`` marks real tokens; position ids count real tokens only,
     so left- and right-padded rows give the numbers of the unpadded sequence.
 
-    ``head``: default the attached one. The hook of an attached head is bypassed here (the base logits are computed
-    from the LM head's weights), so the result does not depend on :func:`rollout_logits_enabled`. Gradients flow to
-    both the base and the head; :func:`set_stage_trainable` decides which of them get any.
+    ``head``: default the attached one. The result does not depend on :func:`rollout_logits_enabled` (the hook is
+    off during the call). Gradients flow to both the base and the head; :func:`set_stage_trainable` decides which of
+    them get any.
+
+    How: for models whose forward takes ``logits_to_keep`` (they end in ``lm_head(hidden[:, slice])``), the LM
+    head's forward is replaced for this one call by a function that picks the scored rows first, so the model's own
+    forward runs, as in the learner's ``token_logprobs`` (wrappers acting on the model's call, such as FSDP2's
+    parameter gathering, see an ordinary call; not yet tested sharded).
+    Other models fall back to full logits plus ``output_hidden_states``. Each call holds the ``[N, vocab]`` fp32
+    logits of the N scored positions twice (base and rollout); chunk the batch for long responses and large
+    vocabularies.
     """
     if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
         raise ValueError(
@@ -351,15 +359,37 @@ def rollout_token_logprobs(
 
     lm_head = _output_embedding(model)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
-    ).last_hidden_state
     rows, cols = response_mask.nonzero(as_tuple=True)
-    picked = hidden[:, :-1][rows, cols]  # [N, hidden]: only the positions that score a wanted token
     targets = input_ids[:, 1:][rows, cols]
-    # F.linear on the LM head's weights, not lm_head(...): the attached hook must not add the head a second time.
-    lm_logits = nn.functional.linear(picked, lm_head.weight, lm_head.bias).float()
-    roll_logits = lm_logits + head(picked).float()
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    scored: dict[str, torch.Tensor] = {}
+    enabled, head.enabled = head.enabled, False  # the hook must not add the head a second time
+    try:
+        if _takes_logits_to_keep(model):
+            base_forward = lm_head.forward  # the class's forward, bound: calling it runs no hooks
+
+            def scored_rows_only(hidden: torch.Tensor) -> torch.Tensor:
+                scored["hidden"] = hidden[:, :-1][
+                    rows, cols
+                ]  # [N, hidden]: positions that score a wanted token
+                scored["lm"] = base_forward(scored["hidden"])
+                return scored["lm"]
+
+            lm_head.forward = (
+                scored_rows_only  # an instance attribute shadows the class's forward for one call
+            )
+            try:
+                model(**kwargs, logits_to_keep=0)
+            finally:
+                del lm_head.forward
+        else:
+            out = model(**kwargs, output_hidden_states=True)
+            scored["hidden"] = out.hidden_states[-1][:, :-1][rows, cols]
+            scored["lm"] = out.logits[:, :-1][rows, cols]
+    finally:
+        head.enabled = enabled
+    lm_logits = scored["lm"].float()
+    roll_logits = lm_logits + head(scored["hidden"]).float()
 
     def score(logits: torch.Tensor) -> torch.Tensor:
         logits = logits / temperature
@@ -369,6 +399,10 @@ def rollout_token_logprobs(
         return out.index_put((rows, cols), picked_logit - torch.logsumexp(logits, dim=-1))
 
     return score(roll_logits), score(lm_logits)
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 # -- files: the head beside an HF folder --------------------------------------------------------------------------
