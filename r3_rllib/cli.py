@@ -29,6 +29,8 @@ def _train(args) -> int:
     if args.address and args.num_cpus is not None:
         print("r3 train: --num-cpus sizes a local Ray; it cannot be combined with --address", file=sys.stderr)
         return 2
+    if not _check_schedule(spec):
+        return 2
     run = spec.run
     name = run.get("name", Path(args.config).stem)
     storage = os.path.abspath(run.get("storage_path", "runs"))
@@ -78,6 +80,31 @@ def _train(args) -> int:
         print(f"trial {r.path}: iterations={m.get('training_iteration')} accuracy={acc} error={r.error}")
     print(f"results in {exp_dir}")
     return 1 if failed else 0
+
+
+def _check_schedule(spec) -> bool:
+    """With a stop iteration in the run file: print when each R^3 part switches on (schedule.py) and warn about
+    parts the run never reaches; False on settings that make a part pointless. The data size comes from building
+    the train env once here (as a runner would); when that fails, the runs' setup checks what needs no stop."""
+    stop = (spec.stop or {}).get("training_iteration")
+    config = spec.config
+    if stop is None or not (config.replay or config.reflection or config.ranking):
+        return True
+    from r3_rllib.algorithms.r3.env_runner import build_env, load_policy_tokenizer
+    from r3_rllib.algorithms.r3.schedule import schedule_for_config
+
+    try:
+        size = len(build_env(config.env, dict(config.env_config), load_policy_tokenizer(config)))
+    except Exception as e:  # the runners will report it with their own error; here it only skips the check
+        print(f"r3 train: R^3 schedule not checked here (data size unknown: {e})", file=sys.stderr)
+        return True
+    schedule = schedule_for_config(config, size, stop_iteration=int(stop))
+    print(f"r3 train: R^3 schedule: {schedule.summary()}")
+    for warning in schedule.warnings:
+        print(f"r3 train: warning: {warning}", file=sys.stderr)
+    for error in schedule.errors:
+        print(f"r3 train: {error}", file=sys.stderr)
+    return not schedule.errors
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -152,3 +152,12 @@ def test_micro_batches_smoke(tiny_random_model, capsys):
     assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
     out = capsys.readouterr().out
     assert "| budget |" in out and "speed-up over rows=1" in out
+
+
+@pytest.mark.slow
+def test_schedule_smoke(ray_session, capsys):
+    mod = load("bench_schedule")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "314 iterations per epoch" in out  # schedule.py on the real 40,315 rows
+    assert "epochs as computed by schedule.py in every iteration: True" in out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from r3_rllib.envs.base import TextEnv
-from r3_rllib.envs.data import QueryOrder, parse_reset_options
+from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 
 ALLOWED_OPERATORS = "+-*"
 # Removed from responses when neither ``eos_text`` nor a tokenizer is given (the engines decode special tokens).
@@ -146,6 +146,9 @@ class ArithmeticEnv(TextEnv):
             rollout worker gets its own) train on the same queries and test on the same disjoint ones.
         seed: the per-epoch shuffle (see ``QueryOrder``).
         shuffle: reshuffle the pool every epoch (else serve it in generation order).
+        shard: serve only this part of each epoch's order (a :class:`~r3_rllib.envs.data.Shard` or a mapping
+            ``{batch_size, start, count}``); the EnvRunners set it so that together they walk one global order
+            per epoch. None: the whole pool.
         length_bonus_max_tokens: ``L``; correct answers get ``max(0, 1 - len / L)`` more reward, ``len`` the
             response's characters without the eos text, whitespace included (the tiny tokenizer is character
             level: characters are tokens). ``None``: no bonus.
@@ -165,6 +168,7 @@ class ArithmeticEnv(TextEnv):
         pool_seed: int = 1,
         seed: int = 0,
         shuffle: bool = True,
+        shard: Shard | dict[str, int] | None = None,
         length_bonus_max_tokens: int | None = None,
         split: Literal["train", "test"] = "train",
         eos_text: str | Sequence[str] | None = None,
@@ -199,13 +203,13 @@ class ArithmeticEnv(TextEnv):
             eos_text = (eos,) if eos else DEFAULT_EOS_TEXTS
         self.eos_texts = (eos_text,) if isinstance(eos_text, str) else tuple(eos_text)
         self._by_id = {p.query_id: p for p in self.problems}
-        self._order = QueryOrder(len(self.problems), seed=seed, shuffle=shuffle)
+        self._order = QueryOrder(len(self.problems), seed=seed, shuffle=shuffle, shard=shard)
         self._current: ArithmeticProblem | None = None
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        """Completed passes over the pool."""
+        """Completed passes over the pool (over this env's shard of each epoch's order when sharded)."""
         return self._order.epoch
 
     def __len__(self) -> int:

@@ -23,7 +23,8 @@ Row ids: the ``id`` column when present (str or int), else ``f"{stem}:{row}"`` w
 name) and the 0-based row.
 
 Also here, shared by the finite-pool environments: :class:`QueryOrder` (epoch-wise shuffled iteration with a
-checkpointable cursor) and :func:`parse_reset_options` (validation of ``reset(options=...)``).
+checkpointable cursor, optionally one EnvRunner's :class:`Shard` of a global order per epoch) and
+:func:`parse_reset_options` (validation of ``reset(options=...)``).
 """
 
 from __future__ import annotations
@@ -328,39 +329,144 @@ def load_math_problems(
 # --------------------------------------------------------------------------------------------------------------
 # Iterating a finite pool of queries, epoch by epoch (shared by the finite-pool environments)
 # --------------------------------------------------------------------------------------------------------------
-class QueryOrder:
-    """Epoch-wise order over ``size`` queries: each pass is a permutation seeded with ``seed * 100_003 + epoch``
-    (identity when not shuffling). The multiplier keeps runners whose seeds differ by small offsets from
-    replaying each other's orders a few epochs apart, as plain ``seed + epoch`` would.
+@dataclass(frozen=True)
+class Shard:
+    """Which queries of each epoch's global order one EnvRunner serves.
 
-    ``epoch`` counts completed passes (it becomes 1 as soon as the last query of the first pass is served);
-    ``cursor`` is the position within the current pass. Both are the checkpointed state.
+    The global order of an epoch is cut into *steps* of ``batch_size`` queries (one training iteration's queries
+    over all runners); this shard takes the ``count`` positions ``start .. start + count - 1`` of every step. The
+    runners' ``(start, count)`` tile ``0 .. batch_size - 1``, so one step's queries over all runners are one
+    contiguous slice of the permutation: distinct within the step, each query at most once per epoch.
+
+    Drop-last: an epoch has ``size // batch_size`` steps; the last ``size % batch_size`` positions of each epoch's
+    permutation are served by nobody that epoch. The permutation changes every epoch, so the skipped queries are
+    different ones each time (a query is skipped in a given epoch with probability ``(size % batch_size) / size``).
+    No step spans two epochs, so no query is served twice in one iteration.
+
+    ``Shard()`` (one step = one query) is the unsharded order: every query once per epoch, nothing dropped.
     """
 
-    def __init__(self, size: int, *, seed: int = 0, shuffle: bool = True) -> None:
+    batch_size: int = 1
+    start: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "start", "count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"shard {name} must be an int, got {type(value).__name__}")
+        if (
+            self.batch_size < 1
+            or self.count < 1
+            or self.start < 0
+            or self.start + self.count > self.batch_size
+        ):
+            raise ValueError(
+                f"a shard takes positions start..start+count-1 of each step of batch_size queries with "
+                f"0 <= start, 1 <= count and start + count <= batch_size; got batch_size={self.batch_size}, "
+                f"start={self.start}, count={self.count}"
+            )
+
+    @classmethod
+    def of(cls, value: Shard | Mapping[str, Any] | None) -> Shard:
+        """A ``Shard`` from itself, a mapping with its fields (env configs are plain dicts), or None."""
+        if value is None:
+            return cls()
+        if isinstance(value, Shard):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                f"shard must be a mapping with batch_size, start, count; got {type(value).__name__}"
+            )
+        unknown = sorted(set(value) - {"batch_size", "start", "count"})
+        if unknown:
+            raise ValueError(f"unknown shard key(s) {unknown}; expected batch_size, start, count")
+        return cls(**dict(value))
+
+    def as_dict(self) -> dict[str, int]:
+        return {"batch_size": self.batch_size, "start": self.start, "count": self.count}
+
+
+def runner_shards(batch_size: int, num_runners: int) -> list[Shard]:
+    """The shards of ``num_runners`` EnvRunners sharing steps of ``batch_size`` queries, in worker order.
+
+    Runner ``i`` (0-based) serves ``batch_size // num_runners`` queries per step, plus one for the first
+    ``batch_size % num_runners`` runners: the same split the algorithm asks its runners for (``R3._request_rollout``
+    with every runner healthy), so a step is exactly one iteration's batch.
+    """
+    if num_runners < 1 or batch_size < num_runners:
+        raise ValueError(
+            f"{num_runners} runner(s) cannot share steps of {batch_size} queries (need 1 <= runners <= batch_size)"
+        )
+    shards, start = [], 0
+    for i in range(num_runners):
+        count = batch_size // num_runners + (i < batch_size % num_runners)
+        shards.append(Shard(batch_size, start, count))
+        start += count
+    return shards
+
+
+class QueryOrder:
+    """Epoch-wise order over ``size`` queries, optionally one shard of a global order (see :class:`Shard`).
+
+    Every epoch's global order is a permutation seeded with ``seed * 100_003 + epoch`` (identity when not
+    shuffling): the same on every runner that has the same ``seed``, so runners that take disjoint shards of it
+    together serve each query at most once per epoch. (The multiplier keeps orders with seeds a small offset apart
+    from replaying each other a few epochs later, as plain ``seed + epoch`` would.)
+
+    ``epoch`` counts completed passes over this shard's part of the global order (it becomes 1 as soon as the last
+    query of the first pass is served); ``cursor`` is how many queries this shard has served in the current epoch.
+    Both are the checkpointed state, with ``seed``, ``size`` and the shard.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        shard: Shard | Mapping[str, Any] | None = None,
+    ) -> None:
         if size < 1:
             raise ValueError(f"a query pool needs at least one query, got {size}")
         self.size = size
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
+        self.shard = Shard.of(shard)
+        self.steps_per_epoch = size // self.shard.batch_size
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"a pool of {size} queries is smaller than one step of {self.shard.batch_size} queries "
+                f"(the queries of one iteration over all EnvRunners): use more data or fewer queries per iteration"
+            )
+        self.per_epoch = self.steps_per_epoch * self.shard.count  # queries this shard serves per epoch
         self.cursor = 0
         self.epoch = 0
         self._order: list[int] | None = None
         self._order_epoch = -1
 
+    def global_order(self, epoch: int) -> list[int]:
+        """The permutation of epoch ``epoch`` shared by all shards (its last ``size % batch_size`` are skipped)."""
+        order = list(range(self.size))
+        if self.shuffle:
+            random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
     def _permutation(self) -> list[int]:
         if self._order is None or self._order_epoch != self.epoch:
-            order = list(range(self.size))
-            if self.shuffle:
-                random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-            self._order, self._order_epoch = order, self.epoch
+            self._order, self._order_epoch = self.global_order(self.epoch), self.epoch
         return self._order
+
+    def position(self, cursor: int) -> int:
+        """Position in the epoch's global order of this shard's ``cursor``-th query."""
+        step, offset = divmod(cursor, self.shard.count)
+        return step * self.shard.batch_size + self.shard.start + offset
 
     def next(self) -> int:
         """Index of the next query; advances the cursor (and the epoch after the last query of a pass)."""
-        index = self._permutation()[self.cursor]
+        index = self._permutation()[self.position(self.cursor)]
         self.cursor += 1
-        if self.cursor == self.size:
+        if self.cursor == self.per_epoch:
             self.cursor = 0
             self.epoch += 1
         return index
@@ -369,16 +475,31 @@ class QueryOrder:
         self.seed, self.cursor, self.epoch = int(seed), 0, 0
         self._order = None
 
-    def state(self) -> dict[str, int]:
-        return {"cursor": self.cursor, "epoch": self.epoch, "seed": self.seed, "size": self.size}
+    def state(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "size": self.size,
+            "shard": self.shard.as_dict(),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         size = int(state.get("size", self.size))
         if size != self.size:
             raise ValueError(f"state is for a pool of {size} queries, this environment has {self.size}")
+        # States written before sharding existed have no shard: they are unsharded orders.
+        shard = Shard.of(state.get("shard"))
+        if shard != self.shard:
+            raise ValueError(
+                f"state is for shard {shard.as_dict()}, this environment serves shard {self.shard.as_dict()} "
+                f"(a checkpoint resumes with the same queries_per_iteration and number of EnvRunners)"
+            )
         cursor, epoch = int(state["cursor"]), int(state["epoch"])
-        if not 0 <= cursor < self.size or epoch < 0:
-            raise ValueError(f"invalid state cursor={cursor} epoch={epoch} for a pool of {self.size} queries")
+        if not 0 <= cursor < self.per_epoch or epoch < 0:
+            raise ValueError(
+                f"invalid state cursor={cursor} epoch={epoch} for a shard serving {self.per_epoch} queries per epoch"
+            )
         self.seed = int(state.get("seed", self.seed))
         self.cursor, self.epoch = cursor, epoch
         self._order = None

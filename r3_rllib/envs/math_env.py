@@ -20,6 +20,7 @@ from r3_rllib.envs.data import (
     LoadReport,
     MathProblem,
     QueryOrder,
+    Shard,
     load_math_problems_with_report,
     parse_reset_options,
 )
@@ -68,7 +69,7 @@ class MathEnv(TextEnv):
         max_prompt_tokens: prompts longer than this (rendered, in tokens) raise ``DataError`` naming the row, or
             are skipped and counted (``data_report["skipped_too_long"]``) with ``on_bad_row="skip"``.
         length_bonus_max_tokens: ``L``; correct answers get ``max(0, 1 - tokens / L)`` more reward.
-        seed, shuffle: the per-epoch order, as in ``ArithmeticEnv``.
+        seed, shuffle, shard: the per-epoch order and this env's shard of it, as in ``ArithmeticEnv``.
         grading_timeout_s: hard limit per graded answer (math-verify runs in a worker subprocess).
         think_in_prompt: whether the prompt opens a ``<think>`` block (then a response without ``</think>`` is
             wrong); ``None`` detects it from the rendered prompt (DeepSeek-R1 templates end with ``<think>\\n``).
@@ -93,6 +94,7 @@ class MathEnv(TextEnv):
         length_bonus_max_tokens: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
+        shard: Shard | dict[str, int] | None = None,
         grading_timeout_s: float = DEFAULT_TIMEOUT_S,
         think_in_prompt: bool | None = None,
     ) -> None:
@@ -142,7 +144,7 @@ class MathEnv(TextEnv):
             "skipped_too_long": skipped_long,
         }
         self._by_id = {p.id: p for p in problems}
-        self._order = QueryOrder(len(problems), seed=seed, shuffle=shuffle)
+        self._order = QueryOrder(len(problems), seed=seed, shuffle=shuffle, shard=shard)
         self._current: tuple[MathProblem, bool] | None = None
 
     # -- prompts ---------------------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class MathEnv(TextEnv):
     # -- TextEnv ---------------------------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        """Completed passes over the problems."""
+        """Completed passes over the problems (over this env's shard of each epoch's order when sharded)."""
         return self._order.epoch
 
     def __len__(self) -> int:

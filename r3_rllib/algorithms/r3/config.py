@@ -150,8 +150,11 @@ class R3Settings:
     """recency_length: prefer shorter correct samples, (L_min / L) ** power (0: no length preference)."""
     replay_truncated_priority: float = ReplayConfig.truncated_priority
     """recency_length: priority factor of truncated samples (0: never replay them)."""
-    replay_max_staleness: int = 50
-    """Samples older than this many policy versions are evicted and never replayed."""
+    replay_max_staleness: int | None = None
+    """Samples older than this many policy versions (updates; one per iteration) are evicted and never replayed
+    nor reflected on. None: two epochs of updates, 2 x (data size // queries_per_iteration), derived at setup from
+    the runners' data size, so that a query's previous visit (at most 2 epochs - 1 updates back) is always kept.
+    A value shorter than that is warned about at setup (see algorithms/r3/schedule.py)."""
     reflection: bool = False
     """In-context self-reflection: hard queries get an extra prompt with a past wrong answer and guidance."""
     reflection_tau: float = 0.3
@@ -307,6 +310,20 @@ class R3Config(AlgorithmConfig):
             errors.append(f"rollout_timeout_s must be > 0 or None, got {self.rollout_timeout_s}")
         if self.replay_k < 0:
             errors.append("replay_k must be >= 0")
+        # The data-schedule checks that need no data size (the rest run at setup, see schedule.py).
+        if self.replay_max_staleness is not None and self.replay_max_staleness < 1:
+            errors.append(
+                f"replay_max_staleness must be >= 1 or None, got {self.replay_max_staleness}: a query comes back "
+                "one update later at the earliest"
+            )
+        for part in ("replay", "reflection", "ranking"):
+            if getattr(self, f"{part}_start_epoch") < 0:
+                errors.append(f"{part}_start_epoch must be >= 0")
+        if self.replay and self.dynamic_sampling:
+            errors.append(
+                "replay with dynamic_sampling: dynamic sampling drops the all-equal groups that replay would mix "
+                "past samples into, so replay would never act; turn one of them off"
+            )
         if self.overlap_generation and self.sleep_between_rollouts:
             errors.append(
                 "overlap_generation needs the engine awake while the learner trains; "

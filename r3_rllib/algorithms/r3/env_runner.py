@@ -91,14 +91,46 @@ def build_env(name, env_config: dict, tokenizer) -> TextEnv:
 
 
 def runner_seed(config, worker_index: int | None) -> int:
-    """Each runner's seed: its data order and sampling differ from the other runners' but are reproducible."""
+    """Each runner's sampling seed: its engine's samples differ from the other runners' but are reproducible."""
     return int(config.seed or 0) + 1000 * int(worker_index or 0)
 
 
-def runner_env_config(config, worker_index: int | None) -> dict:
-    """The env_config runner `worker_index` builds its TextEnv with (the env's own seed offset by the runner's)."""
+def env_accepts_shard(name) -> bool:
+    """Whether the TextEnv factory names a ``shard`` parameter (the shipped envs do; see ``envs/data.py``). A factory
+    taking only ``**kwargs`` counts as not shardable: it may hand them to an env that does not know the key."""
+    factory = name if callable(name) else _text_env_factory(name)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "shard" in params
+
+
+def runner_env_config(config, worker_index: int | None, *, shardable: bool = True) -> dict:
+    """The env_config runner `worker_index` builds its TextEnv with.
+
+    Shardable envs get one data order for all runners (the env's seed plus the global `config.seed`, the same on
+    every runner) and runner `worker_index`'s `shard` of it: positions of each iteration's `queries_per_iteration`
+    global batch, split as the algorithm splits a rollout (see `envs.data.runner_shards`). Together the runners
+    walk one permutation per epoch, each query at most once per epoch and never twice in one iteration; the last
+    `len(data) % queries_per_iteration` queries of each epoch's permutation are skipped that epoch (different ones
+    every epoch). A local runner (worker_index 0, no remote runners) takes the whole batch.
+
+    Envs without a `shard` keyword keep the older scheme: each runner walks the whole data in its own order (the
+    env's seed offset by the runner's), so runners may serve one query in the same iteration.
+    """
+    from r3_rllib.envs.data import runner_shards
+
     env_config = dict(config.env_config)
-    return {**env_config, "seed": env_config.get("seed", 0) + runner_seed(config, worker_index)}
+    if not shardable:
+        return {**env_config, "seed": env_config.get("seed", 0) + runner_seed(config, worker_index)}
+    num_runners = int(config.num_env_runners or 0)
+    batch = int(config.queries_per_iteration)
+    if num_runners < 1 or not worker_index:
+        shard = runner_shards(batch, 1)[0]
+    else:
+        shard = runner_shards(batch, num_runners)[int(worker_index) - 1]
+    return {**env_config, "seed": env_config.get("seed", 0) + int(config.seed or 0), "shard": shard.as_dict()}
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
@@ -109,8 +141,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner or 1)))
         self.tokenizer = load_policy_tokenizer(self.config)
         seed = runner_seed(self.config, self.worker_index)
+        shardable = env_accepts_shard(self.config.env)
         self.env = build_env(
-            self.config.env, runner_env_config(self.config, self.worker_index), self.tokenizer
+            self.config.env,
+            runner_env_config(self.config, self.worker_index, shardable=shardable),
+            self.tokenizer,
         )
         self._eval_env: TextEnv | None = None
         self.engine = make_engine(

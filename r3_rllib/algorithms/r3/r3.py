@@ -23,6 +23,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
 from r3_rllib.algorithms.r3.learner import learner_memory_error
+from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
 from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
@@ -50,7 +51,11 @@ class R3(Algorithm):
     def setup(self, config: R3Config) -> None:
         super().setup(config)
         self._policy_version = 0
+        # The data epoch every runner's shard has completed (they advance together: see envs/data.py, Shard),
+        # from each runner's last delivered rollout; it decides which R^3 parts are on.
         self._dataset_epoch = 0
+        self._runner_epochs: dict[int, int] = {}
+        self.schedule = self._check_schedule()
         self._rng = np.random.default_rng(self.config.seed)
         self._weight_sync_s = 0.0
         # overlap_generation: the rollout request in flight on the runners, or one already gathered (a checkpoint
@@ -66,6 +71,8 @@ class R3(Algorithm):
         if self.config.needs_replay_actor:
             from r3_rllib.replay import ReplayBufferClient, create_replay_actor
 
+            staleness = self.schedule.staleness if self.schedule else self.config.replay_max_staleness
+
             client = ReplayBufferClient(
                 create_replay_actor(
                     {
@@ -75,7 +82,8 @@ class R3(Algorithm):
                         "recency_decay": self.config.replay_recency_decay,
                         "correct_length_power": self.config.replay_correct_length_power,
                         "truncated_priority": self.config.replay_truncated_priority,
-                        "max_staleness": self.config.replay_max_staleness,
+                        # None in the config: two epochs of updates for this data size (schedule.py).
+                        "max_staleness": staleness,
                         "seed": self.config.seed,
                     },
                     max_restarts=-1,
@@ -87,6 +95,24 @@ class R3(Algorithm):
                 lambda r, c=client: r.set_replay_actor(c), local_env_runner=False
             )
         # Runners start from the same checkpoint as the learner; version 0 on both sides.
+
+    def _check_schedule(self) -> Schedule | None:
+        """The R^3 schedule for the runners' data size (schedule.py): logged, and an error for settings that make
+        a part pointless. None when the env has no finite size (then replay_max_staleness None means no bound)."""
+        ids = self.env_runner_group.healthy_worker_ids()[:1]
+        sizes = self.env_runner_group.foreach_env_runner(
+            lambda r: _env_size(r.env), remote_worker_ids=ids, local_env_runner=not ids
+        )
+        size = sizes[0] if sizes else None
+        if size is None:
+            return None
+        schedule = schedule_for_config(self.config, size)
+        logger.info("R^3 schedule: %s", schedule.summary())
+        for warning in schedule.warnings:
+            logger.warning("R^3 schedule: %s", warning)
+        if schedule.errors:
+            raise ValueError("R^3 schedule: " + "; ".join(schedule.errors))
+        return schedule
 
     # -- one iteration ------------------------------------------------------------------------------------------
     def training_step(self) -> None:
@@ -248,7 +274,11 @@ class R3(Algorithm):
         if not outs:
             return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0}
         groups = [g for out in outs for g in out["groups"]]
-        self._dataset_epoch = min(out["env_epoch"] for out in outs)
+        # The epoch of the slowest runner's last delivered rollout (runners that missed this one included): all
+        # shards move in step, so this is the global epoch; a runner restored after a crash redraws the queries it
+        # lost and is one step behind the others from then on, and the epoch waits for it.
+        self._runner_epochs.update({wid: int(out["env_epoch"]) for wid, out in results if out is not None})
+        self._dataset_epoch = min(self._runner_epochs.values())
         info = {
             "generate_s": max(out["timing"]["generate_s"] for out in outs),
             "grade_s": max(out["timing"]["grade_s"] for out in outs),
@@ -386,6 +416,7 @@ class R3(Algorithm):
             "iteration": self.iteration,
             "policy_version": self._policy_version,
             "dataset_epoch": self._dataset_epoch,
+            "runner_epochs": dict(self._runner_epochs),
             "rng": self._rng.bit_generator.state,
             "runners": self._current_runner_states(),
             "replay": self._replay.client.get_state() if self._replay_available else None,
@@ -405,6 +436,7 @@ class R3(Algorithm):
         self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p))
         self._policy_version = state["policy_version"]
         self._dataset_epoch = state["dataset_epoch"]
+        self._runner_epochs = dict(state.get("runner_epochs", {}))
         self._rng.bit_generator.state = state["rng"]
         self._iteration = state["iteration"]
         if self._rollout_in_flight:  # generated by the policy being replaced
@@ -454,6 +486,14 @@ class R3(Algorithm):
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
         return _all_results(self.learner_group.foreach_learner(fn))
+
+
+def _env_size(env) -> int | None:
+    """Number of distinct queries of a runner's env; None for an env without a finite length."""
+    try:
+        return len(env)
+    except TypeError:
+        return None
 
 
 def _all_results(results) -> list[Any]:

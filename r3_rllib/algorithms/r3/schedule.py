@@ -1,0 +1,244 @@
+"""When R^3's parts switch on, and whether the replay history lasts until a query comes back (pure; no Ray).
+
+The data schedule this computes (``envs/data.py``, ``QueryOrder`` and ``Shard``): every epoch one permutation of the
+``dataset_size`` queries is cut into steps of ``queries_per_iteration`` (B) queries, one step per training
+iteration, shared out over the EnvRunners. So an epoch lasts ``T = dataset_size // B`` iterations and the last
+``dataset_size % B`` queries of each epoch's permutation sit out that epoch.
+
+When a part switches on. ``training_step`` decides the switches at its start from the dataset epoch the previous
+rollout reported: the epoch a runner reports counts *completed* passes, and it becomes ``e + 1`` with the rollout
+that serves the last step of epoch ``e``. In iteration ``j`` (1-based) the previous rollouts served ``j - 1`` steps,
+so a part with start epoch ``s`` is active from iteration ``s * T + 1`` on: the first iteration whose batch comes
+from epoch ``s``. The same holds with ``overlap_generation`` (the rollout trained in iteration ``j`` is requested in
+iteration ``j - 1`` after ``j - 1`` steps were gathered, with the reflection settings of that moment), and for
+reflection, whose prompts are made with the rollout.
+
+Revisits. A query served in step ``b`` of epoch ``e`` comes back in step ``b'`` of epoch ``e + 1`` (both uniform over
+the ``T`` steps when it is not skipped in either epoch): ``T + b' - b`` iterations later, between 1 and ``2T - 1``
+(``T`` on average), one policy update per iteration (fewer when an iteration has nothing to train on). Its previous
+samples are still in the replay buffer when that lag (plus one with ``overlap_generation``, whose samples are one
+update older) is at most ``replay_max_staleness``. The fraction of revisits for which that holds follows from the
+triangular distribution of ``b' - b``: ``P(b' - b = d) = (T - |d|) / T**2``.
+
+With ``dynamic_sampling`` every extra sampling round takes another step of data, so epochs end earlier than computed
+here: the iterations are then upper bounds (and replay is rejected with dynamic sampling, see ``R3Config``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PARTS = ("replay", "reflection", "ranking")
+
+# Default history: a query's samples stay replayable for this many epochs of updates (the previous visit of a
+# query is at most 2T - 1 updates back, so two epochs always keep it).
+DEFAULT_STALENESS_EPOCHS = 2
+
+
+@dataclass(frozen=True)
+class PartSchedule:
+    name: str
+    enabled: bool
+    start_epoch: int
+    first_iteration: int | None  # 1-based training iteration in which the part is first active; None: off
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What :func:`compute_schedule` derives; ``errors`` make a run pointless, ``warnings`` weaken it."""
+
+    dataset_size: int
+    queries_per_iteration: int
+    iterations_per_epoch: int  # T
+    skipped_per_epoch: int  # queries of each epoch's permutation that no runner serves that epoch
+    stop_iteration: int | None
+    parts: dict[str, PartSchedule]
+    revisit_mean: int  # iterations (= updates) between two visits of a query, on average
+    revisit_max: int  # the longest such gap, in policy versions (overlap_generation adds one)
+    staleness: (
+        int | None
+    )  # replay_max_staleness in effect (the derived default when the config leaves it None)
+    revisit_kept_fraction: float  # revisits whose previous visit is still within the staleness bound
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def epoch_trained_in(self, iteration: int) -> int:
+        """The data epoch of the batch trained in (1-based) ``iteration`` (without dynamic sampling)."""
+        return (iteration - 1) // self.iterations_per_epoch
+
+    def reported_epoch(self, iteration: int) -> int:
+        """``rollout/dataset_epoch`` as logged in ``iteration``: completed epochs after that iteration's rollout."""
+        return iteration // self.iterations_per_epoch
+
+    def summary(self) -> str:
+        parts = ", ".join(
+            f"{p.name} from iteration {p.first_iteration} (epoch {p.start_epoch})"
+            for p in self.parts.values()
+            if p.enabled
+        )
+        text = (
+            f"{self.dataset_size} queries / {self.queries_per_iteration} per iteration: "
+            f"{self.iterations_per_epoch} iterations per epoch ({self.skipped_per_epoch} queries sit out each epoch)"
+        )
+        if self.stop_iteration is not None:
+            text += f", stop at iteration {self.stop_iteration} ({self.stop_iteration / self.iterations_per_epoch:.2f} epochs)"
+        if parts:
+            text += f"; {parts}"
+            text += (
+                f"; a query comes back every {self.revisit_mean} updates on average (at most {self.revisit_max}), "
+                f"replay_max_staleness {self.staleness}: {self.revisit_kept_fraction:.1%} of revisits find the "
+                f"previous visit's samples"
+            )
+        return text
+
+
+def iterations_per_epoch(dataset_size: int, queries_per_iteration: int) -> int:
+    """``T``: steps of ``queries_per_iteration`` queries in one epoch (drop-last)."""
+    _check_sizes(dataset_size, queries_per_iteration)
+    return dataset_size // queries_per_iteration
+
+
+def default_staleness(dataset_size: int, queries_per_iteration: int) -> int:
+    """The ``replay_max_staleness`` used when the config leaves it None: two epochs of updates."""
+    return DEFAULT_STALENESS_EPOCHS * iterations_per_epoch(dataset_size, queries_per_iteration)
+
+
+def revisit_kept_fraction(steps_per_epoch: int, staleness: int | None, *, extra_lag: int = 0) -> float:
+    """Fraction of revisits (next epoch, uniform step positions) whose lag ``T + d + extra_lag`` is within
+    ``staleness``; ``None`` staleness keeps everything."""
+    if staleness is None:
+        return 1.0
+    t = steps_per_epoch
+    kept = 0
+    for d in range(-(t - 1), t):
+        if t + d + extra_lag <= staleness:
+            kept += t - abs(d)
+    return kept / (t * t)
+
+
+def compute_schedule(
+    *,
+    dataset_size: int,
+    queries_per_iteration: int,
+    replay: bool,
+    replay_start_epoch: int,
+    reflection: bool,
+    reflection_start_epoch: int,
+    ranking: bool,
+    ranking_start_epoch: int,
+    replay_max_staleness: int | None,
+    staleness_derived: bool = False,
+    dynamic_sampling: bool = False,
+    overlap_generation: bool = False,
+    stop_iteration: int | None = None,
+) -> Schedule:
+    """The R^3 schedule of a run (see the module docstring for the rules).
+
+    ``replay_max_staleness`` is the bound in effect (pass :func:`default_staleness` with ``staleness_derived=True``
+    when the config leaves it None). ``stop_iteration``: the last training iteration, when known.
+    """
+    t = iterations_per_epoch(dataset_size, queries_per_iteration)
+    if stop_iteration is not None and stop_iteration < 1:
+        raise ValueError(f"stop_iteration must be >= 1 or None, got {stop_iteration}")
+    if replay_max_staleness is not None and replay_max_staleness < 0:
+        raise ValueError(f"replay_max_staleness must be >= 0 or None, got {replay_max_staleness}")
+    settings = {
+        "replay": (replay, replay_start_epoch),
+        "reflection": (reflection, reflection_start_epoch),
+        "ranking": (ranking, ranking_start_epoch),
+    }
+    parts: dict[str, PartSchedule] = {}
+    errors: list[str] = []
+    warnings: list[str] = []
+    for name, (enabled, start) in settings.items():
+        if start < 0:
+            raise ValueError(f"{name}_start_epoch must be >= 0, got {start}")
+        first = start * t + 1 if enabled else None
+        parts[name] = PartSchedule(name, bool(enabled), int(start), first)
+        if enabled and stop_iteration is not None and first > stop_iteration:
+            warnings.append(
+                f"{name} never switches on: {name}_start_epoch={start} begins at iteration {first} "
+                f"({dataset_size} queries / {queries_per_iteration} per iteration = {t} iterations per epoch), "
+                f"after the stop at iteration {stop_iteration}"
+            )
+
+    extra_lag = 1 if overlap_generation else 0
+    revisit_max = 2 * t - 1 + extra_lag
+    kept = revisit_kept_fraction(t, replay_max_staleness, extra_lag=extra_lag)
+    history = replay or reflection
+    if replay and dynamic_sampling:
+        errors.append(
+            "replay with dynamic_sampling: dynamic sampling drops the all-equal groups that replay would mix "
+            "past samples into, so replay would never act; turn one of them off"
+        )
+    if history and replay_max_staleness is not None and kept == 0.0:
+        errors.append(
+            f"replay_max_staleness={replay_max_staleness} is shorter than the shortest gap between two visits of a "
+            f"query ({1 + extra_lag} update(s)): replay and reflection can never use a past sample"
+        )
+    elif history and replay_max_staleness is not None and replay_max_staleness < revisit_max:
+        source = (
+            "the derived default" if staleness_derived else f"replay_max_staleness={replay_max_staleness}"
+        )
+        warnings.append(
+            f"{source} is shorter than the longest gap between two visits of a query ({revisit_max} updates; "
+            f"{t} on average): only {kept:.1%} of revisits find the previous visit's samples. Leave "
+            f"replay_max_staleness unset (None) for two epochs of history ({DEFAULT_STALENESS_EPOCHS * t} updates)"
+        )
+    late_parts = [p for p in parts.values() if p.enabled and p.start_epoch > 0]
+    if dynamic_sampling and late_parts:
+        warnings.append(
+            "dynamic_sampling draws one more step of data per extra round: epochs end earlier than "
+            f"{t} iterations, and the parts switch on no later than the iterations computed here"
+        )
+    return Schedule(
+        dataset_size=dataset_size,
+        queries_per_iteration=queries_per_iteration,
+        iterations_per_epoch=t,
+        skipped_per_epoch=dataset_size - t * queries_per_iteration,
+        stop_iteration=stop_iteration,
+        parts=parts,
+        revisit_mean=t,
+        revisit_max=revisit_max,
+        staleness=replay_max_staleness,
+        revisit_kept_fraction=kept,
+        warnings=warnings,
+        errors=errors,
+    )
+
+
+def resolved_staleness(config: Any, dataset_size: int) -> int | None:
+    """``config.replay_max_staleness``, or two epochs of updates when it is None."""
+    if config.replay_max_staleness is not None:
+        return int(config.replay_max_staleness)
+    return default_staleness(dataset_size, int(config.queries_per_iteration))
+
+
+def schedule_for_config(config: Any, dataset_size: int, stop_iteration: int | None = None) -> Schedule:
+    """:func:`compute_schedule` with the values of an ``R3Config`` (read by attribute name)."""
+    return compute_schedule(
+        dataset_size=dataset_size,
+        queries_per_iteration=int(config.queries_per_iteration),
+        replay=bool(config.replay),
+        replay_start_epoch=int(config.replay_start_epoch),
+        reflection=bool(config.reflection),
+        reflection_start_epoch=int(config.reflection_start_epoch),
+        ranking=bool(config.ranking),
+        ranking_start_epoch=int(config.ranking_start_epoch),
+        replay_max_staleness=resolved_staleness(config, dataset_size),
+        staleness_derived=config.replay_max_staleness is None,
+        dynamic_sampling=bool(config.dynamic_sampling),
+        overlap_generation=bool(config.overlap_generation),
+        stop_iteration=stop_iteration,
+    )
+
+
+def _check_sizes(dataset_size: int, queries_per_iteration: int) -> None:
+    if queries_per_iteration < 1:
+        raise ValueError(f"queries_per_iteration must be >= 1, got {queries_per_iteration}")
+    if dataset_size < queries_per_iteration:
+        raise ValueError(
+            f"a data set of {dataset_size} queries is smaller than one iteration's {queries_per_iteration} "
+            f"queries: no epoch can be formed"
+        )
