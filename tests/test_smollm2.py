@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -271,7 +272,7 @@ def r3_config(engine: str = "hf"):
 
     return (
         R3Config.r3_preset()
-        .environment(ChatArithmeticEnv, env_config={"digits": 1, "num_queries": 8})
+        .environment("chat_arithmetic", env_config={"digits": 1, "num_queries": 8})  # entry point
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)
         .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
@@ -357,3 +358,17 @@ def test_r3_eval_on_math500_rows(model_dir, tmp_path, capsys):
     assert r["n"] == 2 and r["num_problems"] == 2 and 0.0 <= r["pass_at_1"] <= r["pass_at_n"] <= 1.0
     assert 0 < r["mean_response_tokens"] <= 12
     assert data["config"]["apply_chat_template"] is True
+
+
+@pytest.mark.slow
+def test_learning_bench_smoke(model_dir, ray_session, tmp_path, capsys):
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    mod = importlib.import_module("bench_smollm2_learning")
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| r3 |" in out and "held-out before" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["method"] for r in summary["runs"]] == ["r3"]
+    assert (tmp_path / "runs" / "r3" / "progress.csv").is_file()
