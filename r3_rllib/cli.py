@@ -37,6 +37,10 @@ def _train(args) -> int:
     exp_dir = os.path.join(storage, name)
     # Ray's newer console output ignores custom progress columns; the classic reporter shows ours.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if not args.verbose:
+        # Tune logs each failed trial's whole traceback (Tune's and Ray's frames first); the summary below says what
+        # failed, and the traceback stays in the trial's error.txt.
+        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     import ray
     from ray import tune
 
@@ -77,7 +81,10 @@ def _train(args) -> int:
     for r in results:
         m = r.metrics or {}
         acc = (m.get("rollout") or {}).get("accuracy")
-        print(f"trial {r.path}: iterations={m.get('training_iteration')} accuracy={acc} error={r.error}")
+        error = _error_summary(r.error) if r.error else None
+        print(f"trial {r.path}: iterations={m.get('training_iteration')} accuracy={acc} error={error}")
+        if error:
+            print(f"r3 train: {error} (traceback: {os.path.join(r.path, 'error.txt')})", file=sys.stderr)
     print(f"results in {exp_dir}")
     return 1 if failed else 0
 
@@ -105,6 +112,18 @@ def _check_schedule(spec) -> bool:
     for error in schedule.errors:
         print(f"r3 train: {error}", file=sys.stderr)
     return not schedule.errors
+
+
+def _error_summary(error: BaseException) -> str:
+    """One line for a failed trial: a runner that could not start as 'EnvRunner i failed to start: <its error>',
+    anything else as the last line of Ray's error text (the original 'Type: message')."""
+    from r3_rllib.algorithms.r3.startup import find_startup_error
+
+    startup = find_startup_error(error)
+    if startup is not None:
+        return str(startup)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

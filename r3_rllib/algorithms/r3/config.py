@@ -25,6 +25,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE
+from r3_rllib.engines.budget import ServingBudget
 from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -101,6 +102,9 @@ class R3Settings:
     """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha, lambda)."""
     adv_eps: float = 1e-6
     """GRPO's epsilon in (R - mean) / (std + eps)."""
+    adv_std_ddof: int = 0
+    """'grpo' only: the std's delta degrees of freedom, 0 (population std) or 1 (sample std, as torch.std in verl
+    and DeepScaleR). At G = 8, ddof=1 divides advantages by a std sqrt(8/7) = 1.069 times larger."""
     off_policy_correction: bool = True
     """Weight each token by min(pi_old/pi_behaviour, is_cap): corrects replayed (older-policy) samples."""
     is_cap: float = 2.0
@@ -268,8 +272,14 @@ class R3Config(AlgorithmConfig):
 
     @classmethod
     def r3_preset(cls) -> R3Config:
-        """The paper's method: replay + reflection + ranking, mixed-group advantages."""
-        return cls().r3(replay=True, reflection=True, ranking=True).training(advantage_estimator="mixed")
+        """The paper's objective: replay + reflection + ranking, mixed-group advantages, and each response's token
+        losses averaged (1/|o_i|, 'seq-mean-token-mean') before the mean over responses, so a long response
+        weighs as much as a short one."""
+        return (
+            cls()
+            .r3(replay=True, reflection=True, ranking=True)
+            .training(advantage_estimator="mixed", loss_agg_mode="seq-mean-token-mean")
+        )
 
     # -- RLlib hooks -------------------------------------------------------------------------------------------
     def get_default_rl_module_spec(self) -> RLModuleSpec:
@@ -310,6 +320,12 @@ class R3Config(AlgorithmConfig):
             errors.append(f"rollout_timeout_s must be > 0 or None, got {self.rollout_timeout_s}")
         if self.replay_k < 0:
             errors.append("replay_k must be >= 0")
+        if self.adv_std_ddof not in (0, 1):
+            errors.append(f"adv_std_ddof must be 0 or 1, got {self.adv_std_ddof!r}")
+        elif self.adv_std_ddof and self.advantage_estimator != "grpo":
+            errors.append(
+                f"adv_std_ddof applies to advantage_estimator 'grpo' only ({self.advantage_estimator!r} was given)"
+            )
         # The data-schedule checks that need no data size (the rest run at setup, see schedule.py).
         if self.replay_max_staleness is not None and self.replay_max_staleness < 1:
             errors.append(
@@ -356,6 +372,37 @@ class R3Config(AlgorithmConfig):
     @property
     def needs_replay_actor(self) -> bool:
         return bool(self.replay or self.reflection)
+
+    def serving_budget(self, tokenizer: Any = None) -> ServingBudget:
+        """The longest prompt and response the runners ask their engine for (engines/budget.py): env_config's
+        max_prompt_tokens when the env has one, reflection's extra prompt tokens when reflection is on (its template
+        and guidance counted with ``tokenizer``; without one, a character per token), and max_new_tokens."""
+        from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
+
+        env_config = self.env_config if isinstance(self.env_config, dict) else {}
+        max_prompt = env_config.get("max_prompt_tokens")
+        extra = 0
+        if self.reflection:
+            scaffold = build_reflection_prompt(
+                "",
+                "",
+                guidance=self.reflection_guidance,
+                template=self.reflection_template or DEFAULT_REFLECTION_TEMPLATE,
+            )
+            scaffold_tokens = (
+                len(tokenizer(scaffold, add_special_tokens=False)["input_ids"])
+                if tokenizer
+                else len(scaffold)
+            )
+            answer = self.max_new_tokens
+            if self.reflection_max_answer_chars is not None:
+                answer = min(answer, self.reflection_max_answer_chars + 3)  # + "..." of a cut answer
+            extra = scaffold_tokens + answer
+        return ServingBudget(
+            max_new_tokens=int(self.max_new_tokens),
+            max_prompt_tokens=int(max_prompt) if max_prompt is not None else None,
+            extra_prompt_tokens=extra,
+        )
 
     def r3_settings(self) -> dict[str, Any]:
         """The R3-specific fields as a plain dict (for logs and checkpoints)."""

@@ -152,6 +152,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.config.engine,
             resolve_model_path(self.config),
             self.tokenizer,
+            budget=self.config.serving_budget(self.tokenizer),  # vLLM's max_model_len unless engine_kwargs set it
             **{"dtype": engine_dtype(self.config.dtype), **dict(self.config.engine_kwargs)},
         )
         self._sample_seed = seed

@@ -24,6 +24,7 @@ from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
 from r3_rllib.algorithms.r3.learner import learner_memory_error
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
+from r3_rllib.algorithms.r3.startup import runner_startup_error
 from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
@@ -49,7 +50,14 @@ class R3(Algorithm):
 
     # -- setup ----------------------------------------------------------------------------------------------------
     def setup(self, config: R3Config) -> None:
-        super().setup(config)
+        try:
+            super().setup(config)
+        except Exception:
+            # A runner whose constructor raised only shows up later, e.g. as an IndexError in RLlib's get_spaces
+            # when every runner failed: report the runner's own error instead (startup.py).
+            self._raise_runner_startup_error()
+            raise
+        self._raise_runner_startup_error()  # some runners failed: a short-handed run would hide it
         self._policy_version = 0
         # The data epoch every runner's shard has completed (they advance together: see envs/data.py, Shard),
         # from each runner's last delivered rollout; it decides which R^3 parts are on.
@@ -113,6 +121,22 @@ class R3(Algorithm):
         if schedule.errors:
             raise ValueError("R^3 schedule: " + "; ".join(schedule.errors))
         return schedule
+
+    def _raise_runner_startup_error(self) -> None:
+        """Raise EnvRunnerStartupError (runner index and its own message) if a runner failed to start, after
+        releasing the runners and learners already built (the caller never gets this Algorithm to stop)."""
+        found = runner_startup_error(getattr(self, "env_runner_group", None))
+        if found is None:
+            return
+        error, cause = found
+        runners, learners = getattr(self, "env_runner_group", None), getattr(self, "learner_group", None)
+        for release in (runners and runners.stop, learners and learners.shutdown):
+            try:
+                if release:
+                    release()
+            except Exception:  # cleanup must not hide the start-up error
+                logger.exception("cleanup after a failed start")
+        raise error from cause
 
     # -- one iteration ------------------------------------------------------------------------------------------
     def training_step(self) -> None:
@@ -210,6 +234,7 @@ class R3(Algorithm):
             ranking_r_max=cfg.ranking_r_max,
             advantage_estimator=cfg.advantage_estimator,
             advantage_params=params,
+            keep_zero_advantage=cfg.kl_coef > 0,  # collapsed groups still carry the KL term (groups.py)
         )
 
     def _reflection_settings(self) -> ReflectionSettings | None:
