@@ -372,3 +372,17 @@ def test_learning_bench_smoke(model_dir, ray_session, tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [r["method"] for r in summary["runs"]] == ["r3"]
     assert (tmp_path / "runs" / "r3" / "progress.csv").is_file()
+
+
+def test_example_run_file_builds(monkeypatch):
+    """The SmolLM2 example loads into the config it describes without building (or needing) the model."""
+    from r3_rllib.train_config import load_run_file
+
+    monkeypatch.setattr(
+        smollm2, "smollm2_path", lambda: pytest.fail("loading a run file must not build a model")
+    )
+    spec = load_run_file(Path(__file__).resolve().parents[1] / "examples" / "smollm2_arithmetic_cpu.yaml")
+    c = spec.config
+    assert c.model_path == "smollm2-135m" and c.env == "chat_arithmetic"
+    assert (c.replay, c.reflection, c.ranking) == (True, True, True)
+    assert c.env_config == {"digits": 1, "operators": "+", "num_queries": 40}
