@@ -5,8 +5,9 @@ queries x 8 samples per iteration (1,024 samples), replay/reflection/ranking and
 staleness, the reflection caps, the eval and checkpoint cadence. Only what a CPU cannot run is overridden (with
 the run file's own ``--set`` mechanism): the model (the shipped 0.8M-parameter tiny model), the engine (HF), the
 response length (8 tokens), the learners (one local learner instead of 4 FSDP2 GPUs) and the data: a synthetic
-arithmetic pool shaped like DeepScaleR-40k (``--num-queries``, default 40,315 rows; 1-3 digit sums and
-differences, graded by an exact integer match), so the tiny model gets some right and some wrong.
+arithmetic pool shaped like DeepScaleR (``--num-queries`` rows, 40,315 for DeepScaleR-40k's size; 2-digit sums,
+plus 3-digit operands above 8,100 rows, graded by an exact integer match), so the tiny model gets some right and
+some wrong.
 
 Per iteration it prints the data epoch of the batch, which R^3 parts were active in it, replay requests and hits,
 reflection prompts, ranked groups, replay buffer size and memory, and the driver's time per iteration
@@ -41,12 +42,15 @@ DEEPSCALER_ROWS = 40_315  # agentica-org/DeepScaleR-Preview-Dataset, train split
 
 def overrides(args: argparse.Namespace, model: str) -> list[str]:
     """``--set`` overrides: model, engine, lengths, resources and data only (nothing that sets the schedule)."""
-    env_config = f"{{num_queries: {args.num_queries}, digits: [1, 3], operators: '+-', pool_seed: 1}}"
+    # 2-digit sums (8,100 distinct), which the tiny model gets right about half the time, when the pool fits;
+    # a 40k pool needs 3-digit operands too (the tiny model rarely gets those right: fewer replay hits).
+    digits = "2" if args.num_queries <= 8100 else "[2, 3]"
+    env_config = f"{{num_queries: {args.num_queries}, digits: {digits}, operators: '+', pool_seed: 1}}"
     return [
         # data: a DeepScaleR-sized pool that is cheap to grade
         "environment.env=arithmetic",
         f"environment.env_config={env_config}",
-        "training.eval_env_config={split: test}",
+        "training.eval_env_config={split: test, num_queries: 500}",  # a disjoint held-out pool
         # model, engine and lengths
         f"training.model_path={model}",
         "training.engine=hf",
