@@ -161,3 +161,12 @@ def test_schedule_smoke(ray_session, capsys):
     out = capsys.readouterr().out
     assert "314 iterations per epoch" in out  # schedule.py on the real 40,315 rows
     assert "epochs as computed by schedule.py in every iteration: True" in out
+
+
+@pytest.mark.slow
+def test_learner_memory_smoke(capsys):
+    mod = load("bench_learner_memory")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| response head + checkpointing |" in out
+    assert "same loss and gradient norm in every path: True" in out
