@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from algo_checks import assert_runner_scores_like_learner
 
@@ -168,3 +169,50 @@ def test_env_registered_only_in_the_driver_reaches_the_runner(ray_session, tiny_
         _REGISTRY.pop("driver_only_subtraction", None)
     assert result["training_iteration"] == 1
     assert "-" in prompts[0]
+
+
+def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_random_model):
+    """With kl_coef > 0 a group whose rewards are all equal stays in the batch with advantage 0: it adds KL and
+    its tokens count in the token mean. Hand-computed on the learner: one update is one optimizer step, so the
+    ratio is exactly 1 and pg_loss = -sum_i A_i |o_i| / (tokens in the batch)."""
+    from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch
+
+    def sample(qid, reward, n_tokens):
+        return Sample(
+            query_id=qid,
+            prompt_ids=[5, 6],
+            response_ids=[7 + i for i in range(n_tokens)],
+            behavior_logprobs=np.zeros(n_tokens, np.float32),
+            entropies=np.ones(n_tokens, np.float32),
+            reward=reward,
+            correct=reward >= 1.0,
+            truncated=False,
+            policy_version=0,
+        )
+
+    def groups():
+        # "b": rewards [1, 0] -> advantages +1 (3 tokens) and -1 (1 token); "a": collapsed, 2 + 2 tokens
+        return [Group("b", [sample("b", 1.0, 3), sample("b", 0.0, 1)]), Group("a", [sample("a", 0.0, 2)] * 2)]
+
+    config = tiny_config(
+        tiny_random_model, kl_coef=0.1, off_policy_correction=False, learner_entropy=False, num_minibatches=1
+    ).r3(ranking=False)
+    algo = config.build_algo()
+    try:
+        grpo = dict(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+        kept, _ = build_training_batch(groups(), R3Switches(**grpo, keep_zero_advantage=True))
+        with_kl = algo.learner_call(lambda lr, b=kept: lr.update_from_samples(b, seed=0))[0]
+        dropped, _ = build_training_batch(groups(), R3Switches(**grpo))
+        without = algo.learner_call(lambda lr, b=dropped: lr.update_from_samples(b, seed=0))[0]
+        assert with_kl["trained_tokens"] == 8 and without["trained_tokens"] == 4
+        assert with_kl["pg_loss"] == pytest.approx(-(3 - 1) / 8, abs=1e-6)
+        assert without["pg_loss"] == pytest.approx(-(3 - 1) / 4, abs=1e-6)
+
+        # The algorithm keeps them too when kl_coef > 0: every fresh sample trains, collapsed groups included.
+        result = algo.train()
+        n_samples = config.queries_per_iteration * config.group_size
+        assert result["r3"]["train_samples"] == n_samples
+        collapsed_groups = result["rollout"]["zero_adv_frac"] * config.queries_per_iteration
+        assert result["r3"]["train_zero_adv_samples"] == pytest.approx(collapsed_groups * config.group_size)
+    finally:
+        algo.stop()
