@@ -346,9 +346,17 @@ class R3Config(AlgorithmConfig):
                 "turn off sleep_between_rollouts (or overlap_generation)"
             )
         if self.replay_priority not in PRIORITY_FNS:
-            errors.append(f"replay_priority must be one of {sorted(PRIORITY_FNS)}, got {self.replay_priority!r}")
+            errors.append(
+                f"replay_priority must be one of {sorted(PRIORITY_FNS)}, got {self.replay_priority!r}"
+            )
         from r3_rllib.core.advantages import ADVANTAGE_FNS
 
+        if self.advantage_estimator == "rarity":
+            # R^2PO's stage-A advantage trains the rollout head; on the policy itself it would reward wrong answers
+            # in a mostly-right group.
+            errors.append(
+                "advantage_estimator 'rarity' is R^2PO's rollout-head advantage, not a policy estimator"
+            )
         from r3_rllib.core.losses import LOSS_FNS
 
         for kind, name, registry in (

@@ -60,6 +60,7 @@ def engine_dtype(name: str) -> str:
 
 
 def _text_env_factory(name: str):
+    # Private: Tune's cluster-wide registry has no public lookup (tests/test_rllib_private_api.py guards it).
     from ray.tune.registry import ENV_CREATOR, _global_registry
 
     from r3_rllib.envs.registry import get_text_env_factory

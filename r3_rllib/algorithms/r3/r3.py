@@ -316,7 +316,7 @@ class R3(Algorithm):
         kill their processes; Ray restarts them and `restore_env_runners` brings them back."""
         if not ids:
             return
-        # RLlib exposes no public way to mark an actor unhealthy.
+        # Private: RLlib exposes no public way to mark an actor unhealthy (tests/test_rllib_private_api.py).
         manager = self.env_runner_group._worker_manager
         handles = manager.actors()
         for wid in ids:
