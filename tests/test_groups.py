@@ -8,7 +8,6 @@ from r3_rllib.algorithms.r3.groups import (
     R3Switches,
     Sample,
     build_training_batch,
-    is_degenerate,
     replay_requests,
 )
 
@@ -34,7 +33,6 @@ def _group(qid, rewards, entropies=None):
 
 
 def test_degenerate_and_requests():
-    assert is_degenerate([0, 0, 0]) and is_degenerate([1, 1]) and not is_degenerate([0, 1])
     groups = [_group("a", [0, 0]), _group("b", [1, 1]), _group("c", [0, 1])]
     assert replay_requests(groups, 3) == [("a", True, 3), ("b", False, 3)]
     assert replay_requests(groups, 0) == []

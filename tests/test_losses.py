@@ -221,3 +221,51 @@ def test_loss_registry():
     assert get_loss_fn("clipped_pg") is clipped_policy_loss
     with pytest.raises(KeyError, match="unknown policy loss"):
         get_loss_fn("nope")
+
+
+def test_rl_objective_combines_the_named_loss_importance_weights_and_kl_by_hand():
+    from r3_rllib.core.losses import rl_objective
+
+    zeros = torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([2.0, -1.0])
+    params = {"clip_low": 0.2, "clip_high": 0.2, "agg_mode": "token-mean", "norm_len": None}
+    # Ratio 1 and importance weight 1: per-token loss -A, i.e. -2, -2, +1 over the 3 valid tokens.
+    loss, m = rl_objective(zeros, zeros, zeros, adv, mask, loss_params=params, is_cap=2.0)
+    assert float(loss) == pytest.approx(-1.0)
+    assert float(m["is_weight_mean"]) == pytest.approx(1.0) and float(m["kl"]) == 0.0
+    # k3 with ref - logp = -0.1 on every token: exp(-0.1) + 0.1 - 1 = 0.0048374, times kl_coef 0.5.
+    loss, m = rl_objective(
+        zeros, zeros, zeros, adv, mask, loss_params=params, ref_logprobs=zeros - 0.1, kl_coef=0.5
+    )
+    assert float(m["kl"]) == pytest.approx(0.0048374, abs=1e-6)
+    assert float(loss) == pytest.approx(-1.0 + 0.5 * 0.0048374, abs=1e-6)
+    assert "is_weight_mean" not in m  # no correction asked for
+    # The behaviour policy found the first token half as likely as the proximal one: weight min(2, cap 1.5).
+    behav = torch.tensor([[-0.6931472, 0.0], [0.0, 0.0]])
+    loss, m = rl_objective(zeros, zeros, behav, adv, mask, loss_params=params, is_cap=1.5)
+    assert float(loss) == pytest.approx((-2 * 1.5 - 2 + 1) / 3, abs=1e-6)
+
+
+def test_rl_objective_calls_a_loss_registered_by_name():
+    from r3_rllib.core.losses import LOSS_FNS, register_loss, rl_objective
+
+    @register_loss("test_plain_pg", config_params={"agg_mode": "loss_agg_mode"})
+    def plain_pg(logprobs, old_logprobs, advantages, mask, *, agg_mode, is_weights=None):
+        per_token = -advantages.unsqueeze(-1) * logprobs
+        return aggregate_loss(per_token, mask, agg_mode), {"plain": per_token.sum().detach()}
+
+    try:
+        lp = torch.tensor([[-1.0, -2.0]])
+        loss, m = rl_objective(
+            lp,
+            lp,
+            lp,
+            torch.tensor([1.0]),
+            torch.ones(1, 2),
+            policy_loss="test_plain_pg",
+            loss_params={"agg_mode": "token-mean"},
+        )
+        assert float(loss) == pytest.approx(1.5) and float(m["plain"]) == pytest.approx(3.0)
+    finally:
+        del LOSS_FNS["test_plain_pg"]

@@ -219,3 +219,48 @@ register_loss(
 def get_loss_fn(name: str) -> LossFn:
     """The policy loss registered as ``name``."""
     return LOSS_FNS.get_fn(name)
+
+
+def rl_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    policy_loss: str = "clipped_pg",
+    loss_params: Mapping[str, object] | None = None,
+    is_cap: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_type: str = "k3",
+    agg_mode: str = "token-mean",
+    norm_len: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The learner's whole objective on one micro-batch: the policy loss named ``policy_loss`` (from
+    :data:`LOSS_FNS`, with ``loss_params``), weighted per token by the truncated behaviour importance weight when
+    ``is_cap`` is set, plus ``kl_coef`` times the KL to a reference policy when ``ref_logprobs`` is given.
+
+    The reduction over tokens is the micro-batch's own (``agg_mode``); the caller rescales it to the global token or
+    sequence count of the minibatch, which only it knows (ranks and micro-batches split one minibatch). Returns
+    ``(loss, metrics)`` with detached scalar metrics: the policy loss's own (``clip_frac_low``, ...), plus
+    ``pg_loss``, ``kl`` and ``is_weight_mean``.
+    """
+    is_w = None
+    if is_cap is not None:
+        is_w = truncated_importance_weights(old_logprobs, behavior_logprobs, is_cap)
+        is_w = torch.where(mask.bool(), is_w, torch.ones_like(is_w))
+    pg, metrics = get_loss_fn(policy_loss)(
+        logprobs, old_logprobs, advantages, mask, is_weights=is_w, **dict(loss_params or {})
+    )
+    loss = pg
+    kl = torch.zeros((), device=logprobs.device)
+    if ref_logprobs is not None:
+        kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs, kl_type), mask, agg_mode, norm_len=norm_len)
+        loss = loss + kl_coef * kl
+    out = {k: v.detach() for k, v in metrics.items()}
+    out["pg_loss"] = pg.detach()
+    out["kl"] = kl.detach()
+    if is_w is not None:
+        out["is_weight_mean"] = _masked_mean(is_w, mask.to(is_w.dtype))
+    return loss, out

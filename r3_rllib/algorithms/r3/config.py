@@ -23,6 +23,7 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.annotations import override
 
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE
 from r3_rllib.engines.budget import ServingBudget
@@ -223,6 +224,7 @@ class R3Config(AlgorithmConfig):
         self.seed = 0
 
     # -- builder methods ---------------------------------------------------------------------------------------
+    @override(AlgorithmConfig)
     def environment(self, env=NotProvided, **kwargs) -> R3Config:
         """RLlib's `.environment()`. A TextEnv name registered only in this process (`register_text_env`, no
         installed entry point) is also put in Ray Tune's cluster-wide env registry, as RLlib does for gym envs: the
@@ -236,6 +238,7 @@ class R3Config(AlgorithmConfig):
                 register_env(env, get_text_env_factory(env))
         return super().environment(env=env, **kwargs)
 
+    @override(AlgorithmConfig)
     def training(self, **kwargs) -> R3Config:
         """RLlib's `.training()` plus every field of `R3Settings`."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in R3_FIELDS}
@@ -282,6 +285,7 @@ class R3Config(AlgorithmConfig):
         )
 
     # -- RLlib hooks -------------------------------------------------------------------------------------------
+    @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         from r3_rllib.algorithms.r3.learner import CausalLMModule
 
@@ -290,11 +294,13 @@ class R3Config(AlgorithmConfig):
             model_config={"model_path": self.model_path, "attn_implementation": self.attn_implementation},
         )
 
+    @override(AlgorithmConfig)
     def get_default_learner_class(self):
         from r3_rllib.algorithms.r3.learner import R3Learner
 
         return R3Learner
 
+    @override(AlgorithmConfig)
     def validate(self) -> None:
         super().validate()
         errors = []

@@ -19,6 +19,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample
@@ -153,7 +154,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.config.engine,
             resolve_model_path(self.config),
             self.tokenizer,
-            budget=self.config.serving_budget(self.tokenizer),  # vLLM's max_model_len unless engine_kwargs set it
+            # vLLM's max_model_len unless engine_kwargs set it
+            budget=self.config.serving_budget(self.tokenizer),
             **{"dtype": engine_dtype(self.config.dtype), **dict(self.config.engine_kwargs)},
         )
         self._sample_seed = seed
@@ -161,16 +163,20 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._stop_ids = tuple(i for i in [self.tokenizer.eos_token_id] if i is not None)
 
     # -- RLlib EnvRunner API ------------------------------------------------------------------------------------
+    @override(EnvRunner)
     def assert_healthy(self):
         assert self.engine is not None and self.env is not None
 
+    @override(EnvRunner)
     def get_spaces(self):
         spaces = (self.env.observation_space, self.env.action_space)
         return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
 
+    @override(EnvRunner)
     def get_metrics(self) -> dict:
         return {}
 
+    @override(EnvRunner)
     def stop(self):
         if getattr(self, "engine", None) is not None:
             self.engine.shutdown()
@@ -193,6 +199,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             seed=self._sample_seed,
         )
 
+    @override(EnvRunner)
     def sample(
         self, *, num_queries: int = 1, reflection: ReflectionSettings | None = None, **kwargs
     ) -> dict[str, Any]:
@@ -321,6 +328,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return time.perf_counter() - t0
 
     # -- Checkpointable -----------------------------------------------------------------------------------------
+    @override(Checkpointable)
     def get_state(
         self,
         components: str | Collection[str] | None = None,
@@ -336,6 +344,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "policy_version": self.engine.version if self.engine else 0,
         }
 
+    @override(Checkpointable)
     def set_state(self, state: dict) -> None:
         if not state or COMPONENT_RL_MODULE in state and len(state) <= 2:
             return  # RLlib's post-setup weight broadcast: our weights arrive through update_weights().
@@ -343,9 +352,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.env.set_state(state["env"])
             self._sample_seed = state["sample_seed"]
 
+    @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config, "worker_index": self.worker_index, "num_workers": self.num_workers}
 
+    @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
 

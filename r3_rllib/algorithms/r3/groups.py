@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from r3_rllib.core.advantages import compute_group_advantages
+from r3_rllib.core.advantages import compute_group_advantages, group_is_degenerate
 from r3_rllib.core.ranking import structural_entropy_rewards
 
 
@@ -60,7 +60,11 @@ class Group:
     samples: list[Sample]
     is_reflection: bool = False
     replayed: list[Sample] = field(default_factory=list)
-    ranked: bool = False
+
+    @property
+    def is_degenerate(self) -> bool:
+        """All its own samples have the same reward: every advantage within the group is zero."""
+        return group_is_degenerate([s.reward for s in self.samples])
 
     @property
     def all_wrong(self) -> bool:
@@ -87,11 +91,6 @@ class R3Switches:
     gradient)."""
 
 
-def is_degenerate(rewards: Sequence[float]) -> bool:
-    """A group whose rewards are all equal gives every sample a zero advantage."""
-    return len(rewards) == 0 or float(np.ptp(np.asarray(rewards, dtype=np.float64))) == 0.0
-
-
 def replay_requests(groups: Sequence[Group], k: int) -> list[tuple[str, bool, int]]:
     """(query_id, want_correct, k) for every fresh group that collapsed: all wrong wants successes, all right
     wants failures."""
@@ -111,7 +110,6 @@ def apply_ranking_rewards(group: Group, *, p: float, r_max: float) -> None:
     rewards = structural_entropy_rewards([s.entropies for s in group.samples], p=p, r_max=r_max)
     for s, r in zip(group.samples, rewards, strict=True):
         s.reward = float(r)
-    group.ranked = True
 
 
 def build_training_batch(
@@ -129,7 +127,7 @@ def build_training_batch(
     fresh = [g for g in groups if not g.is_reflection]
     metrics: dict[str, float] = {
         "groups": float(len(groups)),
-        "zero_adv_frac_before": _frac(is_degenerate([s.reward for s in g.samples]) for g in fresh),
+        "zero_adv_frac_before": _frac(g.is_degenerate for g in fresh),
         "replay_requests": 0.0,
         "replay_hits": 0.0,
         "replay_samples": 0.0,
@@ -163,7 +161,8 @@ def build_training_batch(
         advantages = compute_group_advantages(
             switches.advantage_estimator, rewards, **switches.advantage_params
         )
-        degenerate = bool(np.all(advantages == 0.0))
+        # The estimator's output, not the rewards: mixed groups (fresh + replayed) are judged after mixing.
+        degenerate = not np.any(advantages)
         if not g.is_reflection:
             zero_after.append(degenerate)
         if degenerate:

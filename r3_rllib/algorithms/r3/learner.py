@@ -27,17 +27,16 @@ import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.framework import get_device
 from torch.utils.checkpoint import checkpoint
 
 from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.algorithms.r3.weight_sync import pack_weights
 from r3_rllib.core.losses import (
-    aggregate_loss,
-    clipped_policy_loss,
+    LOSS_FNS,
     entropy_from_logits,
-    kl_penalty,
-    truncated_importance_weights,
+    rl_objective,
 )
 
 logger = logging.getLogger(__name__)
@@ -372,6 +371,7 @@ class R3Learner(TorchLearner):
     """Trains the policy on batches of `Sample`s with advantages (see module docstring)."""
 
     # -- building -----------------------------------------------------------------------------------------------
+    @override(TorchLearner)
     def build(self) -> None:
         if self._is_built:
             return
@@ -431,11 +431,13 @@ class R3Learner(TorchLearner):
         ref.eval().requires_grad_(False)
         return ref
 
+    @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         raise NotImplementedError(
             "R3Learner trains through update_from_samples(); RLlib's episode-based update path is not used"
         )
 
+    @override(TorchLearner)
     def _make_modules_ddp_if_necessary(self) -> None:
         """FSDP2 sharding happens in build(); RLlib's DDP wrapping would duplicate the policy per rank."""
 
@@ -549,21 +551,12 @@ class R3Learner(TorchLearner):
         n_tokens = sum(len(samples[i].response_ids) for i in mb)
         n_seqs = len(mb)
         denom_global = n_tokens if cfg.loss_agg_mode == "token-mean" else n_seqs
-        acc = {
-            "loss": 0.0,
-            "pg_loss": 0.0,
-            "kl": 0.0,
-            "clip_frac": 0.0,
-            "approx_kl": 0.0,
-            "is_weight_mean": 0.0,
-        }
-        if cfg.learner_entropy:
-            acc["entropy"] = 0.0
+        acc: dict[str, float] = {}
+        loss_params = LOSS_FNS.params_from(cfg.policy_loss, cfg)
         local_tokens = 0
         for chunk in self._micro_chunks(mb, samples):
             idx, real = self._chunk_or_dummy(chunk)
-            chunk_samples = [samples[i] for i in idx]
-            packed = pack_samples(chunk_samples, self._pad_id, self._device)
+            packed = pack_samples([samples[i] for i in idx], self._pad_id, self._device)
             mask = packed["response_mask"]
             width = mask.shape[1]
             logp, entropy = self._score(policy, packed, with_entropy=cfg.learner_entropy)
@@ -571,23 +564,7 @@ class R3Learner(TorchLearner):
                 old = torch.stack([_fit(old_lp[int(i)], width) for i in idx])
             else:  # single optimizer step (or a padding chunk): the proximal policy is the current one
                 old = logp.detach()
-            is_w = None
-            if cfg.off_policy_correction:
-                is_w = truncated_importance_weights(old, packed["behavior_logprobs"], cfg.is_cap)
-                is_w = torch.where(mask, is_w, torch.ones_like(is_w))
-            pg, pg_metrics = clipped_policy_loss(
-                logp,
-                old,
-                packed["advantages"],
-                mask,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                agg_mode=cfg.loss_agg_mode,
-                norm_len=cfg.max_new_tokens,
-                is_weights=is_w,
-            )
-            loss = pg
-            kl_val = torch.zeros((), device=logp.device)
+            ref = None
             if self._reference is not None:
                 if ref_lp is None:
                     with torch.no_grad():
@@ -596,28 +573,35 @@ class R3Learner(TorchLearner):
                     ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx])
                 else:
                     ref = logp.detach()
-                kl_val = aggregate_loss(
-                    kl_penalty(logp, ref, cfg.kl_type), mask, cfg.loss_agg_mode, norm_len=cfg.max_new_tokens
-                )
-                loss = loss + cfg.kl_coef * kl_val
+            loss, metrics = rl_objective(
+                logp,
+                old,
+                packed["behavior_logprobs"],
+                packed["advantages"],
+                mask,
+                policy_loss=cfg.policy_loss,
+                loss_params=loss_params,
+                is_cap=cfg.is_cap if cfg.off_policy_correction else None,
+                ref_logprobs=ref,
+                kl_coef=cfg.kl_coef,
+                kl_type=cfg.kl_type,
+                agg_mode=cfg.loss_agg_mode,
+                norm_len=cfg.max_new_tokens,
+            )
             local_count = int(mask.sum()) if cfg.loss_agg_mode == "token-mean" else len(idx)
-            # aggregate_loss divides by the local count; rescale to the global one, times world size because
-            # FSDP/DDP average gradients over ranks.
+            # The objective divides by the micro-batch's own count; rescale to the minibatch's global one, times
+            # world size because FSDP/DDP average gradients over ranks.
             weight = (local_count / denom_global) if real else 0.0
             (loss * weight * self._world).backward()
             if real:
                 local_tokens += int(mask.sum())
-                loss, pg, kl_val = loss.detach(), pg.detach(), kl_val.detach()
-                acc["loss"] += float(loss) * weight
-                acc["pg_loss"] += float(pg) * weight
-                acc["kl"] += float(kl_val) * weight
-                clip = pg_metrics["clip_frac_low"] + pg_metrics["clip_frac_high"]
-                acc["clip_frac"] += float(clip) * weight
-                acc["approx_kl"] += float(pg_metrics.get("approx_kl", 0.0)) * weight
-                if entropy is not None:
-                    acc["entropy"] += float((entropy * mask).sum() / mask.sum().clamp(min=1)) * weight
-                if is_w is not None:
-                    acc["is_weight_mean"] += float((is_w * mask).sum() / mask.sum().clamp(min=1)) * weight
+            # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
+            metrics["loss"] = loss.detach()
+            metrics["clip_frac"] = metrics.pop("clip_frac_low", 0.0) + metrics.pop("clip_frac_high", 0.0)
+            if entropy is not None:
+                metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+            for k, v in metrics.items():
+                acc[k] = acc.get(k, 0.0) + float(v) * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip or float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -709,14 +693,17 @@ class R3Learner(TorchLearner):
         torch.set_rng_state(extra["torch"])
         self._policy_version = int(extra["version"])
 
+    @override(TorchLearner)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
         # Weights and optimizer state are saved with DCP (save_dcp), not through RLlib's pickled state.
         return {"policy_version": getattr(self, "_policy_version", 0)}
 
+    @override(TorchLearner)
     def set_state(self, state: dict) -> None:
         if "policy_version" in state:
             self._policy_version = int(state["policy_version"])
 
+    @override(TorchLearner)
     def get_checkpointable_components(self):
         return []
 

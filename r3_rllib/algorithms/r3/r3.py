@@ -12,20 +12,20 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.utils.annotations import override
 
 from r3_rllib.algorithms.r3.config import R3Config
-from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch, is_degenerate
+from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch
 from r3_rllib.algorithms.r3.learner import learner_memory_error
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
 from r3_rllib.algorithms.r3.startup import runner_startup_error
-from r3_rllib.core.advantages import ADVANTAGE_FNS
+from r3_rllib.core.advantages import ADVANTAGE_FNS, group_is_degenerate
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
 
@@ -45,10 +45,12 @@ class R3(Algorithm):
     """GRPO-family RL of causal LMs on text environments, with R^3 (replay, reflection, ranking rewards)."""
 
     @classmethod
+    @override(Algorithm)
     def get_default_config(cls) -> R3Config:
         return R3Config()
 
     # -- setup ----------------------------------------------------------------------------------------------------
+    @override(Algorithm)
     def setup(self, config: R3Config) -> None:
         try:
             super().setup(config)
@@ -65,7 +67,6 @@ class R3(Algorithm):
         self._runner_epochs: dict[int, int] = {}
         self.schedule = self._check_schedule()
         self._rng = np.random.default_rng(self.config.seed)
-        self._weight_sync_s = 0.0
         # overlap_generation: the rollout request in flight on the runners, or one already gathered (a checkpoint
         # drains the request so that its samples are saved, not lost).
         self._rollout_in_flight = False
@@ -139,30 +140,56 @@ class R3(Algorithm):
         raise error from cause
 
     # -- one iteration ------------------------------------------------------------------------------------------
+    @override(Algorithm)
     def training_step(self) -> None:
         cfg: R3Config = self.config
-        t_iter = time.perf_counter()
-        self._weight_sync_s = 0.0  # stays 0 in an iteration without an update
-        if self._replay is not None:
-            self._replay.check()
-        switches = self._active_switches()
-        reflection = self._reflection_settings()
+        with self._timed("iteration_s"):
+            if self._replay is not None:
+                self._replay.check()
+            switches = self._active_switches()
 
-        # 1. Rollouts (DAPO dynamic sampling: keep sampling until enough informative groups or out of rounds).
-        # With overlap_generation the batch was requested in the previous iteration, before its update.
-        t0 = time.perf_counter()
+            # 1. Rollouts: groups from the runners (DAPO's dynamic sampling refills; overlap asks for the next).
+            with self._timed("sample_s"):
+                groups, fresh, rollout = self._collect_groups(self._reflection_settings())
+            # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
+            with self._timed("r3_batch_s"):
+                batch, r3_metrics = self._build_batch(groups, switches)
+            # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
+            learner_metrics: dict[str, float] = {}
+            if batch:
+                with self._timed("learner_update_s"):
+                    learner_metrics = self._update_learners(batch)
+                with self._timed("weight_sync_s"):
+                    self._sync_weights(block=not cfg.overlap_generation)
+            else:
+                self.metrics.log_value(("timers_s", "learner_update_s"), 0.0, reduce="mean", window=1)
+                self.metrics.log_value(("timers_s", "weight_sync_s"), 0.0, reduce="mean", window=1)
+            # 5. Metrics and held-out evaluation.
+            self._log_metrics(fresh, groups, rollout, r3_metrics, learner_metrics)
+            if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
+                self.metrics.log_dict(self.evaluate_heldout(), key="eval")
+        return None
+
+    def _timed(self, name: str):
+        """RLlib's timer block for one phase, reported per iteration as timers_s/<name> (seconds)."""
+        return self.metrics.log_time(("timers_s", name), reduce="mean", window=1)
+
+    def _collect_groups(self, reflection: ReflectionSettings | None) -> tuple[list[Group], list[Group], dict]:
+        """(groups to train on, every fresh group sampled, rollout info). With overlap_generation the batch was
+        requested in the previous iteration, before its update, and the next one is requested here."""
+        cfg = self.config
         groups, rollout = self._next_rollout(cfg.queries_per_iteration, reflection)
-        all_fresh = [g for g in groups if not g.is_reflection]
-        if cfg.dynamic_sampling:
-            groups = [g for g in groups if not is_degenerate([s.reward for s in g.samples])]
+        fresh = [g for g in groups if not g.is_reflection]
+        if cfg.dynamic_sampling:  # keep sampling until enough informative groups or out of rounds
+            groups = [g for g in groups if not g.is_degenerate]
             rounds = 0
             while (
                 sum(not g.is_reflection for g in groups) < cfg.queries_per_iteration
                 and rounds < cfg.dynamic_sampling_max_rounds
             ):
                 more, more_info = self._sample_groups(cfg.queries_per_iteration, reflection)
-                all_fresh += [g for g in more if not g.is_reflection]
-                groups += [g for g in more if not is_degenerate([s.reward for s in g.samples])]
+                fresh += [g for g in more if not g.is_reflection]
+                groups += [g for g in more if not g.is_degenerate]
                 for k, v in more_info.items():
                     rollout[k] = rollout.get(k, 0.0) + v
                 rounds += 1
@@ -171,56 +198,37 @@ class R3(Algorithm):
             # The runners generate the next batch with the current weights while the learner trains on this one;
             # the weights of this update reach them after that rollout (a runner runs its calls in order).
             self._request_rollout(cfg.queries_per_iteration, self._reflection_settings())
-        sample_s = time.perf_counter() - t0
-        fresh_versions = [s.policy_version for g in all_fresh for s in g.samples]
+        fresh_versions = [s.policy_version for g in fresh for s in g.samples]
         if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
             lag = self._policy_version - float(np.mean(fresh_versions))
             self.metrics.log_value(("rollout", "policy_lag"), lag, reduce="mean", window=1)
+        return groups, fresh, rollout
 
-        # 2. R^3 batch: replay, ranking, advantages.
-        t0 = time.perf_counter()
+    def _build_batch(
+        self, groups: list[Group], switches: R3Switches
+    ) -> tuple[list[Sample], dict[str, float]]:
         fetch = self._fetch_replay if (switches.replay and self._replay_available) else None
         batch, r3_metrics = build_training_batch(groups, switches, fetch)
-        # Every fresh sample enters the per-query buffer after the batch is built (reflection samples do not:
-        # their prompt is not the query's, see groups.py).
+        # After the batch is built (a group never replays its own samples). Reflection samples stay out: their
+        # prompt is not the query's (see groups.py).
         if self._replay_available:
             fresh_samples = _to_replay_samples([g for g in groups if not g.is_reflection])
             self._replay.call(lambda replay: replay.add(fresh_samples, block=False), None)
-        r3_s = time.perf_counter() - t0
+        return batch, r3_metrics
 
-        # 3. Learner update, 4. weight sync.
-        learner_metrics, update_s = {}, 0.0
-        if batch:
-            t0 = time.perf_counter()
-            ref = ray.put(batch)
-            seed = int(self._rng.integers(2**31))
-            try:
-                results = self.learner_group.foreach_learner(
-                    lambda learner, _ref=ref, _seed=seed: learner.update_from_samples(_ref, seed=_seed)
-                )
-                learner_metrics = _first_result(results)
-            except Exception as err:  # a learner killed for memory: say which process and what to lower
-                oom = learner_memory_error(err, cfg)
-                if oom is None:
-                    raise
-                raise oom from err
-            update_s = time.perf_counter() - t0
-            self._sync_weights(block=not cfg.overlap_generation)
-
-        self._log_metrics(all_fresh, groups, rollout, r3_metrics, learner_metrics)
-        self.metrics.log_dict(
-            {
-                "sample_s": sample_s,
-                "r3_batch_s": r3_s,
-                "learner_update_s": update_s,
-                "weight_sync_s": self._weight_sync_s,
-                "iteration_s": time.perf_counter() - t_iter,
-            },
-            key="timers_s",
-        )
-        if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
-            self.metrics.log_dict(self.evaluate_heldout(), key="eval")
-        return None
+    def _update_learners(self, batch: list[Sample]) -> dict[str, float]:
+        ref = ray.put(batch)
+        seed = int(self._rng.integers(2**31))
+        try:
+            results = self.learner_group.foreach_learner(
+                lambda learner, _ref=ref, _seed=seed: learner.update_from_samples(_ref, seed=_seed)
+            )
+            return _first_result(results)
+        except Exception as err:  # a learner killed for memory: say which process and what to lower
+            oom = learner_memory_error(err, self.config)
+            if oom is None:
+                raise
+            raise oom from err
 
     def _active_switches(self) -> R3Switches:
         cfg = self.config
@@ -328,6 +336,7 @@ class R3(Algorithm):
             manager.set_actor_state(wid, healthy=False)
             ray.kill(handles[wid], no_restart=False)
 
+    @override(Algorithm)
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """Bring back crashed runners and give them what RLlib's default restore cannot: the current policy weights
         (they restart from the initial model) and the replay buffer client."""
@@ -361,7 +370,6 @@ class R3(Algorithm):
 
         `block=False` queues the load behind the rollout a runner is generating (overlap_generation): the
         driver goes on, and the runner's next call runs with the new weights."""
-        t0 = time.perf_counter()
         results = self.learner_group.foreach_learner(lambda learner: learner.weights_ref())
         refs = [r for r in _all_results(results) if r[0] is not None]
         weights_ref, version = refs[0]
@@ -380,7 +388,6 @@ class R3(Algorithm):
             self.env_runner_group.foreach_env_runner_async(
                 load, tag=WEIGHTS_TAG, remote_worker_ids=remote_worker_ids
             )
-        self._weight_sync_s = time.perf_counter() - t0
 
     # -- metrics --------------------------------------------------------------------------------------------------
     def _log_metrics(self, fresh, groups, rollout, r3_metrics, learner_metrics) -> None:
@@ -398,7 +405,7 @@ class R3(Algorithm):
             "entropy_mean": float(np.mean(entropies)) if entropies else 0.0,
             # Over every sampled group (before DAPO's filter) and on the env's rewards (before ranking).
             "zero_adv_frac_before": float(
-                np.mean([is_degenerate([s.env_reward for s in g.samples]) for g in fresh])
+                np.mean([group_is_degenerate([s.env_reward for s in g.samples]) for g in fresh])
             )
             if fresh
             else 0.0,
@@ -430,6 +437,7 @@ class R3(Algorithm):
         )[0]
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
+    @override(Algorithm)
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Learner shards via DCP (every rank writes its part) + driver, runner and replay state in a pickle."""
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
@@ -454,6 +462,7 @@ class R3(Algorithm):
         if state["replay"] is not None:
             self._replay.remember(state["replay"])
 
+    @override(Algorithm)
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         with open(os.path.join(checkpoint_dir, R3_STATE_FILE), "rb") as f:
             state = pickle.load(f)
