@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -59,7 +59,6 @@ class Completion:
     entropies: np.ndarray
     finish_reason: Literal["stop", "length"]
     text: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:

@@ -19,23 +19,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, Pr
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
 from r3_rllib.engines.kv_cache import preallocated_cache
+from r3_rllib.models.dtypes import resolve_dtype
 
 KV_CACHES = ("preallocated", "dynamic")
-
-
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-    }
-    names |= {"float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(names)}")
-    return names[dtype]
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
@@ -126,7 +112,7 @@ class HFEngine(GenerationEngine):
             path = Path(model)
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"no model folder (config.json) at {path}")
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_as_dtype(dtype))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
             if tokenizer is None:
                 tokenizer = load_tokenizer(path)
         self.model = model.to(self.device).eval()

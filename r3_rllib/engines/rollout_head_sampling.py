@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from r3_rllib.engines.hf_engine import HFEngine, _as_dtype
+from r3_rllib.engines.hf_engine import HFEngine
+from r3_rllib.models.dtypes import resolve_dtype
 from r3_rllib.models.rollout_head import (
     RolloutHead,
     attach_rollout_head,
@@ -56,7 +57,7 @@ class RolloutHeadHFEngine(HFEngine):
         **kwargs,
     ) -> None:
         if isinstance(head, (str, Path)):
-            head = load_rollout_head(head, dtype=_as_dtype(dtype))
+            head = load_rollout_head(head, dtype=resolve_dtype(dtype))
         if isinstance(model, (str, Path)):
             from r3_rllib.models.tiny import load_tokenizer
 
@@ -64,9 +65,9 @@ class RolloutHeadHFEngine(HFEngine):
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"no model folder (config.json) at {path}")
             if head is None:  # the head saved with the model, else a fresh one
-                model = load_policy_with_head(path, dtype=_as_dtype(dtype), seed=head_seed)
+                model = load_policy_with_head(path, dtype=resolve_dtype(dtype), seed=head_seed)
             else:
-                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_as_dtype(dtype))
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
             if tokenizer is None:
                 tokenizer = load_tokenizer(path)
         attached = get_rollout_head(model)

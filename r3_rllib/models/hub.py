@@ -62,3 +62,13 @@ def resolve_model_path(model: str | Path) -> Path:
         )
     except Exception as e:  # offline without a cached copy, unknown repo, no access: say which
         raise FileNotFoundError(f"could not get model {model!r} from the hub or its cache: {e}") from e
+
+
+def policy_path(model_path: str | Path | None) -> str:
+    """The policy folder of a config's ``model_path`` (see :func:`resolve_model_path`); None: the shipped tiny
+    arithmetic model."""
+    if not model_path:
+        from r3_rllib.models import default_tiny_model_path
+
+        return str(default_tiny_model_path())
+    return str(resolve_model_path(model_path))

@@ -28,36 +28,16 @@ from r3_rllib.core.reflection import ReflectionSettings, select_reflection_queri
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
+from r3_rllib.models.dtypes import dtype_name
+from r3_rllib.models.hub import policy_path
 
 logger = logging.getLogger(__name__)
 
 
-def resolve_model_path(config) -> str:
-    """The policy folder: `model_path` as a local folder or a hub name (downloaded once into the HF cache), or the
-    shipped tiny model when unset."""
-    from r3_rllib.models.hub import resolve_model_path as resolve
-
-    if config.model_path:
-        return str(resolve(config.model_path))
-    from r3_rllib.models import default_tiny_model_path
-
-    return str(default_tiny_model_path())
-
-
 def load_policy_tokenizer(config):
-    from r3_rllib.models.hub import resolve_model_path as resolve
     from r3_rllib.models.tiny import load_tokenizer
 
-    return load_tokenizer(
-        resolve(config.tokenizer_path) if config.tokenizer_path else resolve_model_path(config)
-    )
-
-
-def engine_dtype(name: str) -> str:
-    """'auto' -> bfloat16 on GPUs that support it, float32 otherwise (bf16 is slower on most CPUs)."""
-    if name != "auto":
-        return name
-    return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
 
 
 def _text_env_factory(name: str):
@@ -152,11 +132,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._eval_env: TextEnv | None = None
         self.engine = make_engine(
             self.config.engine,
-            resolve_model_path(self.config),
+            policy_path(self.config.model_path),
             self.tokenizer,
             # vLLM's max_model_len unless engine_kwargs set it
             budget=self.config.serving_budget(self.tokenizer),
-            **{"dtype": engine_dtype(self.config.dtype), **dict(self.config.engine_kwargs)},
+            **{"dtype": dtype_name(self.config.dtype), **dict(self.config.engine_kwargs)},
         )
         self._sample_seed = seed
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on

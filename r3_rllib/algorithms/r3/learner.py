@@ -38,27 +38,10 @@ from r3_rllib.core.losses import (
     entropy_from_logits,
     rl_objective,
 )
+from r3_rllib.models.dtypes import resolve_dtype
+from r3_rllib.models.hub import policy_path
 
 logger = logging.getLogger(__name__)
-
-
-def _policy_path(model_path: str | None) -> str:
-    """Local folder or hub name (resolved through the HF cache); None: the shipped tiny model."""
-    if model_path is None:
-        from r3_rllib.models import default_tiny_model_path
-
-        return str(default_tiny_model_path())
-    from r3_rllib.models.hub import resolve_model_path
-
-    return str(resolve_model_path(model_path))
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 class CausalLMModule(TorchRLModule):
@@ -67,7 +50,7 @@ class CausalLMModule(TorchRLModule):
     def setup(self):
         from transformers import AutoModelForCausalLM
 
-        path = _policy_path(self.model_config.get("model_path"))
+        path = policy_path(self.model_config.get("model_path"))
         kwargs = {}
         if self.model_config.get("attn_implementation"):
             kwargs["attn_implementation"] = self.model_config["attn_implementation"]
@@ -387,7 +370,7 @@ class R3Learner(TorchLearner):
         self._module = self._make_module()
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._world = dist.get_world_size() if dist.is_initialized() else 1
-        self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device))
+        self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device).type)
         policy = self.policy
         if use_gradient_checkpointing(self.config.gradient_checkpointing, self.config.model_path):
             # Non-reentrant: the variant that works under FSDP2 and with inputs that need no grad.
@@ -426,7 +409,7 @@ class R3Learner(TorchLearner):
     def _load_reference(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        path = _policy_path(self.config.model_path)
+        path = policy_path(self.config.model_path)
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
         ref.eval().requires_grad_(False)
         return ref
@@ -654,7 +637,7 @@ class R3Learner(TorchLearner):
         sd = self.full_state_dict(copy=False)
         return (ray.put(pack_weights(sd)) if sd is not None else None), self._policy_version
 
-    def export_hf(self, path: str, tokenizer_path: str | None = None) -> str | None:
+    def export_hf(self, path: str) -> str | None:
         """Write a Hugging Face folder of the current policy (rank 0). Collective."""
         sd = self.full_state_dict()
         if self._rank != 0:
