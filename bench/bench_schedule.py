@@ -18,7 +18,7 @@ The full first epoch of the real size is 314 iterations; on 2 CPU cores an itera
 run uses a smaller pool with the same per-runner batch, sized so that the epoch boundary falls inside the budget
 (``--num-queries 5243``: 40 iterations per epoch and, like 40,315, 123 queries sitting out each epoch).
 
-    python bench/bench_schedule.py                         # 5,243 queries, 50 iterations (~10-15 min here)
+    python bench/bench_schedule.py                         # 5,243 queries, 43 iterations (~15 min here)
     python bench/bench_schedule.py --num-queries 40315 --iterations 320   # the real size (hours on 2 cores)
     python bench/bench_schedule.py --smoke                 # CI: a tiny pool, 3 iterations
 """
@@ -58,8 +58,6 @@ def overrides(args: argparse.Namespace, model: str) -> list[str]:
         "training.attn_implementation=null",
         "training.dtype=float32",
         f"training.max_new_tokens={args.max_new_tokens}",
-        "training.micro_batch_max_tokens=null",
-        "training.micro_batch_size=256",
         "training.gradient_checkpointing=false",
         f"training.lr={args.lr}",
         # resources: CPU only, one local learner
@@ -90,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--num-queries", type=int, default=5243, help="size of the synthetic pool")
-    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--iterations", type=int, default=43)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--cpus-per-runner", type=float, default=0.25)
@@ -184,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['reflection_prompts']:.0f} | {row['ranked_groups']:.0f} | {row['buffer_size']:.0f} | "
                 f"{row['buffer_mib']:.1f} | {train_s:.2f} | {row['sample_s']:.2f} | {row['r3_batch_s']:.3f} | "
                 f"{row['learner_s']:.2f} | {ckpt_s:.2f} | {row['accuracy']:.2f}"
-                + (f" | eval {row['eval_accuracy']:.3f}" if row["eval_accuracy"] is not None else ""),
+                + (
+                    f" | eval {row['eval_accuracy']:.3f}"
+                    if config.eval_interval and j % config.eval_interval == 0
+                    else ""
+                ),
                 flush=True,
             )
         algo.stop()
