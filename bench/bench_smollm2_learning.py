@@ -179,7 +179,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.smoke:
         args.methods, args.iterations, args.num_queries, args.queries = "r3", 1, 4, 2
-        args.group_size, args.max_new_tokens = 4, 6
+        args.group_size = 4
     if not 1 <= args.num_queries <= 50:
         ap.error("--num-queries must be in [1, 50]: there are 100 one-digit sums for both pools together")
     return args
