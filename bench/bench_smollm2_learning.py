@@ -1,7 +1,7 @@
 """Learning on a real pretrained LM: GRPO and R^3 on SmolLM2-135M-Instruct, one-digit sums asked through its chat
 template, held-out greedy accuracy before and after, in one run.
 
-    python bench/bench_smollm2_learning.py                    # GRPO and R^3, 12 iterations each (~25 min, 2 cores)
+    python bench/bench_smollm2_learning.py                    # GRPO and R^3, 12 iterations each (8-15 min, 2 cores)
     python bench/bench_smollm2_learning.py --methods r3 --iterations 6
     python bench/bench_smollm2_learning.py --smoke            # CI: R^3, one tiny iteration (skips without the model)
 
