@@ -12,8 +12,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+from repo_paths import SHARED_DATA  # noqa: E402  (tests/ is on sys.path: this conftest's folder)
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Everything under tests/e2e (Ray sessions, engines, subprocesses) is `slow`: `pytest -m "not slow"` runs
+    the unit tests of tests/unit, which mirror the package."""
+    for item in items:
+        if E2E in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

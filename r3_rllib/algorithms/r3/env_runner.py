@@ -41,7 +41,7 @@ def load_policy_tokenizer(config):
 
 
 def _text_env_factory(name: str):
-    # Private: Tune's cluster-wide registry has no public lookup (tests/test_rllib_private_api.py guards it).
+    # Private: Tune's cluster-wide registry has no public lookup (tests/unit/test_rllib_private_api.py guards it).
     from ray.tune.registry import ENV_CREATOR, _global_registry
 
     from r3_rllib.envs.registry import get_text_env_factory

@@ -324,7 +324,7 @@ class R3(Algorithm):
         kill their processes; Ray restarts them and `restore_env_runners` brings them back."""
         if not ids:
             return
-        # Private: RLlib exposes no public way to mark an actor unhealthy (tests/test_rllib_private_api.py).
+        # Private: RLlib exposes no public way to mark an actor unhealthy (tests/unit/test_rllib_private_api.py).
         manager = self.env_runner_group._worker_manager
         handles = manager.actors()
         for wid in ids:

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from repo_paths import SHARED_DATA
 from transformers import AutoTokenizer
 
 from r3_rllib.engines import make_engine
@@ -20,7 +20,7 @@ from r3_rllib.models.tiny import (
     save_tiny,
 )
 
-R1_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers" / "r1_distill_qwen_1.5b"
+R1_TOKENIZER = SHARED_DATA / "tokenizers" / "r1_distill_qwen_1.5b"
 PROMPTS = ["12+34=", "7+8=", "the sum of 1 and 2 is ", "99+1="]
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.startup import EnvRunnerStartupError, find_startup_error
@@ -20,7 +21,6 @@ from r3_rllib.engines.budget import (
 )
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 
-REPO = Path(__file__).resolve().parents[1]
 R3 = str(Path(sys.executable).parent / "r3")
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 KV_MESSAGE = r"To serve at least one request with the model's max seq len \(2048\)"

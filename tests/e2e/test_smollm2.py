@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo_paths import REPO, SHARED_DATA
 
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.chat_arithmetic import ChatArithmeticEnv, last_integer
 from r3_rllib.models import hub, smollm2
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-MATH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+MATH_DIR = SHARED_DATA / "math"
 T = 0.6  # the paper config's rollout temperature
 
 
@@ -362,7 +363,7 @@ def test_r3_eval_on_math500_rows(model_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_learning_bench_smoke(model_dir, ray_session, tmp_path, capsys):
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    bench = str(REPO / "bench")
     if bench not in sys.path:
         sys.path.insert(0, bench)
     mod = importlib.import_module("bench_smollm2_learning")
@@ -381,7 +382,7 @@ def test_example_run_file_builds(monkeypatch):
     monkeypatch.setattr(
         smollm2, "smollm2_path", lambda: pytest.fail("loading a run file must not build a model")
     )
-    spec = load_run_file(Path(__file__).resolve().parents[1] / "examples" / "smollm2_arithmetic_cpu.yaml")
+    spec = load_run_file(REPO / "examples" / "smollm2_arithmetic_cpu.yaml")
     c = spec.config
     assert c.model_path == "smollm2-135m" and c.env == "chat_arithmetic"
     assert (c.replay, c.reflection, c.ranking) == (True, True, True)

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from repo_paths import SHARED_DATA
 from transformers import AutoTokenizer
 
 from r3_rllib.models import tiny
@@ -17,7 +16,7 @@ from r3_rllib.models.tiny import (
     save_tiny,
 )
 
-R1_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers" / "r1_distill_qwen_1.5b"
+R1_TOKENIZER = SHARED_DATA / "tokenizers" / "r1_distill_qwen_1.5b"
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,11 @@
 """README's config reference is the one generated from the config class, so it cannot drift."""
 
-from pathlib import Path
+from repo_paths import REPO
 
 from r3_rllib.algorithms.r3.config import R3_FIELDS
 from r3_rllib.config_reference import BEGIN, END, field_docs, render
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 
 
 def test_every_field_is_documented():

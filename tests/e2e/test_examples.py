@@ -8,11 +8,10 @@ import inspect
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 R3_YAML = EXAMPLES / "deepscaler_r1_distill_1p5b.yaml"
 GRPO_YAML = EXAMPLES / "grpo_baseline_r1_distill_1p5b.yaml"

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 RAY = str(BIN / "ray")
 R3 = str(BIN / "r3")

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo_paths import SHARED_DATA
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
 from r3_rllib.envs.math_env import MathEnv, render_user_text
@@ -34,7 +35,7 @@ from r3_rllib.models.tiny import load_tokenizer
 
 torch.set_num_threads(1)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = SHARED_DATA
 MATH_DIR = SHARED / "math"
 R1_TOKENIZER = SHARED / "tokenizers" / "r1_distill_qwen_1.5b"
 needs_math500 = pytest.mark.skipif(

@@ -8,11 +8,11 @@ import importlib
 import importlib.util
 import math
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = REPO / "bench"
 HAS_TRL = importlib.util.find_spec("trl") is not None
 NO_TRL_REASON = (
     "trl is not installed (pip install 'r3-rllib[bench]'); the TRL baseline of bench_throughput is skipped"

@@ -4,15 +4,15 @@ and the YAMLs name a source for every value."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import REPO
 
 from r3_rllib import R3Config
 from r3_rllib.core.advantages import ADVANTAGE_FNS, compute_group_advantages
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = REPO / "examples"
 R3_YAML = EXAMPLES / "deepscaler_r1_distill_1p5b.yaml"
 GRPO_YAML = EXAMPLES / "grpo_baseline_r1_distill_1p5b.yaml"
 MARKS = ("[paper]", "[DeepScaleR]", "[verl]", "[ours]")

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from r3_rllib.cli import main as r3_main
 from r3_rllib.train_config import ConfigError, load_run_file
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny_arithmetic_cpu.yaml"
 R3 = str(Path(sys.executable).parent / "r3")
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
