@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from r3_rllib.envs.gridworld import GridWorldEnv, expert_sft_pairs
-from r3_rllib.models.sft import sft_loss
+from r3_rllib.models.sft import encode_prompt_answer_pairs, sft_loss
 
 
 def encode_pairs(
@@ -32,20 +32,7 @@ def encode_pairs(
     ``t`` predicts token ``t + 1``), the layout :func:`r3_rllib.models.sft.sft_loss` takes."""
     if not pairs:
         raise ValueError("encode_pairs needs at least one (prompt, move) pair")
-    seqs, starts = [], []
-    for prompt, move in pairs:
-        p = tokenizer.encode(prompt, add_special_tokens=False)
-        seqs.append(p + tokenizer.encode(move, add_special_tokens=False) + [tokenizer.eos_token_id])
-        starts.append(len(p))
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(seqs), width - 1), dtype=torch.float32)
-    for b, (s, start) in enumerate(zip(seqs, starts, strict=True)):
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
-        loss_mask[b, start - 1 : len(s) - 1] = 1.0
-    return ids, attn, loss_mask
+    return encode_prompt_answer_pairs(pairs, tokenizer)
 
 
 def train_on_pairs(

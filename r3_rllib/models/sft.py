@@ -139,14 +139,23 @@ def _training_stream(cfg: SFTConfig, pool: list[Any]) -> Iterator[list[Any]]:
 def encode_sft_batch(
     problems: Sequence[Any], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`encode_prompt_answer_pairs` of ``expression=`` -> answer for each arithmetic problem."""
+    return encode_prompt_answer_pairs([(p.expression + "=", str(p.answer)) for p in problems], tokenizer)
+
+
+def encode_prompt_answer_pairs(
+    pairs: Sequence[tuple[str, str]], tokenizer: PreTrainedTokenizerBase
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and a ``loss_mask`` that is 1 on answer tokens and the eos.
 
     ``loss_mask[b, t]`` marks targets: position ``t`` predicts ``input_ids[b, t + 1]``.
     """
+    if not pairs:
+        raise ValueError("need at least one (prompt, answer) pair")
     seqs, starts = [], []
-    for p in problems:
-        prompt = tokenizer.encode(p.expression + "=", add_special_tokens=False)
-        answer = tokenizer.encode(str(p.answer), add_special_tokens=False)
+    for prompt_text, answer_text in pairs:
+        prompt = tokenizer.encode(prompt_text, add_special_tokens=False)
+        answer = tokenizer.encode(answer_text, add_special_tokens=False)
         seqs.append(prompt + answer + [tokenizer.eos_token_id])
         starts.append(len(prompt))
     width = max(len(s) for s in seqs)
