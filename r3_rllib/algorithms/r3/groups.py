@@ -21,12 +21,12 @@ Choices the paper leaves open, made here and documented:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from r3_rllib.core.advantages import compute_group_advantages, group_is_degenerate
+from r3_rllib.core.advantages import ADVANTAGE_FNS, compute_group_advantages, group_is_degenerate
 from r3_rllib.core.ranking import structural_entropy_rewards
 
 
@@ -48,6 +48,11 @@ class Sample:
     is_reflection: bool = False
     advantage: float = 0.0
     env_reward: float | None = None  # the env's reward, kept when a ranking reward replaces `reward`
+    # Identity within a multi-step episode (single-step samples keep the defaults): the trajectory the step belongs
+    # to, its index in it, and the observation key that step-level estimators (HGPO) group by.
+    trajectory_id: str | None = None
+    step_index: int = 0
+    obs_key: Hashable | None = None
 
     def __post_init__(self) -> None:
         if self.env_reward is None:
@@ -158,8 +163,9 @@ def build_training_batch(
     for g in groups:
         members = g.samples + g.replayed
         rewards = np.asarray([s.reward for s in members], dtype=np.float64)
+        inputs = _sample_inputs(switches.advantage_estimator, members)
         advantages = compute_group_advantages(
-            switches.advantage_estimator, rewards, **switches.advantage_params
+            switches.advantage_estimator, rewards, **switches.advantage_params, **inputs
         )
         # The estimator's output, not the rewards: mixed groups (fresh + replayed) are judged after mixing.
         degenerate = not np.any(advantages)
@@ -178,6 +184,27 @@ def build_training_batch(
     metrics["train_replayed"] = float(sum(s.is_replay for s in batch))
     metrics["train_reflected"] = float(sum(s.is_reflection for s in batch))
     return batch, metrics
+
+
+#: Estimator keyword (a registered ``sample_inputs`` name) -> the Sample field it reads, one value per member.
+SAMPLE_INPUT_FIELDS: dict[str, str] = {
+    "obs_keys": "obs_key",
+    "traj_ids": "trajectory_id",
+    "step_indices": "step_index",
+}
+
+
+def _sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, list]:
+    """The per-sample keys an estimator declared (none for the single-step estimators), from the group's members."""
+    out = {}
+    for name in ADVANTAGE_FNS.sample_inputs.get(estimator, ()):
+        if name not in SAMPLE_INPUT_FIELDS:
+            raise ValueError(
+                f"advantage estimator {estimator!r} asks for sample input {name!r}; samples carry "
+                f"{sorted(SAMPLE_INPUT_FIELDS)}"
+            )
+        out[name] = [getattr(s, SAMPLE_INPUT_FIELDS[name]) for s in members]
+    return out
 
 
 def _as_replayed(s: Sample) -> Sample:

@@ -128,3 +128,39 @@ def test_collapsed_groups_stay_in_the_batch_with_zero_advantage_when_kl_is_on():
     )
     assert [s.query_id for s in batch] == ["b"] * 4
     assert m["train_samples"] == 4 and m["train_zero_adv_samples"] == 0
+
+
+def test_an_estimator_declaring_sample_inputs_receives_the_groups_step_keys():
+    from r3_rllib.core.advantages import ADVANTAGE_FNS, register_advantage
+
+    seen = {}
+
+    @register_advantage("test_keys", sample_inputs=("traj_ids", "step_indices", "obs_keys"))
+    def keyed(rewards, *, traj_ids, step_indices, obs_keys):
+        seen.update(traj_ids=traj_ids, step_indices=step_indices, obs_keys=obs_keys)
+        return np.asarray(rewards, dtype=np.float64) - np.mean(rewards)
+
+    try:
+        group = _group("q", [1.0, 0.0])
+        for i, s in enumerate(group.samples):
+            s.trajectory_id, s.step_index, s.obs_key = f"t{i}", 3 - i, ("room", i)
+        batch, _ = build_training_batch([group], R3Switches(advantage_estimator="test_keys"))
+        assert seen == {
+            "traj_ids": ["t0", "t1"],
+            "step_indices": [3, 2],
+            "obs_keys": [("room", 0), ("room", 1)],
+        }
+        assert [s.advantage for s in batch] == [0.5, -0.5]
+    finally:
+        del ADVANTAGE_FNS["test_keys"]
+
+
+def test_an_unknown_sample_input_is_named_in_the_error():
+    from r3_rllib.core.advantages import ADVANTAGE_FNS, register_advantage
+
+    register_advantage("test_bad_keys", sample_inputs=("colour",))(lambda rewards, *, colour: rewards)
+    try:
+        with pytest.raises(ValueError, match="sample input 'colour'"):
+            build_training_batch([_group("q", [1.0, 0.0])], R3Switches(advantage_estimator="test_bad_keys"))
+    finally:
+        del ADVANTAGE_FNS["test_bad_keys"]
