@@ -8,7 +8,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from r3_rllib.algorithms.r3.learner import (
-    PeakMemory,
     token_budget_chunks,
     token_logprobs,
     use_gradient_checkpointing,
@@ -113,17 +112,31 @@ def test_gradient_checkpointing_defaults_on_for_pretrained_models():
     assert use_gradient_checkpointing(True, None) is True
 
 
+PEAK_CHECK = """
+import torch
+from r3_rllib.algorithms.r3.learner import PeakMemory
+
+peak = PeakMemory("cpu")
+peak.reset()
+base = peak.read()["peak_rss_gb"]
+block = torch.ones(50_000_000)  # 200 MB, written, so resident
+del block
+high = peak.read()["peak_rss_gb"]
+peak.reset()
+print(base, high, peak.read()["peak_rss_gb"], peak.per_call)
+"""
+
+
 def test_peak_memory_restarts_at_each_reset():
-    peak = PeakMemory("cpu")
-    peak.reset()
-    base = peak.read()["peak_rss_gb"]
-    block = torch.ones(50_000_000)  # 200 MB, written, so resident
-    del block
-    high = peak.read()["peak_rss_gb"]
-    assert high - base > 0.15
-    peak.reset()
-    if peak.per_call:  # Linux: the peak restarts from the current (smaller) resident size
-        assert peak.read()["peak_rss_gb"] < high - 0.1
+    # In a fresh process: a long test session's freed-but-resident heap can serve the block without raising RSS.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", PEAK_CHECK], capture_output=True, text=True, check=True)
+    base, high, after, per_call = out.stdout.split()
+    assert float(high) - float(base) > 0.15
+    if per_call == "True":  # Linux: the peak restarts from the current (smaller) resident size
+        assert float(after) < float(high) - 0.1
 
 
 def test_token_budget_chunks_pack_longest_first_within_the_budget():
