@@ -23,3 +23,12 @@ def assert_runner_scores_like_learner(algo, model_path: str, *, atol: float) -> 
         logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
     expected = logp.gather(-1, ids[0, len(prompt) :].unsqueeze(-1)).squeeze(-1).numpy()
     np.testing.assert_allclose(out.logprobs, expected, atol=atol)
+
+
+def checkpoint_fingerprint(algo) -> dict[str, float]:
+    """What a restore must bring back: the learner's parameter and AdamW-moment sums and the replay buffer size."""
+    return {
+        "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
+        "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
+        "replay_size": algo.replay_metrics()["size"],
+    }

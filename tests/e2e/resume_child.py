@@ -24,18 +24,14 @@ def make_config(model_path: str):
 if __name__ == "__main__":
     import ray
     import torch
+    from algo_checks import checkpoint_fingerprint  # beside this file (the parent sets PYTHONPATH)
 
     torch.set_num_threads(1)
     model_path, checkpoint = sys.argv[1], sys.argv[2]
     ray.init(num_cpus=2, address="local", include_dashboard=False, log_to_driver=False)
     algo = make_config(model_path).build_algo()
     algo.restore(checkpoint)
-    out = {
-        "iteration": algo.iteration,
-        "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
-        "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
-        "replay_size": algo.replay_metrics()["size"],
-    }
+    out = {"iteration": algo.iteration, **checkpoint_fingerprint(algo)}
     result = algo.train()
     out["next_iteration"] = result["training_iteration"]
     out["policy_version"] = float(result["rollout"]["policy_version"])

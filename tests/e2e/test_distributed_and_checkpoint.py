@@ -14,6 +14,7 @@ from r3_rllib import R3Config
 pytestmark = pytest.mark.slow
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
+from algo_checks import checkpoint_fingerprint  # noqa: E402
 from resume_child import make_config  # noqa: E402
 
 
@@ -74,11 +75,7 @@ def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_rand
         for _ in range(2):
             algo.train()
         checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
-        saved = {
-            "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
-            "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
-            "replay_size": algo.replay_metrics()["size"],
-        }
+        saved = checkpoint_fingerprint(algo)
     finally:
         algo.stop()
     assert saved["optim"] != 0.0 and saved["replay_size"] > 0

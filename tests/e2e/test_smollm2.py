@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from algo_checks import checkpoint_fingerprint
 from repo_paths import REPO, SHARED_DATA
 
 from r3_rllib.engines.base import SamplingParams
@@ -312,11 +313,7 @@ def test_two_r3_iterations_checkpoint_and_restore(model_dir, ray_session, tmp_pa
         assert 1 <= version <= 2 and result["rollout"]["policy_version"] == version
         assert runner_versions(algo) == [version]
         checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
-        saved = {
-            "params": algo.learner_call(lambda lr: lr.parameter_checksum())[0],
-            "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
-            "replay_size": algo.replay_metrics()["size"],
-        }
+        saved = checkpoint_fingerprint(algo)
     finally:
         algo.stop()
     assert saved["replay_size"] > 0
