@@ -72,15 +72,7 @@ def overrides(args: argparse.Namespace, model: str) -> list[str]:
 
 def active_parts(algo) -> str:
     """The R^3 parts training_step will use in the next iteration (read as it reads them)."""
-    switches = algo._active_switches()
-    parts = []
-    if switches.replay:
-        parts.append("replay")
-    if algo._reflection_settings() is not None:
-        parts.append("reflection")
-    if switches.ranking:
-        parts.append("ranking")
-    return "+".join(parts) or "-"
+    return "+".join(algo.iteration_settings().active_parts) or "-"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,7 +175,8 @@ def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_ran
     """With kl_coef > 0 a group whose rewards are all equal stays in the batch with advantage 0: it adds KL and
     its tokens count in the token mean. Hand-computed on the learner: one update is one optimizer step, so the
     ratio is exactly 1 and pg_loss = -sum_i A_i |o_i| / (tokens in the batch)."""
-    from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch
+    from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch
+    from r3_rllib.algorithms.r3.settings import IterationSettings
 
     def sample(qid, reward, n_tokens):
         return Sample(
@@ -200,9 +201,9 @@ def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_ran
     algo = config.build_algo()
     try:
         grpo = dict(advantage_estimator="grpo", advantage_params={"eps": 0.0})
-        kept, _ = build_training_batch(groups(), R3Switches(**grpo, keep_zero_advantage=True))
+        kept, _ = build_training_batch(groups(), IterationSettings(**grpo, keep_zero_advantage=True))
         with_kl = algo.learner_call(lambda lr, b=kept: lr.update_from_samples(b, seed=0))[0]
-        dropped, _ = build_training_batch(groups(), R3Switches(**grpo))
+        dropped, _ = build_training_batch(groups(), IterationSettings(**grpo))
         without = algo.learner_call(lambda lr, b=dropped: lr.update_from_samples(b, seed=0))[0]
         assert with_kl["trained_tokens"] == 8 and without["trained_tokens"] == 4
         assert with_kl["pg_loss"] == pytest.approx(-(3 - 1) / 8, abs=1e-6)

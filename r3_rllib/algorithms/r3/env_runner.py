@@ -22,7 +22,7 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from r3_rllib.algorithms.r3.groups import Group, Sample
+from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import ReflectionSettings, select_reflection_queries
 from r3_rllib.engines import make_engine
@@ -234,6 +234,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "env_epoch": int(getattr(self.env, "epoch", 0)),
             "timing": {"generate_s": gen_s, "grade_s": grade_s, "sample_s": time.perf_counter() - t0},
             "generated_tokens": gen_tokens,
+            "totals": rollout_totals(
+                groups
+            ),  # this rollout's statistics, merged over runners by the algorithm
             # Where this runner stands in its data after these draws: a restarted runner resumes from here.
             "runner_state": self.get_state(),
         }

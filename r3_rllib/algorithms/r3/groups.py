@@ -22,12 +22,14 @@ Choices the paper leaves open, made here and documented:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from r3_rllib.algorithms.r3.settings import IterationSettings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, compute_group_advantages, group_is_degenerate
 from r3_rllib.core.ranking import structural_entropy_rewards
+from r3_rllib.replay.buffer import ReplaySample
 
 
 @dataclass
@@ -58,13 +60,44 @@ class Sample:
         if self.env_reward is None:
             self.env_reward = self.reward
 
+    def to_replay(self) -> ReplaySample:
+        """The replay buffer's compact form (int32/float32 arrays) of this fresh sample, keeping the env's reward,
+        not a ranking reward given within one batch's group."""
+        return ReplaySample(
+            query_id=self.query_id,
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            behavior_logprobs=self.behavior_logprobs,
+            reward=float(self.env_reward),
+            correct=bool(self.correct),
+            policy_version=int(self.policy_version),
+            truncated=bool(self.truncated),
+            response_text=self.response_text,
+        )
+
+    @classmethod
+    def from_replay(cls, stored: ReplaySample) -> Sample:
+        """A training sample from a replayed one (no entropies: ranking only grades a group's fresh samples)."""
+        return cls(
+            query_id=stored.query_id,
+            prompt_ids=[int(x) for x in stored.prompt_ids],
+            response_ids=[int(x) for x in stored.response_ids],
+            behavior_logprobs=np.asarray(stored.behavior_logprobs, dtype=np.float32),
+            entropies=np.zeros(0, dtype=np.float32),
+            reward=float(stored.reward),  # the env's reward (shaped partial credit included)
+            correct=bool(stored.correct),
+            truncated=bool(stored.truncated),
+            policy_version=int(stored.policy_version),
+            response_text=stored.response_text,
+            is_replay=True,
+        )
+
 
 @dataclass
 class Group:
     query_id: str
     samples: list[Sample]
     is_reflection: bool = False
-    replayed: list[Sample] = field(default_factory=list)
 
     @property
     def is_degenerate(self) -> bool:
@@ -78,22 +111,6 @@ class Group:
     @property
     def all_right(self) -> bool:
         return all(s.correct for s in self.samples)
-
-
-@dataclass(frozen=True)
-class R3Switches:
-    """Which R^3 parts are active this iteration (after their start epochs) and their parameters."""
-
-    replay: bool = False
-    replay_k: int = 2
-    ranking: bool = False
-    ranking_p: float = 0.1
-    ranking_r_max: float = 0.5
-    advantage_estimator: str = "grpo"
-    advantage_params: dict = field(default_factory=dict)
-    keep_zero_advantage: bool = False
-    """Keep groups whose advantages are all zero in the batch (set when kl_coef > 0: they add KL, no policy
-    gradient)."""
 
 
 def replay_requests(groups: Sequence[Group], k: int) -> list[tuple[str, bool, int]]:
@@ -110,24 +127,25 @@ def replay_requests(groups: Sequence[Group], k: int) -> list[tuple[str, bool, in
     return requests
 
 
-def apply_ranking_rewards(group: Group, *, p: float, r_max: float) -> None:
-    """Give the (all wrong) fresh samples of `group` graded rewards in [0, r_max] by entropy structure."""
-    rewards = structural_entropy_rewards([s.entropies for s in group.samples], p=p, r_max=r_max)
-    for s, r in zip(group.samples, rewards, strict=True):
-        s.reward = float(r)
+def ranking_rewards(group: Group, *, p: float, r_max: float) -> np.ndarray:
+    """Graded rewards in [0, r_max] for the (all wrong) fresh samples of ``group``, by entropy structure."""
+    return structural_entropy_rewards([s.entropies for s in group.samples], p=p, r_max=r_max)
 
 
 def build_training_batch(
     groups: Sequence[Group],
-    switches: R3Switches,
+    settings: IterationSettings,
     fetch_replay: Callable[[list[tuple[str, bool, int]]], list[list[Sample]]] | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Mix in replayed samples, apply ranking rewards, compute advantages; return (samples, metrics).
 
-    `fetch_replay(requests)` returns, per request, up to k past samples of that query with the wanted outcome.
+    ``fetch_replay(requests)`` returns, per request, up to k past samples of that query with the wanted outcome.
     Samples of groups that still have zero advantage everywhere are kept out of the batch (they carry no policy
-    gradient) unless ``switches.keep_zero_advantage`` (a KL term: see the module docstring); either way they are
+    gradient) unless ``settings.keep_zero_advantage`` (a KL term: see the module docstring); either way they are
     counted in ``zero_adv_frac``, and ``train_zero_adv_samples`` counts those kept.
+
+    The inputs are left as they are: the batch holds copies of the samples with their ``reward`` (a ranking
+    reward where one was given; ``env_reward`` keeps the env's), ``advantage`` and ``is_replay`` set.
     """
     fresh = [g for g in groups if not g.is_reflection]
     metrics: dict[str, float] = {
@@ -138,52 +156,114 @@ def build_training_batch(
         "replay_samples": 0.0,
         "ranked_groups": 0.0,
     }
-    if switches.replay and fetch_replay is not None:
-        requests = replay_requests(groups, switches.replay_k)
+    replayed: dict[int, list[Sample]] = {}  # id(group) -> its replayed samples
+    if settings.replay and fetch_replay is not None:
+        requests = replay_requests(groups, settings.replay_k)
         if requests:
             by_query = {g.query_id: g for g in fresh}
             for (qid, _want, _k), got in zip(requests, fetch_replay(requests), strict=True):
-                by_query[qid].replayed = [_as_replayed(s) for s in got]
+                replayed[id(by_query[qid])] = [replace(s, is_replay=True) for s in got]
+            hits = [len(replayed[id(by_query[qid])]) for qid, _, _ in requests]
             metrics["replay_requests"] = float(len(requests))
-            metrics["replay_hits"] = float(sum(1 for qid, _, _ in requests if by_query[qid].replayed))
-            metrics["replay_samples"] = float(sum(len(by_query[qid].replayed) for qid, _, _ in requests))
+            metrics["replay_hits"] = float(sum(n > 0 for n in hits))
+            metrics["replay_samples"] = float(sum(hits))
 
-    spreads = []
-    if switches.ranking:
+    ranked: dict[int, np.ndarray] = {}  # id(group) -> its fresh samples' ranking rewards
+    if settings.ranking:
         for g in groups:
             if g.all_wrong and len(g.samples) > 1:
-                apply_ranking_rewards(g, p=switches.ranking_p, r_max=switches.ranking_r_max)
-                spreads.append(float(np.ptp([s.reward for s in g.samples])))
-    metrics["ranked_groups"] = float(len(spreads))
-    metrics["ranked_reward_spread"] = float(np.mean(spreads)) if spreads else 0.0
+                ranked[id(g)] = ranking_rewards(g, p=settings.ranking_p, r_max=settings.ranking_r_max)
+    metrics["ranked_groups"] = float(len(ranked))
+    metrics["ranked_reward_spread"] = float(np.mean([np.ptp(r) for r in ranked.values()])) if ranked else 0.0
 
     batch: list[Sample] = []
     zero_after = []
     kept_zero = 0
     for g in groups:
-        members = g.samples + g.replayed
+        own = g.samples
+        if id(g) in ranked:
+            own = [replace(s, reward=float(r)) for s, r in zip(g.samples, ranked[id(g)], strict=True)]
+        members = own + replayed.get(id(g), [])
         rewards = np.asarray([s.reward for s in members], dtype=np.float64)
-        inputs = _sample_inputs(switches.advantage_estimator, members)
+        inputs = _sample_inputs(settings.advantage_estimator, members)
         advantages = compute_group_advantages(
-            switches.advantage_estimator, rewards, **switches.advantage_params, **inputs
+            settings.advantage_estimator, rewards, **settings.advantage_params, **inputs
         )
         # The estimator's output, not the rewards: mixed groups (fresh + replayed) are judged after mixing.
         degenerate = not np.any(advantages)
         if not g.is_reflection:
             zero_after.append(degenerate)
         if degenerate:
-            if not switches.keep_zero_advantage:
+            if not settings.keep_zero_advantage:
                 continue
             kept_zero += len(members)
-        for s, a in zip(members, advantages, strict=True):
-            s.advantage = float(a)
-            batch.append(s)
+        batch.extend(replace(s, advantage=float(a)) for s, a in zip(members, advantages, strict=True))
     metrics["zero_adv_frac"] = _frac(zero_after)
     metrics["train_samples"] = float(len(batch))
     metrics["train_zero_adv_samples"] = float(kept_zero)
     metrics["train_replayed"] = float(sum(s.is_replay for s in batch))
     metrics["train_reflected"] = float(sum(s.is_reflection for s in batch))
     return batch, metrics
+
+
+#: Rollout totals that combine by taking the larger value (the others add up).
+_MAX_TOTALS = frozenset({"response_len_max"})
+
+
+def rollout_totals(groups: Sequence[Group]) -> dict[str, float]:
+    """What one rollout's groups add to the iteration's rollout metrics, as sums (and maxima) that combine across
+    EnvRunners and dynamic-sampling rounds with :func:`merge_rollout_totals`; :func:`rollout_means` turns them into
+    the reported means. Fresh groups make the sample statistics; reflection groups are counted apart. Rewards are
+    the env's (before any ranking reward)."""
+    fresh = [s for g in groups if not g.is_reflection for s in g.samples]
+    reflected = [s for g in groups if g.is_reflection for s in g.samples]
+    with_entropy = [float(np.mean(s.entropies)) for s in fresh if len(s.entropies)]
+    return {
+        "samples": float(len(fresh)),
+        "correct": float(sum(s.correct for s in fresh)),
+        "reward": float(sum(s.env_reward for s in fresh)),
+        "response_tokens": float(sum(len(s.response_ids) for s in fresh)),
+        "response_len_max": float(max((len(s.response_ids) for s in fresh), default=0)),
+        "truncated": float(sum(s.truncated for s in fresh)),
+        "entropy": float(sum(with_entropy)),
+        "entropy_samples": float(len(with_entropy)),
+        "groups": float(sum(not g.is_reflection for g in groups)),
+        # On the env's rewards, before replay or ranking could repair the group.
+        "degenerate_groups": float(
+            sum(group_is_degenerate([s.env_reward for s in g.samples]) for g in groups if not g.is_reflection)
+        ),
+        "reflection_groups": float(sum(g.is_reflection for g in groups)),
+        "reflection_samples": float(len(reflected)),
+        "reflection_correct": float(sum(s.correct for s in reflected)),
+    }
+
+
+def merge_rollout_totals(*totals: dict[str, float]) -> dict[str, float]:
+    """Combine :func:`rollout_totals` of several rollouts (sums add, maxima take the larger)."""
+    out: dict[str, float] = {}
+    for t in totals:
+        for k, v in t.items():
+            out[k] = max(out.get(k, v), v) if k in _MAX_TOTALS else out.get(k, 0.0) + v
+    return out
+
+
+def rollout_means(totals: dict[str, float]) -> dict[str, float]:
+    """The reported rollout metrics from merged totals (0 where nothing was sampled)."""
+
+    def ratio(num: str, den: str) -> float:
+        return totals.get(num, 0.0) / totals[den] if totals.get(den) else 0.0
+
+    return {
+        "accuracy": ratio("correct", "samples"),
+        "reward_mean": ratio("reward", "samples"),
+        "response_len_mean": ratio("response_tokens", "samples"),
+        "response_len_max": totals.get("response_len_max", 0.0),
+        "truncated_frac": ratio("truncated", "samples"),
+        "entropy_mean": ratio("entropy", "entropy_samples"),
+        "zero_adv_frac_before": ratio("degenerate_groups", "groups"),
+        "reflection_prompts": totals.get("reflection_groups", 0.0),
+        "reflection_success": ratio("reflection_correct", "reflection_samples"),
+    }
 
 
 #: Estimator keyword (a registered ``sample_inputs`` name) -> the Sample field it reads, one value per member.
@@ -205,11 +285,6 @@ def _sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, list]
             )
         out[name] = [getattr(s, SAMPLE_INPUT_FIELDS[name]) for s in members]
     return out
-
-
-def _as_replayed(s: Sample) -> Sample:
-    s.is_replay = True
-    return s
 
 
 def _frac(flags) -> float:

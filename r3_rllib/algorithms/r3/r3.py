@@ -21,12 +21,18 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
 from r3_rllib.algorithms.r3.config import R3Config
-from r3_rllib.algorithms.r3.groups import Group, R3Switches, Sample, build_training_batch
+from r3_rllib.algorithms.r3.groups import (
+    Group,
+    Sample,
+    build_training_batch,
+    merge_rollout_totals,
+    rollout_means,
+)
 from r3_rllib.algorithms.r3.learner import learner_memory_error
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
+from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings
 from r3_rllib.algorithms.r3.startup import runner_startup_error
-from r3_rllib.core.advantages import ADVANTAGE_FNS, group_is_degenerate
-from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
+from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.replay.supervisor import ReplaySupervisor
 
 R3_STATE_FILE = "r3_state.pkl"
@@ -146,14 +152,14 @@ class R3(Algorithm):
         with self._timed("iteration_s"):
             if self._replay is not None:
                 self._replay.check()
-            switches = self._active_switches()
+            settings = self.iteration_settings()
 
             # 1. Rollouts: groups from the runners (DAPO's dynamic sampling refills; overlap asks for the next).
             with self._timed("sample_s"):
-                groups, fresh, rollout = self._collect_groups(self._reflection_settings())
+                groups, rollout = self._collect_groups(settings.reflection)
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):
-                batch, r3_metrics = self._build_batch(groups, switches)
+                batch, r3_metrics = self._build_batch(groups, settings)
             # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
             learner_metrics: dict[str, float] = {}
             if batch:
@@ -165,7 +171,7 @@ class R3(Algorithm):
                 self.metrics.log_value(("timers_s", "learner_update_s"), 0.0, reduce="mean", window=1)
                 self.metrics.log_value(("timers_s", "weight_sync_s"), 0.0, reduce="mean", window=1)
             # 5. Metrics and held-out evaluation.
-            self._log_metrics(fresh, groups, rollout, r3_metrics, learner_metrics)
+            self._log_metrics(rollout, r3_metrics, learner_metrics)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
         return None
@@ -174,8 +180,8 @@ class R3(Algorithm):
         """RLlib's timer block for one phase, reported per iteration as timers_s/<name> (seconds)."""
         return self.metrics.log_time(("timers_s", name), reduce="mean", window=1)
 
-    def _collect_groups(self, reflection: ReflectionSettings | None) -> tuple[list[Group], list[Group], dict]:
-        """(groups to train on, every fresh group sampled, rollout info). With overlap_generation the batch was
+    def _collect_groups(self, reflection: ReflectionSettings | None) -> Rollout:
+        """(groups to train on, rollout info over every group sampled). With overlap_generation the batch was
         requested in the previous iteration, before its update, and the next one is requested here."""
         cfg = self.config
         groups, rollout = self._next_rollout(cfg.queries_per_iteration, reflection)
@@ -190,29 +196,29 @@ class R3(Algorithm):
                 more, more_info = self._sample_groups(cfg.queries_per_iteration, reflection)
                 fresh += [g for g in more if not g.is_reflection]
                 groups += [g for g in more if not g.is_degenerate]
-                for k, v in more_info.items():
-                    rollout[k] = rollout.get(k, 0.0) + v
+                rollout = merge_rollout_info(rollout, more_info)
                 rounds += 1
             self.metrics.log_value(("rollout", "dynamic_sampling_rounds"), rounds, reduce="mean", window=1)
         if cfg.overlap_generation:
             # The runners generate the next batch with the current weights while the learner trains on this one;
-            # the weights of this update reach them after that rollout (a runner runs its calls in order).
-            self._request_rollout(cfg.queries_per_iteration, self._reflection_settings())
+            # the weights of this update reach them after that rollout (a runner runs its calls in order). Its
+            # settings are those after this rollout's data epoch, which may have switched reflection on.
+            self._request_rollout(cfg.queries_per_iteration, self.iteration_settings().reflection)
         fresh_versions = [s.policy_version for g in fresh for s in g.samples]
         if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
             lag = self._policy_version - float(np.mean(fresh_versions))
             self.metrics.log_value(("rollout", "policy_lag"), lag, reduce="mean", window=1)
-        return groups, fresh, rollout
+        return groups, rollout
 
     def _build_batch(
-        self, groups: list[Group], switches: R3Switches
+        self, groups: list[Group], settings: IterationSettings
     ) -> tuple[list[Sample], dict[str, float]]:
-        fetch = self._fetch_replay if (switches.replay and self._replay_available) else None
-        batch, r3_metrics = build_training_batch(groups, switches, fetch)
+        fetch = self._fetch_replay if (settings.replay and self._replay_available) else None
+        batch, r3_metrics = build_training_batch(groups, settings, fetch)
         # After the batch is built (a group never replays its own samples). Reflection samples stay out: their
         # prompt is not the query's (see groups.py).
         if self._replay_available:
-            fresh_samples = _to_replay_samples([g for g in groups if not g.is_reflection])
+            fresh_samples = [s.to_replay() for g in groups if not g.is_reflection for s in g.samples]
             self._replay.call(lambda replay: replay.add(fresh_samples, block=False), None)
         return batch, r3_metrics
 
@@ -230,32 +236,11 @@ class R3(Algorithm):
                 raise
             raise oom from err
 
-    def _active_switches(self) -> R3Switches:
-        cfg = self.config
-        # Each estimator declares the config fields it reads (core/registry.py): no per-estimator branch here.
-        params = ADVANTAGE_FNS.params_from(cfg.advantage_estimator, cfg)
-        return R3Switches(
-            replay=cfg.replay and self._dataset_epoch >= cfg.replay_start_epoch,
-            replay_k=cfg.replay_k,
-            ranking=cfg.ranking and self._dataset_epoch >= cfg.ranking_start_epoch,
-            ranking_p=cfg.ranking_p,
-            ranking_r_max=cfg.ranking_r_max,
-            advantage_estimator=cfg.advantage_estimator,
-            advantage_params=params,
-            keep_zero_advantage=cfg.kl_coef > 0,  # collapsed groups still carry the KL term (groups.py)
-        )
-
-    def _reflection_settings(self) -> ReflectionSettings | None:
-        cfg = self.config
-        if not (cfg.reflection and self._dataset_epoch >= cfg.reflection_start_epoch):
-            return None
-        return ReflectionSettings(
-            tau=cfg.reflection_tau,
-            guidance=cfg.reflection_guidance,
-            template=cfg.reflection_template or DEFAULT_REFLECTION_TEMPLATE,
-            max_per_batch=cfg.reflection_max_per_batch,
-            max_answer_chars=cfg.reflection_max_answer_chars,
-            policy_version=self._policy_version,
+    def iteration_settings(self) -> IterationSettings:
+        """What the next rollout and batch use: the R^3 parts on at the current data epoch, the estimator's
+        parameters, the reflection settings for this policy version (settings.py)."""
+        return iteration_settings(
+            self.config, dataset_epoch=self._dataset_epoch, policy_version=self._policy_version
         )
 
     def _next_rollout(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
@@ -305,7 +290,7 @@ class R3(Algorithm):
         self.metrics.log_value(("rollout", "runners_failed"), failed, reduce="mean", window=1)
         self.metrics.log_value(("rollout", "runners_timed_out"), len(late), reduce="mean", window=1)
         if not outs:
-            return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0}
+            return [], {"generate_s": 0.0, "grade_s": 0.0, "generated_tokens": 0.0, "totals": {}}
         groups = [g for out in outs for g in out["groups"]]
         # The epoch of the slowest runner's last delivered rollout (runners that missed this one included): all
         # shards move in step, so this is the global epoch; a runner restored after a crash redraws the queries it
@@ -316,6 +301,8 @@ class R3(Algorithm):
             "generate_s": max(out["timing"]["generate_s"] for out in outs),
             "grade_s": max(out["timing"]["grade_s"] for out in outs),
             "generated_tokens": float(sum(out["generated_tokens"] for out in outs)),
+            # Each runner's rollout statistics as sums, combined here (groups.rollout_totals).
+            "totals": merge_rollout_totals(*(out["totals"] for out in outs)),
         }
         return groups, info
 
@@ -359,7 +346,7 @@ class R3(Algorithm):
     def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
         full = [(qid, want, k, self._policy_version) for qid, want, k in requests]
         got = self._replay.call(lambda replay: replay.sample_batch(full), [[] for _ in full])
-        return [[_from_replay_sample(s) for s in samples] for samples in got]
+        return [[Sample.from_replay(s) for s in samples] for samples in got]
 
     @property
     def _replay_available(self) -> bool:
@@ -390,26 +377,12 @@ class R3(Algorithm):
             )
 
     # -- metrics --------------------------------------------------------------------------------------------------
-    def _log_metrics(self, fresh, groups, rollout, r3_metrics, learner_metrics) -> None:
-        samples = [s for g in fresh for s in g.samples]
-        lengths = np.asarray([len(s.response_ids) for s in samples], dtype=np.float64)
-        correct = np.asarray([s.correct for s in samples], dtype=np.float64)
-        reflected = [s for g in groups if g.is_reflection for s in g.samples]
-        entropies = [float(np.mean(s.entropies)) for s in samples if len(s.entropies)]
+    def _log_metrics(self, rollout, r3_metrics, learner_metrics) -> None:
+        means = rollout_means(rollout.get("totals", {}))
+        reflection = {k: means.pop(k) for k in ("reflection_prompts", "reflection_success")}
         rollout_metrics = {
-            "accuracy": float(correct.mean()) if len(correct) else 0.0,
-            "reward_mean": float(np.mean([s.reward for s in samples])) if samples else 0.0,
-            "response_len_mean": float(lengths.mean()) if len(lengths) else 0.0,
-            "response_len_max": float(lengths.max()) if len(lengths) else 0.0,
-            "truncated_frac": float(np.mean([s.truncated for s in samples])) if samples else 0.0,
-            "entropy_mean": float(np.mean(entropies)) if entropies else 0.0,
-            # Over every sampled group (before DAPO's filter) and on the env's rewards (before ranking).
-            "zero_adv_frac_before": float(
-                np.mean([group_is_degenerate([s.env_reward for s in g.samples]) for g in fresh])
-            )
-            if fresh
-            else 0.0,
-            "zero_adv_frac": r3_metrics["zero_adv_frac"],
+            **means,
+            "zero_adv_frac": r3_metrics["zero_adv_frac"],  # after replay and ranking (groups.py)
             "gen_tokens_per_s": rollout["generated_tokens"] / max(rollout["generate_s"], 1e-9),
             "grade_s": rollout["grade_s"],
             "dataset_epoch": float(self._dataset_epoch),
@@ -417,12 +390,15 @@ class R3(Algorithm):
         }
         self.metrics.log_dict(rollout_metrics, key="rollout")
         r3 = {k: v for k, v in r3_metrics.items() if k not in ("zero_adv_frac_before", "zero_adv_frac")}
-        r3["reflection_prompts"] = float(sum(g.is_reflection for g in groups))
-        r3["reflection_success"] = float(np.mean([s.correct for s in reflected])) if reflected else 0.0
+        r3.update(reflection)
         self.metrics.log_dict(r3, key="r3")
         if learner_metrics:
             self.metrics.log_dict(learner_metrics, key="learner")
-        self.metrics.log_value("num_env_steps_sampled_lifetime", len(samples), reduce="lifetime_sum")
+        self.metrics.log_value(
+            "num_env_steps_sampled_lifetime",
+            rollout.get("totals", {}).get("samples", 0.0),
+            reduce="lifetime_sum",
+        )
         if self._replay is not None:
             replay_metrics = self._replay.call(lambda replay: replay.metrics(), {})
             self.metrics.log_dict({**replay_metrics, **self._replay.health_metrics()}, key="replay")
@@ -543,40 +519,7 @@ def _first_result(results) -> Any:
     return _all_results(results)[0]
 
 
-def _to_replay_samples(groups: list[Group]):
-    from r3_rllib.replay import ReplaySample
-
-    out = []
-    for g in groups:
-        for s in g.samples:
-            out.append(
-                ReplaySample(
-                    query_id=s.query_id,
-                    prompt_ids=np.asarray(s.prompt_ids, dtype=np.int32),
-                    response_ids=np.asarray(s.response_ids, dtype=np.int32),
-                    behavior_logprobs=np.asarray(s.behavior_logprobs, dtype=np.float32),
-                    # The env's reward, not a ranking reward given within this batch's group.
-                    reward=float(s.env_reward),
-                    correct=bool(s.correct),
-                    policy_version=int(s.policy_version),
-                    truncated=bool(s.truncated),
-                    response_text=s.response_text,
-                )
-            )
-    return out
-
-
-def _from_replay_sample(r) -> Sample:
-    return Sample(
-        query_id=r.query_id,
-        prompt_ids=[int(x) for x in r.prompt_ids],
-        response_ids=[int(x) for x in r.response_ids],
-        behavior_logprobs=np.asarray(r.behavior_logprobs, dtype=np.float32),
-        entropies=np.zeros(0, dtype=np.float32),
-        reward=float(r.reward),  # the env's reward (shaped partial credit included)
-        correct=bool(r.correct),
-        truncated=bool(r.truncated),
-        policy_version=int(r.policy_version),
-        response_text=r.response_text,
-        is_replay=True,
-    )
+def merge_rollout_info(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two rollouts' info (dynamic sampling's rounds) as one: times and token counts add, totals merge."""
+    out = {k: a.get(k, 0.0) + b.get(k, 0.0) for k in ("generate_s", "grade_s", "generated_tokens")}
+    return {**out, "totals": merge_rollout_totals(a.get("totals", {}), b.get("totals", {}))}

@@ -3,13 +3,8 @@
 import numpy as np
 import pytest
 
-from r3_rllib.algorithms.r3.groups import (
-    Group,
-    R3Switches,
-    Sample,
-    build_training_batch,
-    replay_requests,
-)
+from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch, replay_requests
+from r3_rllib.algorithms.r3.settings import IterationSettings
 
 
 def _sample(qid, reward, correct, entropies=(1.0,), version=0):
@@ -41,7 +36,7 @@ def test_degenerate_and_requests():
 def test_plain_grpo_drops_collapsed_groups_and_normalises():
     groups = [_group("a", [0, 0, 0, 0]), _group("b", [1, 0, 0, 0])]
     batch, m = build_training_batch(
-        groups, R3Switches(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+        groups, IterationSettings(advantage_estimator="grpo", advantage_params={"eps": 0.0})
     )
     assert m["zero_adv_frac_before"] == 0.5 and m["zero_adv_frac"] == 0.5
     assert len(batch) == 4 and all(s.query_id == "b" for s in batch)
@@ -58,7 +53,7 @@ def test_replay_revives_all_wrong_group_with_mixed_advantages():
         assert requests == [("a", True, 1)]
         return [[_sample("a", 1.0, True, version=0)]]
 
-    sw = R3Switches(
+    sw = IterationSettings(
         replay=True, replay_k=1, advantage_estimator="mixed", advantage_params={"alpha": 1.0, "lam": 0.0}
     )
     batch, m = build_training_batch(groups, sw, fetch)
@@ -72,7 +67,7 @@ def test_replay_revives_all_wrong_group_with_mixed_advantages():
 
 def test_replay_miss_leaves_group_collapsed():
     batch, m = build_training_batch(
-        [_group("a", [1, 1])], R3Switches(replay=True, replay_k=2), lambda reqs: [[] for _ in reqs]
+        [_group("a", [1, 1])], IterationSettings(replay=True, replay_k=2), lambda reqs: [[] for _ in reqs]
     )
     assert batch == [] and m["replay_requests"] == 1 and m["replay_hits"] == 0 and m["zero_adv_frac"] == 1.0
 
@@ -80,7 +75,7 @@ def test_replay_miss_leaves_group_collapsed():
 def test_ranking_grades_failures_below_correct_reward():
     # Response 0: high peak, low global entropy -> dominates response 1 (low peak, high global).
     ent = [(3.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 1.0)]
-    sw = R3Switches(
+    sw = IterationSettings(
         ranking=True,
         ranking_p=0.25,
         ranking_r_max=0.5,
@@ -100,7 +95,7 @@ def test_reflection_groups_are_trained_but_not_counted_as_fresh():
     for s in refl.samples:
         s.is_reflection = True
     batch, m = build_training_batch(
-        [_group("a", [0, 0]), refl], R3Switches(replay=True), lambda r: [[] for _ in r]
+        [_group("a", [0, 0]), refl], IterationSettings(replay=True), lambda r: [[] for _ in r]
     )
     assert m["zero_adv_frac_before"] == 1.0 and m["zero_adv_frac"] == 1.0  # only the fresh group counts
     assert m["replay_requests"] == 1  # the reflection group asks for nothing
@@ -113,7 +108,9 @@ def test_collapsed_groups_stay_in_the_batch_with_zero_advantage_when_kl_is_on():
     stale = _sample("a", 0.0, False)
     stale.advantage = 0.7  # left over from an earlier batch: must be reset
     groups = [Group("a", [stale, _sample("a", 0.0, False)]), _group("b", [1, 0, 0, 0]), _group("c", [1, 1])]
-    sw = R3Switches(advantage_estimator="grpo", advantage_params={"eps": 0.0}, keep_zero_advantage=True)
+    sw = IterationSettings(
+        advantage_estimator="grpo", advantage_params={"eps": 0.0}, keep_zero_advantage=True
+    )
     batch, m = build_training_batch(groups, sw)
     assert [s.query_id for s in batch] == ["a", "a", "b", "b", "b", "b", "c", "c"]
     np.testing.assert_allclose(
@@ -124,7 +121,7 @@ def test_collapsed_groups_stay_in_the_batch_with_zero_advantage_when_kl_is_on():
 
     # Without a KL term the same groups lose their two collapsed groups.
     batch, m = build_training_batch(
-        groups, R3Switches(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+        groups, IterationSettings(advantage_estimator="grpo", advantage_params={"eps": 0.0})
     )
     assert [s.query_id for s in batch] == ["b"] * 4
     assert m["train_samples"] == 4 and m["train_zero_adv_samples"] == 0
@@ -144,7 +141,7 @@ def test_an_estimator_declaring_sample_inputs_receives_the_groups_step_keys():
         group = _group("q", [1.0, 0.0])
         for i, s in enumerate(group.samples):
             s.trajectory_id, s.step_index, s.obs_key = f"t{i}", 3 - i, ("room", i)
-        batch, _ = build_training_batch([group], R3Switches(advantage_estimator="test_keys"))
+        batch, _ = build_training_batch([group], IterationSettings(advantage_estimator="test_keys"))
         assert seen == {
             "traj_ids": ["t0", "t1"],
             "step_indices": [3, 2],
@@ -161,6 +158,58 @@ def test_an_unknown_sample_input_is_named_in_the_error():
     register_advantage("test_bad_keys", sample_inputs=("colour",))(lambda rewards, *, colour: rewards)
     try:
         with pytest.raises(ValueError, match="sample input 'colour'"):
-            build_training_batch([_group("q", [1.0, 0.0])], R3Switches(advantage_estimator="test_bad_keys"))
+            build_training_batch(
+                [_group("q", [1.0, 0.0])], IterationSettings(advantage_estimator="test_bad_keys")
+            )
     finally:
         del ADVANTAGE_FNS["test_bad_keys"]
+
+
+def test_batch_building_leaves_its_inputs_unchanged():
+    """Ranking, replay and advantages land on copies: the rollout's groups still hold the env's rewards (what the
+    rollout metrics and the replay buffer read)."""
+    ent = [(3.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 1.0)]
+    groups = [_group("a", [0, 0], ent)]
+    stored = _sample("a", 1.0, True)
+    settings = IterationSettings(
+        replay=True, replay_k=1, ranking=True, ranking_p=0.25, advantage_params={"eps": 0.0}
+    )
+    batch, m = build_training_batch(groups, settings, lambda reqs: [[stored]])
+    assert m["ranked_groups"] == 1 and m["train_replayed"] == 1
+    assert [s.reward for s in groups[0].samples] == [0.0, 0.0]
+    assert [s.advantage for s in groups[0].samples] == [0.0, 0.0]
+    assert stored.is_replay is False and stored.advantage == 0.0
+    assert [s.reward for s in batch] == pytest.approx([0.5, 0.0, 1.0]) and batch[2].is_replay
+
+
+def test_rollout_totals_merge_over_runners_into_means():
+    """Hand-computed: runner 1 has one fresh group [1, 0] (3 and 1 tokens) and a reflection group [1, 1]; runner 2
+    one collapsed group [0, 0] (2 tokens each, truncated)."""
+    from r3_rllib.algorithms.r3.groups import merge_rollout_totals, rollout_means, rollout_totals
+
+    a = _group("a", [1.0, 0.0], [(1.0, 1.0, 1.0), (3.0,)])
+    refl = _group("r", [1.0, 1.0])
+    refl.is_reflection = True
+    b = _group("b", [0.0, 0.0], [(2.0, 4.0), (0.0, 0.0)])
+    for s in b.samples:
+        s.truncated = True
+    merged = merge_rollout_totals(rollout_totals([a, refl]), rollout_totals([b]))
+    means = rollout_means(merged)
+    assert merged["samples"] == 4 and merged["response_len_max"] == 3
+    assert means["accuracy"] == 0.25 and means["reward_mean"] == 0.25
+    assert means["response_len_mean"] == (3 + 1 + 2 + 2) / 4 and means["truncated_frac"] == 0.5
+    assert means["entropy_mean"] == pytest.approx((1.0 + 3.0 + 3.0 + 0.0) / 4)
+    assert means["zero_adv_frac_before"] == 0.5  # b collapsed, a did not; the reflection group is apart
+    assert means["reflection_prompts"] == 1 and means["reflection_success"] == 1.0
+    assert rollout_means({})["accuracy"] == 0.0
+
+
+def test_replay_form_round_trip_keeps_the_env_reward():
+    s = _sample("q", 1.0, True, entropies=(0.5, 0.5), version=3)
+    ranked = Sample(**{**s.__dict__, "reward": 0.4})
+    ranked.env_reward = 0.0
+    stored = ranked.to_replay()
+    assert stored.reward == 0.0 and stored.prompt_ids.dtype == np.int32 and stored.policy_version == 3
+    back = Sample.from_replay(stored)
+    assert back.is_replay and back.reward == 0.0 and back.response_ids == s.response_ids
+    assert back.entropies.size == 0

@@ -1,0 +1,72 @@
+"""`IterationSettings`: everything one iteration reads from the config, frozen, built by one function.
+
+The config is the user's description of the whole run; an iteration needs a narrower, settled view: which R^3 parts
+are on *now* (after their start epochs), the advantage estimator with the parameters it declared
+(:mod:`r3_rllib.core.registry`), and the reflection settings the EnvRunners render prompts with. Building that view
+in one place (:func:`iteration_settings`) keeps the loop free of per-field plumbing: a new estimator or R^3 option
+adds a field here and nothing in ``training_step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from r3_rllib.core.advantages import ADVANTAGE_FNS
+from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
+
+
+@dataclass(frozen=True)
+class IterationSettings:
+    """The settled settings of one iteration (see :func:`iteration_settings`)."""
+
+    replay: bool = False
+    """Cross-context replay is on: collapsed fresh groups ask the replay actor for ``replay_k`` past samples."""
+    replay_k: int = 2
+    ranking: bool = False
+    """Structural-entropy ranking rewards for all-wrong groups."""
+    ranking_p: float = 0.1
+    ranking_r_max: float = 0.5
+    reflection: ReflectionSettings | None = None
+    """How the runners add reflection prompts; None while reflection is off."""
+    advantage_estimator: str = "grpo"
+    advantage_params: dict[str, Any] = field(default_factory=dict)
+    """The keyword arguments the estimator declared it reads from the config."""
+    keep_zero_advantage: bool = False
+    """Keep groups whose advantages are all zero in the batch (set when kl_coef > 0: they add KL, no policy
+    gradient; see groups.py)."""
+
+    @property
+    def active_parts(self) -> tuple[str, ...]:
+        """The R^3 parts on in this iteration, in the paper's order (for logs and benchmarks)."""
+        on = {"replay": self.replay, "reflection": self.reflection is not None, "ranking": self.ranking}
+        return tuple(name for name, active in on.items() if active)
+
+
+def iteration_settings(config: Any, *, dataset_epoch: int, policy_version: int) -> IterationSettings:
+    """The settings of an iteration that samples in data epoch ``dataset_epoch`` with policy ``policy_version``.
+
+    ``config`` is an :class:`~r3_rllib.algorithms.r3.config.R3Config` (any object with its fields). A part is on
+    when its switch is set and ``dataset_epoch`` has reached its ``*_start_epoch``."""
+    reflection = None
+    if config.reflection and dataset_epoch >= config.reflection_start_epoch:
+        reflection = ReflectionSettings(
+            tau=config.reflection_tau,
+            guidance=config.reflection_guidance,
+            template=config.reflection_template or DEFAULT_REFLECTION_TEMPLATE,
+            max_per_batch=config.reflection_max_per_batch,
+            max_answer_chars=config.reflection_max_answer_chars,
+            policy_version=policy_version,
+        )
+    return IterationSettings(
+        replay=bool(config.replay) and dataset_epoch >= config.replay_start_epoch,
+        replay_k=config.replay_k,
+        ranking=bool(config.ranking) and dataset_epoch >= config.ranking_start_epoch,
+        ranking_p=config.ranking_p,
+        ranking_r_max=config.ranking_r_max,
+        reflection=reflection,
+        advantage_estimator=config.advantage_estimator,
+        # Each estimator declares the config fields it reads (core/registry.py): no per-estimator branch here.
+        advantage_params=ADVANTAGE_FNS.params_from(config.advantage_estimator, config),
+        keep_zero_advantage=config.kl_coef > 0,
+    )
