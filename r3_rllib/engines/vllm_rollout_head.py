@@ -87,8 +87,9 @@ class _RolloutHeadMixin(nn.Module):
         )
         self.rollout_head.enabled = False
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        logits = super().compute_logits(hidden_states)
+    def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | None:
+        # *args: vLLM releases before ~0.10.2 also pass the sampling metadata; hand on whatever the base takes.
+        logits = super().compute_logits(hidden_states, *args, **kwargs)
         # None on tensor-parallel ranks that do not gather the logits; the head is replicated, so the gathering
         # rank adds the full-vocabulary correction alone.
         if logits is None or not self.rollout_head.enabled:
