@@ -30,8 +30,9 @@ the episode's GRPO advantage); ``"gigpo"`` is ``k = 1`` plus the base group (a n
 GiGPO itself adds the two with a coefficient: the same direction, another scale); ``"hgpo"`` is the full hierarchy.
 
 :func:`hgpo_group_advantages` has the call shape of :data:`r3_rllib.core.advantages.ADVANTAGE_FNS` entries
-(``fn(rewards, **params, **sample_inputs)``, the per-sample inputs named by :data:`HGPO_SAMPLE_INPUTS`); it is not
-registered here because the config has no HGPO fields yet and the single-step trainer passes no per-step inputs.
+(``fn(rewards, **params, **sample_inputs)``, the per-sample inputs named by :data:`HGPO_SAMPLE_INPUTS`);
+:func:`hgpo_estimator` is that function registered as ``advantage_estimator: hgpo``, with the named setting and its
+overrides read from the config's ``hgpo_*`` fields and ``gamma`` from ``step_gamma``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
+from r3_rllib.core.advantages import register_advantage
 
 HGPOMode = Literal["mean_std_norm", "mean_norm"]
 HGPO_MODES: tuple[str, ...] = ("mean_std_norm", "mean_norm")
@@ -331,6 +334,50 @@ def hgpo_group_advantages(
     one query's steps (returns follow from ``gamma`` in ``options``, default 1)."""
     return hgpo_advantages(
         obs_keys=obs_keys, traj_ids=traj_ids, step_indices=step_indices, step_rewards=rewards, **options
+    )
+
+
+@register_advantage(
+    "hgpo",
+    config_params={
+        "setting": "hgpo_setting",
+        "history_length": "hgpo_history_length",
+        "alpha": "hgpo_alpha",
+        "mode": "hgpo_mode",
+        "base_group": "hgpo_base_group",
+        "gamma": "step_gamma",
+        "eps": "adv_eps",
+    },
+    sample_inputs=HGPO_SAMPLE_INPUTS,
+)
+def hgpo_estimator(
+    rewards: Sequence[float] | np.ndarray,
+    *,
+    obs_keys: Sequence[Hashable],
+    traj_ids: Sequence[Hashable],
+    step_indices: Sequence[int],
+    setting: str = "hgpo",
+    history_length: int | None = None,
+    alpha: float = 1.0,
+    mode: HGPOMode = "mean_std_norm",
+    base_group: bool | None = None,
+    gamma: float = 1.0,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """The ``hgpo`` advantage estimator: the named setting (:data:`HGPO_SETTINGS`: ``"hgpo"``, ``"gigpo"``,
+    ``"episode_grpo"``) with ``history_length`` and ``base_group`` overriding it where not None; ``rewards`` are one
+    query's per-step rewards (returns follow with ``gamma``)."""
+    overrides = {"history_length": history_length, "base_group": base_group}
+    options = hgpo_settings(
+        setting,
+        alpha=alpha,
+        mode=mode,
+        gamma=gamma,
+        eps=eps,
+        **{k: v for k, v in overrides.items() if v is not None},
+    )
+    return hgpo_group_advantages(
+        rewards, obs_keys=obs_keys, traj_ids=traj_ids, step_indices=step_indices, **options
     )
 
 

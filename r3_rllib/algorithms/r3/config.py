@@ -131,6 +131,25 @@ class R3Settings:
     dynamic_sampling_max_rounds: int = 3
     """Extra sampling rounds allowed per iteration with dynamic sampling."""
 
+    # --- multi-step tasks (HGPO) ------------------------------------------------------------------------------
+    # A multi-step env (one with `episode(query_id)`, e.g. 'gridworld') is rolled out as G trajectories per query,
+    # stepped in lockstep; every step is a training sample. It needs a step-level advantage estimator ('hgpo').
+    max_episode_steps: int | None = None
+    """Cap on the steps of one episode of a multi-step env (None: the env's own horizon)."""
+    step_gamma: float = 0.95
+    """Discount of step rewards into step returns (multi-step envs; read by the 'hgpo' estimator)."""
+    hgpo_setting: str = "hgpo"
+    """'hgpo' (the hierarchy of history depths k = 1..H+1), 'gigpo' (k = 1 plus the episode group) or
+    'episode_grpo' (the episode group alone): named settings of r3_rllib.core.hgpo.hgpo_advantages."""
+    hgpo_history_length: int | None = None
+    """H: the deepest history level is H + 1 observations. None: the setting's (2 for 'hgpo', 0 for 'gigpo')."""
+    hgpo_alpha: float = 1.0
+    """Level weights (k + 1) ** alpha: larger alpha trusts the deeper, more context-consistent groups more."""
+    hgpo_mode: str = "mean_std_norm"
+    """Normalisation inside each group: 'mean_std_norm' ((R - mean) / (std + eps)) or 'mean_norm' (R - mean)."""
+    hgpo_base_group: bool | None = None
+    """Add the episode-level GRPO group (k = 0). None: the setting's (on for 'gigpo' and 'episode_grpo')."""
+
     # --- R^3 -------------------------------------------------------------------------------------------------
     replay: bool = False
     """Cross-context replay: all-wrong groups get k past correct samples, all-right groups k past wrong ones."""
@@ -346,6 +365,7 @@ class R3Config(AlgorithmConfig):
                 "replay with dynamic_sampling: dynamic sampling drops the all-equal groups that replay would mix "
                 "past samples into, so replay would never act; turn one of them off"
             )
+        errors += self._multistep_errors()
         if self.overlap_generation and self.sleep_between_rollouts:
             errors.append(
                 "overlap_generation needs the engine awake while the learner trains; "
@@ -378,6 +398,31 @@ class R3Config(AlgorithmConfig):
                     errors.append(str(e))
         if errors:
             raise ValueError("Invalid R3Config: " + "; ".join(errors))
+
+    def _multistep_errors(self) -> list[str]:
+        from r3_rllib.core.hgpo import HGPO_MODES, HGPO_SETTINGS
+
+        errors = []
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            errors.append(f"max_episode_steps must be >= 1 or None, got {self.max_episode_steps}")
+        if not 0.0 <= self.step_gamma <= 1.0:
+            errors.append(f"step_gamma must be in [0, 1], got {self.step_gamma}")
+        if self.hgpo_setting not in HGPO_SETTINGS:
+            errors.append(f"hgpo_setting must be one of {sorted(HGPO_SETTINGS)}, got {self.hgpo_setting!r}")
+        if self.hgpo_mode not in HGPO_MODES:
+            errors.append(f"hgpo_mode must be one of {list(HGPO_MODES)}, got {self.hgpo_mode!r}")
+        if self.hgpo_history_length is not None and self.hgpo_history_length < 0:
+            errors.append(f"hgpo_history_length must be >= 0 or None, got {self.hgpo_history_length}")
+        if self.advantage_estimator == "hgpo":
+            on = [part for part in ("replay", "reflection", "ranking") if getattr(self, part)]
+            if on:
+                # Replay and reflection work on one prompt per query, ranking on one response's entropy
+                # profile; a multi-step query has a prompt per step and a trajectory of responses.
+                errors.append(
+                    f"R^3's {'/'.join(on)} work on single-step groups; they are not defined for the step samples "
+                    "of 'hgpo' (multi-step envs): turn them off"
+                )
+        return errors
 
     @property
     def use_fsdp(self) -> bool:

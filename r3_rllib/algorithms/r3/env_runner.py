@@ -23,6 +23,13 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
+from r3_rllib.algorithms.r3.multistep import (
+    episode_stats,
+    episode_totals,
+    rollout_multistep,
+    step_groups,
+    supports_episodes,
+)
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import ReflectionSettings, select_reflection_queries
 from r3_rllib.engines import make_engine
@@ -70,6 +77,27 @@ def build_env(name, env_config: dict, tokenizer) -> TextEnv:
     if not isinstance(env, TextEnv):
         raise TypeError(f"text env {name!r} built a {type(env).__name__}, not a TextEnv")
     return env
+
+
+def check_estimator_fits_env(config, multistep: bool) -> None:
+    """A multi-step env needs an estimator that reads step identities (one declaring sample inputs, as 'hgpo'), and
+    a single-step env one that does not: say which, instead of training on meaningless advantages."""
+    from r3_rllib.core.advantages import ADVANTAGE_FNS
+
+    name = config.advantage_estimator
+    step_level = bool(ADVANTAGE_FNS.sample_inputs.get(name))
+    env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
+    if multistep and not step_level:
+        raise ValueError(
+            f"env {env!r} is multi-step (it hands out episodes); advantage_estimator {name!r} scores single "
+            "responses: use a step-level estimator, e.g. advantage_estimator='hgpo' (hgpo_setting 'hgpo', "
+            "'gigpo' or 'episode_grpo')"
+        )
+    if step_level and not multistep:
+        raise ValueError(
+            f"advantage_estimator {name!r} needs a multi-step env (one with episode(query_id), e.g. "
+            f"'gridworld'); env {env!r} is single-step"
+        )
 
 
 def runner_seed(config, worker_index: int | None) -> int:
@@ -130,6 +158,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.tokenizer,
         )
         self._eval_env: TextEnv | None = None
+        # A multi-step env (episode(query_id)) is rolled out as trajectories of step samples (multistep.py).
+        self.multistep = supports_episodes(self.env)
+        check_estimator_fits_env(self.config, self.multistep)
         self.engine = make_engine(
             self.config.engine,
             policy_path(self.config.model_path),
@@ -187,6 +218,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         t0 = time.perf_counter()
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
+        if self.multistep:
+            return self._sample_episodes(num_queries, t0)
         prompts: list[tuple[str, str | None, str]] = []  # (query_id, user_content or None, prompt text)
         query_texts: dict[str, str] = {}
         for _ in range(num_queries):
@@ -234,10 +267,37 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "env_epoch": int(getattr(self.env, "epoch", 0)),
             "timing": {"generate_s": gen_s, "grade_s": grade_s, "sample_s": time.perf_counter() - t0},
             "generated_tokens": gen_tokens,
-            "totals": rollout_totals(
-                groups
-            ),  # this rollout's statistics, merged over runners by the algorithm
+            # This rollout's statistics as sums, merged over runners by the algorithm.
+            "totals": rollout_totals(groups),
             # Where this runner stands in its data after these draws: a restarted runner resumes from here.
+            "runner_state": self.get_state(),
+        }
+
+    def _sample_episodes(self, num_queries: int, t0: float) -> dict[str, Any]:
+        """Multi-step rollout: G trajectories of each of the next `num_queries` queries, stepped in lockstep with one
+        engine call per step; one group of step samples per query."""
+        query_ids = [self.env.reset()[1]["query_id"] for _ in range(num_queries)]
+        t_gen = time.perf_counter()
+        records = rollout_multistep(
+            self.engine,
+            self.tokenizer,
+            self.env.episode,
+            query_ids,
+            self.config.group_size,
+            self.sampling_params(),
+            gamma=self.config.step_gamma,
+            max_steps=self.config.max_episode_steps,
+        )
+        gen_s = time.perf_counter() - t_gen  # env steps included: the gridworld's take microseconds
+        if self.config.sleep_between_rollouts:
+            self.engine.sleep()
+        groups = step_groups(records, self.engine.version)
+        return {
+            "groups": groups,
+            "env_epoch": int(getattr(self.env, "epoch", 0)),
+            "timing": {"generate_s": gen_s, "grade_s": 0.0, "sample_s": time.perf_counter() - t0},
+            "generated_tokens": sum(len(r.response_ids) for r in records),
+            "totals": {**rollout_totals(groups), **episode_totals(records)},
             "runner_state": self.get_state(),
         }
 
@@ -284,6 +344,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         env = self._eval_env
         env.set_state(self._eval_start)
         n = min(num_queries, len(env)) if _has_len(env) else num_queries
+        if self.multistep:
+            return self._evaluate_episodes(env, n)
         prompts, qids = [], []
         for _ in range(n):
             obs, info = env.reset()
@@ -296,6 +358,26 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             _, _, _, _, info = env.step(c[0].text)
             correct += bool(info.get("correct"))
         return {"accuracy": correct / max(1, n), "num_queries": float(n)}
+
+    def _evaluate_episodes(self, env: TextEnv, n: int) -> dict[str, float]:
+        """Greedy success rate (as `accuracy`) and mean episode length on the first `n` held-out queries."""
+        query_ids = [env.reset()[1]["query_id"] for _ in range(n)]
+        records = rollout_multistep(
+            self.engine,
+            self.tokenizer,
+            env.episode,
+            query_ids,
+            1,
+            self.sampling_params(greedy=True),
+            gamma=self.config.step_gamma,
+            max_steps=self.config.max_episode_steps,
+        )
+        stats = episode_stats(records)
+        return {
+            "accuracy": stats["success_rate"],
+            "episode_len_mean": stats["mean_length"],
+            "num_queries": float(n),
+        }
 
     # -- weights ------------------------------------------------------------------------------------------------
     def update_weights(self, weights_ref, version: int) -> float:

@@ -263,6 +263,15 @@ def rollout_means(totals: dict[str, float]) -> dict[str, float]:
         "zero_adv_frac_before": ratio("degenerate_groups", "groups"),
         "reflection_prompts": totals.get("reflection_groups", 0.0),
         "reflection_success": ratio("reflection_correct", "reflection_samples"),
+        # Multi-step rollouts (multistep.episode_totals): samples are steps, these are per trajectory.
+        **(
+            {
+                "episode_success_rate": ratio("episode_successes", "episodes"),
+                "episode_len_mean": ratio("episode_steps", "episodes"),
+            }
+            if totals.get("episodes")
+            else {}
+        ),
     }
 
 

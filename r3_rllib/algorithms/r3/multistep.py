@@ -14,11 +14,12 @@ Each step becomes a :class:`StepRecord` with what the learner (prompt, response,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
+from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.core.hgpo import discounted_returns
 from r3_rllib.engines.base import GenerationEngine, SamplingParams
 
@@ -49,6 +50,7 @@ class StepRecord:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: np.ndarray  # behaviour log-probs of response_ids
+    entropies: np.ndarray  # the sampling distribution's entropy at each response token
     response_text: str
     finish_reason: str
     reward: float
@@ -90,7 +92,9 @@ def rollout_multistep(
         prompts = [episodes[i][2].prompt for i in active]
         keys = [episodes[i][2].obs_key for i in active]
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        results = engine.generate(prompt_ids, 1, params)
+        # A new seed every round: a seeded engine would otherwise draw from the same random stream at every step.
+        seed = None if params.seed is None else params.seed + rounds
+        results = engine.generate(prompt_ids, 1, replace(params, seed=seed))
         for i, ids, key, result in zip(active, prompt_ids, keys, results, strict=True):
             qid, g, ep = episodes[i]
             completion = result[0]
@@ -104,6 +108,7 @@ def rollout_multistep(
                     prompt_ids=list(ids),
                     response_ids=list(completion.token_ids),
                     logprobs=np.asarray(completion.logprobs, dtype=np.float64),
+                    entropies=np.asarray(completion.entropies, dtype=np.float64),
                     response_text=completion.text,
                     finish_reason=completion.finish_reason,
                     reward=float(reward),
@@ -123,6 +128,53 @@ def rollout_multistep(
         for rec, ret in zip(flat, returns, strict=True):
             rec.discounted_return = float(ret)
     return flat
+
+
+def supports_episodes(env: Any) -> bool:
+    """Whether ``env`` is a multi-step env: it hands out independent episodes with ``episode(query_id)``."""
+    return callable(getattr(env, "episode", None))
+
+
+def step_groups(records: Sequence[StepRecord], policy_version: int) -> list[Group]:
+    """One training group per query: the steps of its G trajectories, each a :class:`Sample` carrying its
+    trajectory id, step index and observation key (what step-level estimators group by).
+
+    A step's ``reward`` is its own env reward (the estimator discounts with ``step_gamma``), ``correct`` says
+    whether its trajectory reached the goal, and ``truncated`` whether its response hit ``max_new_tokens``."""
+    success = {
+        (r.query_id, r.traj_id): r.terminated and r.reward > 0 for r in records if r.terminated or r.truncated
+    }
+    by_query: dict[str, list[Sample]] = {}
+    for r in records:
+        by_query.setdefault(r.query_id, []).append(
+            Sample(
+                query_id=r.query_id,
+                prompt_ids=list(r.prompt_ids),
+                response_ids=list(r.response_ids),
+                behavior_logprobs=np.asarray(r.logprobs, dtype=np.float32),
+                entropies=np.asarray(r.entropies, dtype=np.float32),
+                reward=float(r.reward),
+                correct=success.get((r.query_id, r.traj_id), False),
+                truncated=r.finish_reason == "length",
+                policy_version=policy_version,
+                response_text=r.response_text,
+                trajectory_id=f"{r.query_id}#{r.traj_id}",
+                step_index=r.step,
+                obs_key=r.obs_key,
+            )
+        )
+    return [Group(query_id=qid, samples=samples) for qid, samples in by_query.items()]
+
+
+def episode_totals(records: Sequence[StepRecord]) -> dict[str, float]:
+    """What one rollout's trajectories add to the rollout metrics, as sums (see ``groups.rollout_totals``)."""
+    stats = episode_stats(records)
+    successes = stats["success_rate"] * stats["trajectories"]
+    return {
+        "episodes": stats["trajectories"],
+        "episode_successes": successes,
+        "episode_steps": stats["mean_length"] * stats["trajectories"],
+    }
 
 
 def episode_stats(records: Sequence[StepRecord]) -> dict[str, float]:
