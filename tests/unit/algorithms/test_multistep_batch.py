@@ -1,0 +1,135 @@
+"""Multi-step rollouts into training groups: step samples, the 'hgpo' estimator through the batch builder, episode
+metrics and the checks that keep single-step estimators off multi-step envs (hand-computed, no model)."""
+
+import numpy as np
+import pytest
+
+from r3_rllib.algorithms.r3.config import R3Config
+from r3_rllib.algorithms.r3.env_runner import check_estimator_fits_env
+from r3_rllib.algorithms.r3.groups import (
+    build_training_batch,
+    merge_rollout_totals,
+    rollout_means,
+    rollout_totals,
+)
+from r3_rllib.algorithms.r3.multistep import StepRecord, episode_totals, step_groups, supports_episodes
+from r3_rllib.algorithms.r3.settings import iteration_settings
+from r3_rllib.core.hgpo import hgpo_advantages
+from r3_rllib.envs.arithmetic import ArithmeticEnv
+from r3_rllib.envs.gridworld import GridWorldEnv
+
+
+def _record(qid, traj, step, key, reward, *, terminated=False, truncated=False, finish="stop"):
+    return StepRecord(
+        query_id=qid,
+        traj_id=traj,
+        step=step,
+        obs_key=key,
+        prompt_ids=[1, 2, step],
+        response_ids=[7, 8],
+        logprobs=np.array([-0.5, -0.25]),
+        entropies=np.array([1.0, 2.0]),
+        response_text="up",
+        finish_reason=finish,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+    )
+
+
+def _two_trajectories():
+    """Query q: trajectory 0 reaches the goal in 3 steps (A B C), trajectory 1 is cut after 3 steps (A C B)."""
+    return [
+        _record("q", 0, 0, "A", 0.0),
+        _record("q", 0, 1, "B", 0.0),
+        _record("q", 0, 2, "C", 1.0, terminated=True),
+        _record("q", 1, 0, "A", 0.0),
+        _record("q", 1, 1, "C", 0.0),
+        _record("q", 1, 2, "B", 0.0, truncated=True, finish="length"),
+    ]
+
+
+def test_steps_become_one_group_per_query_with_their_identity():
+    [group] = step_groups(_two_trajectories(), policy_version=4)
+    assert group.query_id == "q" and len(group.samples) == 6
+    s = group.samples
+    assert [x.trajectory_id for x in s] == ["q#0"] * 3 + ["q#1"] * 3
+    assert [x.step_index for x in s] == [0, 1, 2, 0, 1, 2]
+    assert [x.obs_key for x in s] == ["A", "B", "C", "A", "C", "B"]
+    assert [x.correct for x in s] == [True] * 3 + [False] * 3  # the trajectory's outcome
+    assert [x.truncated for x in s] == [False] * 5 + [True]  # the response hit max_new_tokens
+    assert [x.reward for x in s] == [0, 0, 1, 0, 0, 0] and all(x.policy_version == 4 for x in s)
+    assert s[0].behavior_logprobs.dtype == np.float32 and s[0].entropies.tolist() == [1.0, 2.0]
+
+
+def test_hgpo_estimator_runs_through_the_batch_builder_with_the_configs_settings():
+    """The registered 'hgpo' entry gets the group's trajectory ids, step indices and observation keys from the
+    samples and its options from the config: the same numbers as calling hgpo_advantages directly."""
+    cfg = R3Config.grpo_preset().training(
+        advantage_estimator="hgpo", hgpo_setting="gigpo", step_gamma=0.5, hgpo_alpha=2.0
+    )
+    settings = iteration_settings(cfg, dataset_epoch=0, policy_version=0)
+    groups = step_groups(_two_trajectories(), policy_version=0)
+    batch, metrics = build_training_batch(groups, settings)
+    expected = hgpo_advantages(
+        obs_keys=["A", "B", "C", "A", "C", "B"],
+        traj_ids=["q#0"] * 3 + ["q#1"] * 3,
+        step_indices=[0, 1, 2, 0, 1, 2],
+        step_rewards=[0, 0, 1, 0, 0, 0],
+        gamma=0.5,
+        history_length=0,
+        base_group=True,
+        alpha=2.0,
+        eps=cfg.adv_eps,
+    )
+    np.testing.assert_allclose([s.advantage for s in batch], expected)
+    # By hand (gigpo: k = 0 episode group, k = 1 same-observation group; mean_std_norm, w = (k+1)^2):
+    # returns: traj 0 = [0.25, 0.5, 1], traj 1 = [0, 0, 0]; episode group [0.25, 0] -> +1 / -1 (weight 1);
+    # step 0 (A, A): returns [0.25, 0] -> +1 / -1 (weight 4): A0 = (1 + 4) / 5 = 1, A3 = -1.
+    assert batch[0].advantage == pytest.approx(1.0, abs=1e-4) and batch[3].advantage == pytest.approx(
+        -1.0, abs=1e-4
+    )
+    assert metrics["train_samples"] == 6
+
+
+def test_episode_metrics_merge_over_runners():
+    records = _two_trajectories()
+    totals = {**rollout_totals(step_groups(records, 0)), **episode_totals(records)}
+    other = [_record("r", 0, 0, "X", 1.0, terminated=True)]
+    merged = merge_rollout_totals(totals, {**rollout_totals(step_groups(other, 0)), **episode_totals(other)})
+    means = rollout_means(merged)
+    assert means["episode_success_rate"] == pytest.approx(2 / 3)
+    assert means["episode_len_mean"] == pytest.approx((3 + 3 + 1) / 3)
+    assert "episode_success_rate" not in rollout_means(rollout_totals(step_groups(records, 0)))
+
+
+def test_estimator_must_fit_the_env_kind():
+    assert supports_episodes(GridWorldEnv(num_queries=2)) and not supports_episodes(
+        ArithmeticEnv(num_queries=2)
+    )
+    with pytest.raises(ValueError, match="multi-step.*hgpo"):
+        check_estimator_fits_env(R3Config.grpo_preset().environment("gridworld"), multistep=True)
+    with pytest.raises(ValueError, match="needs a multi-step env"):
+        check_estimator_fits_env(R3Config.grpo_preset().training(advantage_estimator="hgpo"), multistep=False)
+    check_estimator_fits_env(R3Config.grpo_preset().training(advantage_estimator="hgpo"), multistep=True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"hgpo_setting": "hgpo2"}, "hgpo_setting must be one of"),
+        ({"hgpo_mode": "zscore"}, "hgpo_mode must be one of"),
+        ({"step_gamma": 1.5}, "step_gamma must be in"),
+        ({"max_episode_steps": 0}, "max_episode_steps must be >= 1"),
+        ({"hgpo_history_length": -1}, "hgpo_history_length must be >= 0"),
+    ],
+)
+def test_bad_multistep_settings_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        R3Config.grpo_preset().training(advantage_estimator="hgpo", **fields).validate()
+
+
+def test_r3_parts_are_refused_with_step_samples():
+    cfg = R3Config.r3_preset().training(advantage_estimator="hgpo")
+    with pytest.raises(ValueError, match="replay/reflection/ranking work on single-step groups"):
+        cfg.validate()
