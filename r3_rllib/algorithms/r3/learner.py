@@ -32,6 +32,7 @@ from ray.rllib.utils.framework import get_device
 from torch.utils.checkpoint import checkpoint
 
 from r3_rllib.algorithms.r3.groups import Sample
+from r3_rllib.algorithms.r3.r2po import stage_is_cap
 from r3_rllib.algorithms.r3.weight_sync import pack_weights
 from r3_rllib.core.losses import (
     LOSS_FNS,
@@ -55,6 +56,18 @@ class CausalLMModule(TorchRLModule):
         if self.model_config.get("attn_implementation"):
             kwargs["attn_implementation"] = self.model_config["attn_implementation"]
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+        if self.model_config.get("rollout_head"):
+            # R^2PO: the head is a submodule of the policy from the start, so the optimizer, FSDP2 sharding, DCP
+            # checkpoints and the weight sync carry it (as rollout_head.*) with no code of their own. Seeded: every
+            # learner rank builds the same head (FSDP2 then shards identical values).
+            from r3_rllib.models.rollout_head import RolloutHead, attach_rollout_head
+
+            head = RolloutHead.for_model(
+                self.model,
+                float(self.model_config.get("rollout_head_init_std", 1e-6)),
+                seed=int(self.model_config.get("rollout_head_seed", 0)),
+            )
+            attach_rollout_head(self.model, head)
 
     def _forward(self, batch, **kwargs):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
@@ -152,6 +165,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk: int = 1024,
+    rollout_head: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each next token under softmax(logits / temperature) (and optionally the entropy of each of
     those next-token distributions, without gradients), fp32, shape ``[B, T - 1]``.
@@ -166,6 +180,11 @@ def token_logprobs(
     swapped for one call inside the model's own forward (not called from outside), so an FSDP2-sharded root, which
     gathers the head/embedding weights around its forward, needs nothing special. Models whose forward changes the
     logits after the head fall back to full logits, scored with the same selection.
+
+    ``rollout_head`` (R^2PO, the model's attached :class:`~r3_rllib.models.rollout_head.RolloutHead`): score under
+    the rollout logits ``lm_head(h) + rollout_head(h)`` instead of the base logits. The head runs inside the
+    model's forward too, on the scored rows only, so under FSDP2 its (root-managed) weights are gathered as the LM
+    head's are.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
@@ -185,7 +204,16 @@ def token_logprobs(
 
     if _head_swap_supported(model):
         head = model.get_output_embeddings()
-        head_fn = head.forward
+        lm_fn = (
+            head.forward
+        )  # the class's forward, bound: calling it runs no hooks (an attached head's included)
+        if rollout_head is None:
+            head_fn = lm_fn
+        else:
+
+            def head_fn(h: torch.Tensor) -> torch.Tensor:
+                lm = lm_fn(h)
+                return lm + rollout_head(h).to(lm.dtype)
 
         def scoring_head(hidden: torch.Tensor) -> torch.Tensor:
             result["lp"], result["ent"] = _score_rows(
@@ -199,7 +227,13 @@ def token_logprobs(
         finally:
             del head.forward
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        if rollout_head is not None:
+            from r3_rllib.models.rollout_head import rollout_logits_enabled
+
+            with rollout_logits_enabled(model, True):  # the attached head's hook adds it to the logits
+                logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        else:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         result["lp"], result["ent"] = _score_rows(
             lambda x: x, logits[:, :-1][mask], targets, temperature, chunk, with_entropy
         )
@@ -382,8 +416,18 @@ class R3Learner(TorchLearner):
             self._shard(policy)
         elif self._dtype != torch.float32:
             policy.to(self._dtype)
+        from r3_rllib.models.rollout_head import get_rollout_head
+
+        # R^2PO: the attached head (None without one). After sharding: its parameters are then the DTensors the
+        # optimizer holds.
+        self._rollout_head = get_rollout_head(policy)
+        self._stage = None  # the R^2PO stage of the update in progress (update_from_samples)
         self._optimizer = torch.optim.AdamW(
-            policy.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
+            _param_groups(
+                policy, self._rollout_head, self.config.lr, getattr(self.config, "rollout_head_lr", None)
+            ),
+            lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
         )
         self._reference = self._load_reference() if self.config.kl_coef > 0 else None
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
@@ -425,11 +469,17 @@ class R3Learner(TorchLearner):
         """FSDP2 sharding happens in build(); RLlib's DDP wrapping would duplicate the policy per rank."""
 
     # -- training -----------------------------------------------------------------------------------------------
-    def update_from_samples(self, batch: Any, *, seed: int) -> dict[str, float]:
+    def update_from_samples(self, batch: Any, *, seed: int, stage: str | None = None) -> dict[str, float]:
         """PPO-style epochs over `batch` (a list of Samples, or an ObjectRef to one); returns metrics (same on
-        every rank: losses are reduced over ranks)."""
+        every rank: losses are reduced over ranks).
+
+        `stage` (R^2PO, with a rollout head attached): "A" trains only the head on rollout log-probs (head on), "B"
+        only the base on base log-probs; the other part's parameters get no gradient, and AdamW leaves parameters
+        without one untouched (moments, weight decay and all), so they stay bit-identical. None: no stage (plain
+        training; an attached head then gets no gradient, as base logits do not involve it)."""
         samples: list[Sample] = ray.get(batch) if isinstance(batch, ray.ObjectRef) else batch
         cfg = self.config
+        self._set_stage(stage)
         t0 = time.perf_counter()
         self._peak_memory.reset()
         policy = self.policy
@@ -464,6 +514,8 @@ class R3Learner(TorchLearner):
         metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
         # The largest learner process is the one that meets a memory limit first.
         metrics |= self._all_reduce_max(self._peak_memory.read())
+        if self._rollout_head is not None:
+            metrics["rollout_head_norm"] = self.rollout_head_norm()
         self._policy_version += 1
         return metrics
 
@@ -499,9 +551,9 @@ class R3Learner(TorchLearner):
             for chunk in self._micro_chunks(mb, samples):
                 idx, real = self._chunk_or_dummy(chunk)
                 packed = pack_samples([samples[i] for i in idx], self._pad_id, self._device)
-                lp, _ = self._score(self.policy, packed)
+                lp, _ = self._score(self.policy, packed, rollout=self._stage == "A")
                 rlp = None
-                if self._reference is not None:
+                if self._uses_reference:
                     rlp, _ = self._score(self._reference, packed)
                 if real:
                     for j, i in enumerate(idx):
@@ -510,9 +562,9 @@ class R3Learner(TorchLearner):
                             ref[int(i)] = rlp[j]
         return old, ref
 
-    def _score(self, model, packed, *, with_entropy: bool = False):
+    def _score(self, model, packed, *, with_entropy: bool = False, rollout: bool = False):
         # The KL reference is scored at the rollout temperature too (as verl does): the penalty then compares two
-        # distributions of the same shape, and at T = 1 nothing changes.
+        # distributions of the same shape, and at T = 1 nothing changes. `rollout`: R^2PO's rollout logits.
         return token_logprobs(
             model,
             packed["input_ids"],
@@ -520,6 +572,42 @@ class R3Learner(TorchLearner):
             response_mask=packed["response_mask"],
             temperature=self._temperature,
             with_entropy=with_entropy,
+            rollout_head=self._rollout_head if rollout else None,
+        )
+
+    # -- R^2PO stages -------------------------------------------------------------------------------------------
+    def _set_stage(self, stage: str | None) -> None:
+        """Make the parameters of `stage` trainable (R^2PO; see update_from_samples)."""
+        if stage is not None and self._rollout_head is None:
+            raise ValueError(
+                f"R^2PO stage {stage!r} given, but the policy has no rollout head (rollout_head=False)"
+            )
+        self._stage = stage
+        if stage is not None:
+            from r3_rllib.models.rollout_head import set_stage_trainable
+
+            set_stage_trainable(self.policy, stage)
+
+    @property
+    def _uses_reference(self) -> bool:
+        # Stage A trains the head only: a KL term to the reference would regularise a base that does not move.
+        return self._reference is not None and self._stage != "A"
+
+    def rollout_head_norm(self) -> float:
+        """L2 norm of the rollout head's parameters (global, collective); 0 without a head."""
+        if self._rollout_head is None:
+            return 0.0
+        sq = self._global_sum(
+            _local(p).detach().double().pow(2).sum().cpu() for p in self._rollout_head.parameters()
+        )
+        return math.sqrt(sq)
+
+    def head_checksum(self) -> float:
+        """Sum of the rollout head's parameters (global, collective): tests check stage B leaves it unchanged."""
+        if self._rollout_head is None:
+            return 0.0
+        return self._global_sum(
+            _local(p).detach().double().sum().cpu() for p in self._rollout_head.parameters()
         )
 
     def _chunk_or_dummy(self, chunk: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -542,13 +630,15 @@ class R3Learner(TorchLearner):
             packed = pack_samples([samples[i] for i in idx], self._pad_id, self._device)
             mask = packed["response_mask"]
             width = mask.shape[1]
-            logp, entropy = self._score(policy, packed, with_entropy=cfg.learner_entropy)
+            logp, entropy = self._score(
+                policy, packed, with_entropy=cfg.learner_entropy, rollout=self._stage == "A"
+            )
             if old_lp is not None and real:
                 old = torch.stack([_fit(old_lp[int(i)], width) for i in idx])
             else:  # single optimizer step (or a padding chunk): the proximal policy is the current one
                 old = logp.detach()
             ref = None
-            if self._reference is not None:
+            if self._uses_reference:
                 if ref_lp is None:
                     with torch.no_grad():
                         ref, _ = self._score(self._reference, packed)
@@ -564,7 +654,7 @@ class R3Learner(TorchLearner):
                 mask,
                 policy_loss=cfg.policy_loss,
                 loss_params=loss_params,
-                is_cap=cfg.is_cap if cfg.off_policy_correction else None,
+                is_cap=stage_is_cap(cfg, self._stage),
                 ref_logprobs=ref,
                 kl_coef=cfg.kl_coef,
                 kl_type=cfg.kl_type,
@@ -585,6 +675,12 @@ class R3Learner(TorchLearner):
                 metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
             for k, v in metrics.items():
                 acc[k] = acc.get(k, 0.0) + float(v) * weight
+        if self._stage is not None:
+            # requires_grad already keeps the frozen part out of the graph; dropping any gradient it still got
+            # (a module hook, a wrapper that re-enabled it) keeps AdamW from touching it.
+            for p in policy.parameters():
+                if not p.requires_grad:
+                    p.grad = None
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip or float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -637,16 +733,33 @@ class R3Learner(TorchLearner):
         sd = self.full_state_dict(copy=False)
         return (ray.put(pack_weights(sd)) if sd is not None else None), self._policy_version
 
-    def export_hf(self, path: str) -> str | None:
-        """Write a Hugging Face folder of the current policy (rank 0). Collective."""
+    def export_hf(self, path: str, *, with_head: bool = False) -> str | None:
+        """Write a Hugging Face folder of the current policy (rank 0). Collective.
+
+        R^2PO: the folder holds the inference policy only (base logits, no `rollout_head.*` tensors), so it loads
+        with AutoModelForCausalLM and serves as any policy; `with_head` also writes the head's files beside it
+        (rollout_head.safetensors / .json, which from_pretrained ignores)."""
+        from r3_rllib.models.rollout_head import RolloutHead, save_rollout_head, split_rollout_head_state
+
+        if with_head and self._rollout_head is None:
+            raise ValueError(
+                "export_hf(with_head=True) but the policy has no rollout head (rollout_head=False)"
+            )
         sd = self.full_state_dict()
         if self._rank != 0:
             return None
         from transformers import AutoModelForCausalLM
 
+        sd, head_sd = split_rollout_head_state(sd)
         model = AutoModelForCausalLM.from_config(self.policy.config)
         model.load_state_dict(sd, strict=False)
         model.save_pretrained(path)
+        if with_head:
+            head = RolloutHead(
+                self._rollout_head.hidden_size, self._rollout_head.vocab_size, self._rollout_head.init_std
+            )
+            head.load_state_dict(head_sd)
+            save_rollout_head(head, path)
         return path
 
     # -- checkpoints (DCP) --------------------------------------------------------------------------------------
@@ -710,6 +823,17 @@ class R3Learner(TorchLearner):
         if self._world > 1 and self.config.use_fsdp:
             dist.all_reduce(total)
         return float(total)
+
+
+def _param_groups(
+    policy: torch.nn.Module, head: torch.nn.Module | None, lr: float, head_lr: float | None
+) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: the base's, and (R^2PO, with a head of its own learning rate) the head's."""
+    if head is None or head_lr is None:
+        return [{"params": list(policy.parameters())}]
+    head_ids = {id(p) for p in head.parameters()}
+    base = [p for p in policy.parameters() if id(p) not in head_ids]
+    return [{"params": base}, {"params": list(head.parameters()), "lr": float(head_lr)}]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from r3_rllib.algorithms.r3.groups import (
     rollout_means,
 )
 from r3_rllib.algorithms.r3.learner import learner_memory_error
+from r3_rllib.algorithms.r3.r2po import STAGE_CODES, iteration_stage, stage_settings
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
 from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings
 from r3_rllib.algorithms.r3.startup import runner_startup_error
@@ -109,7 +110,10 @@ class R3(Algorithm):
             self.env_runner_group.foreach_env_runner(
                 lambda r, c=client: r.set_replay_actor(c), local_env_runner=False
             )
-        # Runners start from the same checkpoint as the learner; version 0 on both sides.
+        # Runners start from the same checkpoint as the learner; version 0 on both sides. R^2PO: the learner's
+        # head (its init_std, its seed) is the one runners must sample with, so they get it before the first rollout.
+        if self.config.rollout_head:
+            self._sync_weights()
 
     def _check_schedule(self) -> Schedule | None:
         """The R^3 schedule for the runners' data size (schedule.py): logged, and an error for settings that make
@@ -153,18 +157,20 @@ class R3(Algorithm):
             if self._replay is not None:
                 self._replay.check()
             settings = self.iteration_settings()
+            # R^2PO: the stage is a function of the iteration count alone, so a restored run resumes in its stage.
+            stage = iteration_stage(cfg, self.iteration)
 
             # 1. Rollouts: groups from the runners (DAPO's dynamic sampling refills; overlap asks for the next).
             with self._timed("sample_s"):
                 groups, rollout = self._collect_groups(settings.reflection)
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):
-                batch, r3_metrics = self._build_batch(groups, settings)
+                batch, r3_metrics = self._build_batch(groups, stage_settings(settings, stage, cfg))
             # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
             learner_metrics: dict[str, float] = {}
             if batch:
                 with self._timed("learner_update_s"):
-                    learner_metrics = self._update_learners(batch)
+                    learner_metrics = self._update_learners(batch, stage)
                 with self._timed("weight_sync_s"):
                     self._sync_weights(block=not cfg.overlap_generation)
             else:
@@ -172,6 +178,8 @@ class R3(Algorithm):
                 self.metrics.log_value(("timers_s", "weight_sync_s"), 0.0, reduce="mean", window=1)
             # 5. Metrics and held-out evaluation.
             self._log_metrics(rollout, r3_metrics, learner_metrics)
+            if stage is not None:
+                self._log_r2po_metrics(stage, r3_metrics, learner_metrics)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
         return None
@@ -222,12 +230,16 @@ class R3(Algorithm):
             self._replay.call(lambda replay: replay.add(fresh_samples, block=False), None)
         return batch, r3_metrics
 
-    def _update_learners(self, batch: list[Sample]) -> dict[str, float]:
+    def _update_learners(self, batch: list[Sample], stage: str | None = None) -> dict[str, float]:
         ref = ray.put(batch)
         seed = int(self._rng.integers(2**31))
+        # Only R^2PO passes a stage: learners of a run without a head keep their old call.
+        kwargs = {"stage": stage} if stage is not None else {}
         try:
             results = self.learner_group.foreach_learner(
-                lambda learner, _ref=ref, _seed=seed: learner.update_from_samples(_ref, seed=_seed)
+                lambda learner, _ref=ref, _seed=seed, _kw=kwargs: learner.update_from_samples(
+                    _ref, seed=_seed, **_kw
+                )
             )
             return _first_result(results)
         except Exception as err:  # a learner killed for memory: say which process and what to lower
@@ -339,7 +351,8 @@ class R3(Algorithm):
             env_runner_group.foreach_env_runner(
                 lambda r, c=client: r.set_replay_actor(c), remote_worker_ids=restored, local_env_runner=False
             )
-        if self._policy_version > 0:
+        # R^2PO: even at version 0 the learner's head is the one to sample with (see setup).
+        if self._policy_version > 0 or self.config.rollout_head:
             self._sync_weights(remote_worker_ids=restored)
         return restored
 
@@ -403,11 +416,35 @@ class R3(Algorithm):
             replay_metrics = self._replay.call(lambda replay: replay.metrics(), {})
             self.metrics.log_dict({**replay_metrics, **self._replay.health_metrics()}, key="replay")
 
-    def evaluate_heldout(self, num_queries: int | None = None) -> dict[str, float]:
-        """Greedy accuracy of the current policy on the held-out env (runner 1)."""
+    def _log_r2po_metrics(self, stage: str, r3_metrics: dict, learner_metrics: dict) -> None:
+        """R^2PO: the stage (0 = A, head; 1 = B, base) and the update's numbers under the stage they belong to, so a
+        stage's curve is not averaged with the other's."""
+        self.metrics.log_value(("r2po", "stage"), STAGE_CODES[stage], reduce="mean", window=1)
+        per_stage = {
+            "train_samples": r3_metrics.get("train_samples", 0.0),
+            "zero_adv_frac": r3_metrics.get("zero_adv_frac", 0.0),
+        }
+        for key in (
+            "loss",
+            "pg_loss",
+            "grad_norm",
+            "entropy",
+            "is_weight_mean",
+            "clip_frac",
+            "rollout_head_norm",
+        ):
+            if key in learner_metrics:
+                per_stage[key] = learner_metrics[key]
+        self.metrics.log_dict(per_stage, key=("r2po", stage))
+
+    def evaluate_heldout(
+        self, num_queries: int | None = None, *, with_head: bool | None = None
+    ) -> dict[str, float]:
+        """Greedy accuracy of the current policy on the held-out env (runner 1). R^2PO: the base policy (head off)
+        unless `with_head` (None: the config's rollout_head_eval_with_head)."""
         n = num_queries or self.config.eval_num_queries
         return self.env_runner_group.foreach_env_runner(
-            lambda r, _n=n: r.evaluate(_n),
+            lambda r, _n=n, _h=with_head: r.evaluate(_n, with_head=_h),
             remote_worker_ids=self.env_runner_group.healthy_worker_ids()[:1],
             local_env_runner=False,
         )[0]
@@ -477,11 +514,15 @@ class R3(Algorithm):
         )
         return {**self._runner_states, **dict(asked)}
 
-    def export_policy(self, path: str | Path) -> str:
+    def export_policy(self, path: str | Path, *, with_head: bool = False) -> str:
         """Write the current policy as a Hugging Face folder (loads with AutoModelForCausalLM.from_pretrained),
-        with the tokenizer next to it."""
+        with the tokenizer next to it. R^2PO: the inference policy, without the rollout head; `with_head` writes
+        the head's files beside it (rollout_head.safetensors / .json)."""
         path = os.path.abspath(str(path))
-        results = self.learner_group.foreach_learner(lambda learner, _p=path: learner.export_hf(_p))
+        kwargs = {"with_head": True} if with_head else {}
+        results = self.learner_group.foreach_learner(
+            lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
+        )
         assert any(r is not None for r in _all_results(results))
         from r3_rllib.algorithms.r3.env_runner import load_policy_tokenizer
         from r3_rllib.models.tiny import save_tokenizer

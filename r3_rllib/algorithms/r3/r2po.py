@@ -1,0 +1,112 @@
+"""R^2PO inside the R3 algorithm: which stage an iteration is in and what each stage trains on (pure, no Ray).
+
+R^2PO (residual rollout policy optimisation) samples every training rollout with a small residual head added to the
+policy's logits (:mod:`r3_rllib.models.rollout_head`) and alternates two stages
+(:mod:`r3_rllib.core.rollout_schedule`):
+
+- stage A trains the head only, on the log-probs of the rollout distribution (head on), with the rarity reward
+  (``rollout_head_advantage``) of the fresh groups' task rewards. Replay and ranking are off: they reshape the
+  base policy's task signal (past samples, graded failures), and ranking's continuous rewards would make every
+  reward distinct, which the rarity reward maps to zeros;
+- stage B trains the base only, on base log-probs, with the configured task estimator (R^3's parts included) and
+  groups whose reward range is below ``rollout_head_skip_range`` left out. The tokens were drawn with the head on,
+  so the behaviour policy is not the trained one: ``rollout_head_stage_b_weight`` says whether the truncated
+  importance weight ``min(pi_base_old / pi_rollout_behaviour, is_cap)`` corrects for it.
+
+The skip rule is an advantage estimator wrapper (:func:`stage_b_advantages`, registered as
+:data:`STAGE_B_ESTIMATOR`): a skipped group gets all-zero advantages, which the batch builder already leaves out
+(or keeps for the KL term only, as for any zero-advantage group). It sees the group's rewards after replay and
+ranking, so R^3 can still make a collapsed group informative in stage B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from r3_rllib.algorithms.r3.settings import IterationSettings
+from r3_rllib.core.advantages import ADVANTAGE_FNS, compute_group_advantages, register_advantage
+from r3_rllib.core.rarity import skip_flat_group
+from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, Stage, active_stage
+
+#: Config value of ``rollout_head_first_stage`` -> the schedule's stage name.
+FIRST_STAGES: dict[str, Stage] = {"head": HEAD_STAGE, "base": BASE_STAGE}
+#: Values of ``rollout_head_stage_b_weight``.
+STAGE_B_WEIGHTS = ("truncated_is", "none")
+#: Internal estimator name of stage B's skip wrapper (refused as a user's ``advantage_estimator``).
+STAGE_B_ESTIMATOR = "_r2po_stage_b"
+#: ``r2po/stage`` metric values (metrics are numbers).
+STAGE_CODES: dict[Stage, float] = {HEAD_STAGE: 0.0, BASE_STAGE: 1.0}
+
+
+@register_advantage(STAGE_B_ESTIMATOR)
+def stage_b_advantages(
+    rewards: Sequence[float] | np.ndarray,
+    *,
+    base: str,
+    base_params: dict[str, Any],
+    min_range: float,
+    **inputs: Any,
+) -> np.ndarray:
+    """Advantages of estimator ``base`` for one group, or all zeros when the group's rewards span less than
+    ``min_range`` (:func:`r3_rllib.core.rarity.skip_flat_group`: the batch builder then leaves it out)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if skip_flat_group(r, min_range=min_range):
+        return np.zeros(r.size, dtype=np.float64)
+    return compute_group_advantages(base, r, **base_params, **inputs)
+
+
+def iteration_stage(config: Any, iteration: int) -> Stage | None:
+    """The R^2PO stage of 0-based training ``iteration`` (None when ``config.rollout_head`` is off)."""
+    if not config.rollout_head:
+        return None
+    return active_stage(
+        iteration,
+        head_iters=config.rollout_head_head_iters,
+        base_iters=config.rollout_head_base_iters,
+        first=FIRST_STAGES[config.rollout_head_first_stage],
+    )
+
+
+def stage_settings(settings: IterationSettings, stage: Stage | None, config: Any) -> IterationSettings:
+    """The batch settings of an iteration in ``stage`` (``settings`` unchanged when ``stage`` is None).
+
+    Stage A: the head's estimator on the fresh rewards, no replay, no ranking, no zero-advantage groups kept (the
+    KL term regularises the base, which stage A does not train). Stage B: the task estimator behind the skip rule.
+    """
+    if stage is None:
+        return settings
+    if stage == HEAD_STAGE:
+        name = config.rollout_head_advantage
+        return dataclasses.replace(
+            settings,
+            replay=False,
+            ranking=False,
+            advantage_estimator=name,
+            advantage_params=ADVANTAGE_FNS.params_from(name, config),
+            keep_zero_advantage=False,
+        )
+    if stage == BASE_STAGE:
+        return dataclasses.replace(
+            settings,
+            advantage_estimator=STAGE_B_ESTIMATOR,
+            advantage_params={
+                "base": settings.advantage_estimator,
+                "base_params": dict(settings.advantage_params),
+                "min_range": float(config.rollout_head_skip_range),
+            },
+        )
+    raise ValueError(f"unknown R^2PO stage {stage!r}")
+
+
+def stage_is_cap(config: Any, stage: Stage | None) -> float | None:
+    """The truncation of the behaviour importance weight in ``stage`` (None: no weight).
+
+    Stage A (and plain training) follows ``off_policy_correction``: behaviour and trained distributions are both
+    the rollout one, and the weight only corrects staleness. Stage B follows ``rollout_head_stage_b_weight``."""
+    if stage == BASE_STAGE:
+        return float(config.is_cap) if config.rollout_head_stage_b_weight == "truncated_is" else None
+    return float(config.is_cap) if config.off_policy_correction else None
