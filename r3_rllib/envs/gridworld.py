@@ -28,6 +28,11 @@ Layouts are deterministic given their seed; the splits draw seeds from disjoint 
 ``test`` from 1,000,000, ``sft`` from 2,000,000, each offset by ``pool_seed * 100,000``), and a test or sft layout
 identical to a train layout is skipped, so held-out layouts are new.
 
+Named presets (:data:`PRESETS`, ``GridWorldEnv(preset=...)``) fix the maze and horizon settings of an experiment;
+explicit arguments override a preset's values. ``"hgpo"`` (6x6 mazes, shortest paths of 5..10 moves, a 20-step
+horizon) is the setting where the warm start of :mod:`r3_rllib.models.gridworld_sft` succeeds on part of the
+episodes only, so RL has room to improve (the measured rates are in that module's docstring).
+
 Besides the one-episode ``TextEnv`` API, :meth:`GridWorldEnv.episode` returns independent
 :class:`GridEpisode` objects, so a rollout loop can step the G trajectories of a query in lockstep.
 """
@@ -70,6 +75,43 @@ _POOL_STRIDE = 100_000
 _MAX_DRAWS = 200
 
 Cell = tuple[int, int]
+
+#: The settings of a plain ``GridWorldEnv()`` (each may be overridden by a preset, then by an explicit argument).
+DEFAULTS: dict[str, Any] = {
+    "size": 5,
+    "wall_prob": 0.3,
+    "min_distance": 3,
+    "max_distance": 8,
+    "max_steps": 12,
+    "memory": 2,
+}
+#: Named settings. ``"hgpo"``: longer mazes than the defaults, where the short warm start of
+#: :func:`r3_rllib.models.gridworld_sft.build_warm_start` leaves most of the task to RL (the default 5x5 mazes with
+#: 3..8-move paths are solved ~95 % of the time after a longer SFT run: too little left to learn). The 20-step
+#: horizon is twice the longest shortest path, so a detour can still end in the goal.
+PRESETS: dict[str, dict[str, Any]] = {
+    "hgpo": {
+        "size": 6,
+        "wall_prob": 0.3,
+        "min_distance": 5,
+        "max_distance": 10,
+        "max_steps": 20,
+        "memory": 2,
+    },
+}
+
+
+def resolve_settings(preset: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """The maze settings of ``GridWorldEnv(preset=preset, **overrides)``: defaults, then the preset, then every
+    override that is not None (None means "not given", so a preset value stays)."""
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown gridworld preset {preset!r}; known: {sorted(PRESETS)}")
+    unknown = sorted(set(overrides) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"not maze settings: {unknown}; known: {sorted(DEFAULTS)}")
+    settings = {**DEFAULTS, **(PRESETS[preset] if preset is not None else {})}
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    return settings
 
 
 def parse_move(text: str) -> str | None:
@@ -285,6 +327,8 @@ class GridWorldEnv(TextEnv):
     """Multi-step text gridworld (see the module docstring).
 
     Config:
+        preset: a name in :data:`PRESETS` whose settings replace the defaults below; an argument given explicitly
+            (not None) still wins.
         size: interior side of the square maze (cells), >= 2.
         wall_prob: probability of a wall in each interior cell.
         min_distance, max_distance: shortest-path length (moves) from start to goal.
@@ -302,12 +346,13 @@ class GridWorldEnv(TextEnv):
     def __init__(
         self,
         *,
-        size: int = 5,
-        wall_prob: float = 0.3,
-        min_distance: int = 3,
-        max_distance: int = 8,
-        max_steps: int = 12,
-        memory: int = 2,
+        preset: str | None = None,
+        size: int | None = None,
+        wall_prob: float | None = None,
+        min_distance: int | None = None,
+        max_distance: int | None = None,
+        max_steps: int | None = None,
+        memory: int | None = None,
         instruction: str = "",
         num_queries: int = 500,
         pool_seed: int = 0,
@@ -319,6 +364,19 @@ class GridWorldEnv(TextEnv):
     ) -> None:
         super().__init__()
         del tokenizer, eos_text
+        # None stands for "not given" (DEFAULTS, or the preset's value); see resolve_settings.
+        settings = resolve_settings(
+            preset,
+            size=size,
+            wall_prob=wall_prob,
+            min_distance=min_distance,
+            max_distance=max_distance,
+            max_steps=max_steps,
+            memory=memory,
+        )
+        size, wall_prob = settings["size"], settings["wall_prob"]
+        min_distance, max_distance = settings["min_distance"], settings["max_distance"]
+        max_steps, memory = settings["max_steps"], settings["memory"]
         if split not in SPLIT_SEED_OFFSETS:
             raise ValueError(f"split must be one of {sorted(SPLIT_SEED_OFFSETS)}, got {split!r}")
         for name, value, low in (
@@ -335,14 +393,19 @@ class GridWorldEnv(TextEnv):
             raise ValueError(
                 f"max_distance must be an int >= min_distance={min_distance}, got {max_distance!r}"
             )
-        if not 0.0 <= wall_prob < 1.0:
+        if (
+            isinstance(wall_prob, bool)
+            or not isinstance(wall_prob, (int, float))
+            or not 0.0 <= wall_prob < 1.0
+        ):
             raise ValueError(f"wall_prob must be in [0, 1), got {wall_prob}")
         if num_queries >= _POOL_STRIDE:
             raise ValueError(f"num_queries must be < {_POOL_STRIDE} (the seed range of one pool)")
         bad = sorted({ch for ch in instruction if not (32 <= ord(ch) < 127)})
         if bad:
             raise ValueError(f"instruction must be printable ASCII on one line; bad characters {bad}")
-        self.size, self.wall_prob = size, wall_prob
+        self.preset = preset
+        self.size, self.wall_prob = size, float(wall_prob)
         self.min_distance, self.max_distance = min_distance, max_distance
         self.max_steps, self.memory, self.instruction = max_steps, memory, instruction
         self.split, self.pool_seed = split, pool_seed
@@ -350,6 +413,18 @@ class GridWorldEnv(TextEnv):
         self._by_id = {lay.query_id: lay for lay in self.layouts}
         self._order = QueryOrder(len(self.layouts), seed=seed, shuffle=shuffle)
         self._episode: GridEpisode | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The resolved maze settings (the keys of :data:`DEFAULTS`), e.g. for a warm start's metadata."""
+        return {
+            "size": self.size,
+            "wall_prob": self.wall_prob,
+            "min_distance": self.min_distance,
+            "max_distance": self.max_distance,
+            "max_steps": self.max_steps,
+            "memory": self.memory,
+        }
 
     # -- layouts -------------------------------------------------------------------------------------------------
     def _seeds(self, split: str) -> Iterator[int]:

@@ -11,18 +11,36 @@ is a held-out success rate well inside (0, 1), which leaves RL room to improve.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
+import shutil
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from r3_rllib.envs.gridworld import GridWorldEnv, expert_sft_pairs
+from r3_rllib.envs.gridworld import DEFAULTS, GridWorldEnv, expert_sft_pairs
 from r3_rllib.models.sft import encode_prompt_answer_pairs, sft_loss
+
+#: The env preset the warm start is made for (see :data:`r3_rllib.envs.gridworld.PRESETS`).
+WARM_START_PRESET = "hgpo"
+#: Optimizer steps and batch size of the warm start: few enough that the policy is partial (and the run short).
+WARM_START_STEPS = 100
+WARM_START_BATCH = 32
+#: Expert episodes on the ``sft`` split, and the random-move probability of their rollouts (the labels stay the
+#: expert's moves; the detours only put off-path histories into the prompts, as a sampling policy produces them).
+WARM_START_EPISODES = 2000
+WARM_START_NOISE = 0.3
+WARM_START_LR = 1e-3
+#: Written into a warm-start folder; a folder whose ``config_hash`` matches is reused instead of retrained.
+WARM_START_METADATA = "gridworld_warm_start.json"
+_WARM_START_FORMAT = 1
 
 
 def encode_pairs(
@@ -105,42 +123,222 @@ def evaluate_gridworld(
     return episode_stats(records)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+def _warmup_for(steps: int) -> int:
+    # A fixed 30-step warm-up would take a third of a 100-step run; a fifth keeps most steps at full rate.
+    return max(1, min(30, steps // 5))
 
+
+def warm_start_config(
+    *,
+    seed: int = 0,
+    steps: int = WARM_START_STEPS,
+    batch_size: int = WARM_START_BATCH,
+    episodes: int = WARM_START_EPISODES,
+    noise: float = WARM_START_NOISE,
+    lr: float = WARM_START_LR,
+    preset: str | None = WARM_START_PRESET,
+    env_config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything that determines a warm start (JSON-able; its hash identifies the checkpoint).
+
+    ``env_config`` may hold maze settings (the keys of :data:`r3_rllib.envs.gridworld.DEFAULTS`), ``instruction``
+    and ``pool_seed``: what changes the prompts the model sees.
+    """
+    allowed = {*DEFAULTS, "instruction", "pool_seed"}
+    bad = sorted(set(env_config or {}) - allowed)
+    if bad:
+        raise ValueError(f"env_config keys {bad} do not shape the prompts; allowed: {sorted(allowed)}")
+    env = GridWorldEnv(split="sft", num_queries=1, preset=preset, **(env_config or {}))
+    return {
+        "seed": seed,
+        "steps": steps,
+        "batch_size": batch_size,
+        "warmup_steps": _warmup_for(steps),
+        "episodes": episodes,
+        "noise": noise,
+        "lr": lr,
+        "preset": preset,
+        "env": {**env.settings, "instruction": env.instruction, "pool_seed": env.pool_seed},
+        "format": _WARM_START_FORMAT,
+    }
+
+
+def _config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def train_warm_start(
+    config: dict[str, Any],
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    """Fine-tune a fresh tiny model as ``config`` (from :func:`warm_start_config`) says; returns the model, its
+    tokenizer and training metrics. Single-threaded, so the result does not depend on the machine's core count."""
+    from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+    env_settings = dict(config["env"])
+    sft_env = GridWorldEnv(
+        split="sft", num_queries=min(config["episodes"], 5000), preset=config["preset"], **env_settings
+    )
+    pairs = expert_sft_pairs(sft_env, episodes=config["episodes"], noise=config["noise"], seed=config["seed"])
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=config["seed"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    try:
+        losses = train_on_pairs(
+            model,
+            tokenizer,
+            pairs,
+            steps=config["steps"],
+            batch_size=config["batch_size"],
+            lr=config["lr"],
+            warmup_steps=config["warmup_steps"],
+            seed=config["seed"],
+        )
+    finally:
+        torch.set_num_threads(threads)
+    tail = losses[-10:]
+    return (
+        model,
+        tokenizer,
+        {
+            "pairs": len(pairs),
+            "final_loss": sum(tail) / len(tail),
+            "train_seconds": time.perf_counter() - start,
+        },
+    )
+
+
+def read_warm_start_metadata(path: str | Path) -> dict[str, Any] | None:
+    """The metadata :func:`build_warm_start` wrote into ``path``, or None."""
+    file = Path(path) / WARM_START_METADATA
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def build_warm_start(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = WARM_START_STEPS,
+    batch_size: int = WARM_START_BATCH,
+    episodes: int = WARM_START_EPISODES,
+    noise: float = WARM_START_NOISE,
+    lr: float = WARM_START_LR,
+    preset: str | None = WARM_START_PRESET,
+    env_config: dict[str, Any] | None = None,
+    log: Callable[[str], Any] = print,
+) -> Path:
+    """Return ``path`` holding the gridworld warm start (a Hugging Face folder for ``load_tiny``/the engines),
+    training it only when ``path`` does not already hold one of the same config.
+
+    Defaults give the measured setting of the module docstring: the ``"hgpo"`` preset, 100 steps of 32 pairs.
+    ``env_config`` overrides maze settings (``size``, ``max_steps``, ...) on top of ``preset``; the RL env must use
+    the same settings (``GridWorldEnv(preset=preset, **env_config)``). The folder is written next to ``path`` and
+    moved into place, so an interrupted build never leaves a half-written checkpoint.
+    """
+    config = warm_start_config(
+        seed=seed,
+        steps=steps,
+        batch_size=batch_size,
+        episodes=episodes,
+        noise=noise,
+        lr=lr,
+        preset=preset,
+        env_config=env_config,
+    )
+    key = _config_hash(config)
+    path = Path(path)
+    meta = read_warm_start_metadata(path)
+    if meta is not None and meta.get("config_hash") == key:
+        log(f"gridworld warm start: reusing {path} (config {key})")
+        return path
+    model, tokenizer, metrics = train_warm_start(config)
+    _save_warm_start(model, tokenizer, path, config, metrics)
+    log(
+        f"gridworld warm start: saved {path} ({metrics['train_seconds']:.0f} s, loss {metrics['final_loss']:.3f})"
+    )
+    return path
+
+
+def _save_warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    path: Path,
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+) -> None:
+    """Save model, tokenizer and metadata: written next to ``path`` and moved into place, so an interrupted save
+    never leaves a half-written checkpoint that a later build would reuse."""
+    from r3_rllib.models.tiny import save_tiny
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    save_tiny(model, tokenizer, tmp)
+    meta = {"config_hash": _config_hash(config), "config": config, **metrics}
+    (tmp / WARM_START_METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.chmod(
+        0o755
+    )  # mkdtemp's folder is private; engines and Ray actors of other users may read a checkpoint
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Train a warm start as :func:`build_warm_start` would, then measure greedy and sampled held-out success."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="save the fine-tuned model here (a Hugging Face folder)")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--episodes", type=int, default=2000, help="expert episodes on the sft split")
-    ap.add_argument("--noise", type=float, default=0.3, help="random-move probability of the data rollouts")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--eval-queries", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=WARM_START_STEPS)
+    ap.add_argument("--batch-size", type=int, default=WARM_START_BATCH)
+    ap.add_argument(
+        "--episodes", type=int, default=WARM_START_EPISODES, help="expert episodes on the sft split"
+    )
+    ap.add_argument(
+        "--noise", type=float, default=WARM_START_NOISE, help="random-move probability of the data rollouts"
+    )
+    ap.add_argument("--lr", type=float, default=WARM_START_LR)
+    ap.add_argument(
+        "--preset", default=WARM_START_PRESET, help="GridWorldEnv preset ('none' for the plain defaults)"
+    )
+    ap.add_argument("--eval-queries", type=int, default=200, help="held-out layouts of the greedy evaluation")
+    ap.add_argument(
+        "--sampled-queries", type=int, default=100, help="held-out layouts of the sampled evaluation"
+    )
+    ap.add_argument("--group-size", type=int, default=8, help="temperature-1 trajectories per sampled layout")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--env", default="{}", help="GridWorldEnv config as JSON (memory, size, max_steps, ...)")
+    ap.add_argument(
+        "--env", default="{}", help="GridWorldEnv overrides as JSON (memory, size, max_steps, ...)"
+    )
     args = ap.parse_args(argv)
+    config = warm_start_config(
+        seed=args.seed,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        episodes=args.episodes,
+        noise=args.noise,
+        lr=args.lr,
+        preset=None if args.preset == "none" else args.preset,
+        env_config=json.loads(args.env),
+    )
+    model, tokenizer, metrics = train_warm_start(config)
     torch.set_num_threads(1)
-    env_config = json.loads(args.env)
-    sft_env = GridWorldEnv(split="sft", num_queries=min(args.episodes, 5000), **env_config)
-    test_env = GridWorldEnv(split="test", num_queries=args.eval_queries, **env_config)
-    pairs = expert_sft_pairs(sft_env, episodes=args.episodes, noise=args.noise, seed=args.seed)
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, seed=args.seed)
     start = time.perf_counter()
-    before = evaluate_gridworld(model, tokenizer, test_env)
-    losses = train_on_pairs(model, tokenizer, pairs, steps=args.steps, lr=args.lr, seed=args.seed)
-    after = evaluate_gridworld(model, tokenizer, test_env)
-    sampled = evaluate_gridworld(model, tokenizer, test_env, greedy=False, group_size=4, seed=args.seed)
+    greedy_env = GridWorldEnv(split="test", num_queries=args.eval_queries, **config["env"])
+    sampled_env = GridWorldEnv(split="test", num_queries=args.sampled_queries, **config["env"])
+    greedy = evaluate_gridworld(model, tokenizer, greedy_env)
+    sampled = evaluate_gridworld(
+        model, tokenizer, sampled_env, greedy=False, group_size=args.group_size, seed=args.seed
+    )
     report = {
-        "pairs": len(pairs),
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-        "test_greedy_before": before,
-        "test_greedy_after": after,
-        "test_sampled_after": sampled,
-        "seconds": time.perf_counter() - start,
+        **metrics,
+        "config": config,
+        "test_greedy": greedy,
+        "test_sampled": sampled,
+        "eval_seconds": time.perf_counter() - start,
     }
     print(json.dumps(report, indent=1))
     if args.out:
-        save_tiny(model, tokenizer, args.out)
+        _save_warm_start(model, tokenizer, Path(args.out), config, metrics)
     return report
 
 

@@ -5,13 +5,16 @@ import itertools
 import pytest
 
 from r3_rllib.envs.gridworld import (
+    DEFAULTS,
     MOVES,
+    PRESETS,
     GridLayout,
     GridWorldEnv,
     expert_move,
     expert_sft_pairs,
     generate_layout,
     parse_move,
+    resolve_settings,
     solve,
 )
 from r3_rllib.models.tiny import CHARACTERS
@@ -256,3 +259,54 @@ def test_sft_pairs_encoding_masks_the_move_and_eos():
     # position t predicts token t + 1: targets are "u", "p", eos (positions 2..4 of row 0)
     assert mask[0].tolist() == [0, 0, 1, 1, 1, 0]
     assert mask[1].tolist() == [0, 1, 1, 1, 1, 1]
+
+
+def test_plain_defaults_unchanged():
+    env = GridWorldEnv(num_queries=1)
+    assert env.settings == DEFAULTS == resolve_settings()
+    assert env.preset is None and env.query_ids == ["grid:5:0"]
+
+
+def test_hgpo_preset_settings_and_overrides():
+    env = GridWorldEnv(preset="hgpo", num_queries=60)
+    assert env.settings == {**DEFAULTS, **PRESETS["hgpo"]} and env.preset == "hgpo"
+    lengths = [len(solve(lay)) for lay in env.layouts]
+    # multi-step: every optimal path has 5..10 moves, well inside the 20-step horizon
+    assert min(lengths) >= 5 and max(lengths) <= 10 and env.max_steps == 20
+    assert all(len(lay.rows) == 8 for lay in env.layouts)  # 6x6 interior plus the border
+    # an explicit argument beats the preset; None means "not given"
+    override = GridWorldEnv(preset="hgpo", num_queries=1, max_steps=7, memory=None)
+    assert override.max_steps == 7 and override.memory == PRESETS["hgpo"]["memory"]
+    assert resolve_settings("hgpo", size=4)["size"] == 4
+    from r3_rllib.envs.registry import make_text_env
+
+    assert make_text_env("gridworld", preset="hgpo", num_queries=2).settings == env.settings
+
+
+def test_hgpo_preset_prompts_fit_the_tiny_tokenizer():
+    env = GridWorldEnv(preset="hgpo", num_queries=20, split="sft")
+    pairs = expert_sft_pairs(env, episodes=20, noise=0.3, seed=0)
+    assert set("".join(p + m for p, m in pairs)) <= set(CHARACTERS)
+
+
+def test_bad_preset():
+    with pytest.raises(ValueError, match="unknown gridworld preset"):
+        GridWorldEnv(preset="huge")
+    with pytest.raises(ValueError, match="not maze settings"):
+        resolve_settings(num_queries=3)
+    with pytest.raises(ValueError, match="wall_prob"):
+        GridWorldEnv(preset="hgpo", wall_prob=1.0)
+
+
+def test_warm_start_config_is_cheap_and_checked():
+    # The builder's config (no training here): settings resolved from the preset, unknown env keys refused.
+    from r3_rllib.models.gridworld_sft import WARM_START_PRESET, _config_hash, warm_start_config
+
+    cfg = warm_start_config(seed=3)
+    assert cfg["preset"] == WARM_START_PRESET and cfg["env"]["size"] == PRESETS[WARM_START_PRESET]["size"]
+    assert cfg["seed"] == 3 and 1 <= cfg["warmup_steps"] <= cfg["steps"]
+    assert _config_hash(cfg) == _config_hash(warm_start_config(seed=3))
+    assert _config_hash(cfg) != _config_hash(warm_start_config(seed=4))
+    assert warm_start_config(env_config={"max_steps": 9})["env"]["max_steps"] == 9
+    with pytest.raises(ValueError, match="do not shape the prompts"):
+        warm_start_config(env_config={"num_queries": 5})
