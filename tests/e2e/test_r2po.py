@@ -1,0 +1,148 @@
+"""R^2PO end to end on the arithmetic task with the shipped tiny model: the base policy (head off) learns, the stages
+touch only their own parameters, a checkpoint taken mid-schedule resumes the stage with identical weights, and two
+FSDP2 learners carry the head as one learner does."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from r3_rllib import R3Config
+
+pytestmark = pytest.mark.slow
+sys.path.insert(0, os.path.dirname(__file__))
+from algo_checks import checkpoint_fingerprint  # noqa: E402
+
+HEAD = "rollout_head."
+
+
+def _config(**training) -> R3Config:
+    return (
+        R3Config.grpo_preset()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 2000})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .training(
+            group_size=8,
+            queries_per_iteration=32,
+            max_new_tokens=4,
+            lr=1e-4,
+            num_minibatches=2,
+            micro_batch_size=128,
+            rollout_head=True,
+            rollout_head_lr=1e-3,
+        )
+        .training(**training)
+    )
+
+
+def _state(algo) -> dict[str, torch.Tensor]:
+    return algo.learner_call(lambda learner: learner.full_state_dict())[0]
+
+
+def _changed(before: dict, after: dict) -> tuple[set[str], set[str]]:
+    """(head tensors that changed, base tensors that changed), compared bit for bit."""
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    return {k for k in moved if k.startswith(HEAD)}, {k for k in moved if not k.startswith(HEAD)}
+
+
+def test_r2po_raises_heldout_accuracy_and_stages_touch_only_their_part(ray_session):
+    algo = _config(rollout_head_head_iters=1, rollout_head_base_iters=3).build_algo()
+    try:
+        before = algo.evaluate_heldout(500)["accuracy"]  # head off: the base policy
+        stages_seen = set()
+        for i in range(40):
+            state = _state(algo) if i < 4 else None
+            result = algo.train()
+            stage = result["r2po"]["stage"]
+            stages_seen.add(stage)
+            if state is not None:  # the first cycle: A then B, B, B
+                head_moved, base_moved = _changed(state, _state(algo))
+                if stage == 0.0:
+                    assert head_moved and not base_moved, (i, sorted(base_moved))
+                else:
+                    assert base_moved and not head_moved, (i, sorted(head_moved))
+        after = algo.evaluate_heldout(500)["accuracy"]
+        with_head = algo.evaluate_heldout(500, with_head=True)["accuracy"]
+        # The weight sync carried the trained head to the runner, which samples with it on again after evaluating.
+        learner_head = {k[len(HEAD) :]: v for k, v in _state(algo).items() if k.startswith(HEAD)}
+        runner_head, rollout_on = algo.env_runner_group.foreach_env_runner(
+            lambda r: (dict(r.engine.head.state_dict()), r.engine.rollout_logits), local_env_runner=False
+        )[0]
+    finally:
+        algo.stop()
+    print(f"R^2PO held-out greedy accuracy (head off): {before:.3f} -> {after:.3f}; head on {with_head:.3f}")
+    assert stages_seen == {0.0, 1.0} and rollout_on
+    assert set(runner_head) == set(learner_head)
+    assert all(torch.equal(runner_head[k], learner_head[k]) for k in learner_head)
+    # As tests/e2e/test_learning.py: 500 queries, a standard error of ~0.022; 0.05 is more than two of them.
+    assert after >= before + 0.05, (before, after)
+
+
+def test_checkpoint_mid_schedule_resumes_the_stage_with_identical_weights(ray_session, tmp_path):
+    # With R^3 (replay + ranking from epoch 0) in stage B, so the replay buffer is part of the checkpoint too.
+    config = _config(rollout_head_head_iters=2, rollout_head_base_iters=2, queries_per_iteration=16).r3(
+        replay=True, ranking=True, replay_start_epoch=0, ranking_start_epoch=0
+    )
+    algo = config.build_algo()
+    try:
+        stages = [algo.train()["r2po"]["stage"] for _ in range(3)]  # A, A, B: the save falls inside stage B
+        checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
+        saved, saved_state = checkpoint_fingerprint(algo), _state(algo)
+        saved_head = algo.learner_call(lambda learner: learner.head_checksum())[0]
+        next_original = algo.train()
+        continued = algo.learner_call(lambda learner: learner.parameter_checksum())[0]
+    finally:
+        algo.stop()
+    assert stages == [0.0, 0.0, 1.0] and saved["replay_size"] > 0
+    restored = config.build_algo()
+    try:
+        restored.restore(checkpoint)
+        assert restored.iteration == 3
+        assert checkpoint_fingerprint(restored) == pytest.approx(saved, rel=1e-12)
+        state = _state(restored)
+        assert (
+            all(torch.equal(state[k], saved_state[k]) for k in saved_state)
+            and HEAD + "vocab_proj.weight" in state
+        )
+        result = restored.train()
+        assert (
+            result["r2po"]["stage"] == next_original["r2po"]["stage"] == 1.0
+        )  # stage B resumed, not restarted
+        assert (
+            restored.learner_call(lambda learner: learner.head_checksum())[0] == saved_head
+        )  # B: head frozen
+        assert restored.learner_call(lambda learner: learner.parameter_checksum())[0] == pytest.approx(
+            continued, rel=1e-9
+        )
+    finally:
+        restored.stop()
+
+
+def _two_iterations(num_learners: int) -> dict[str, float]:
+    config = _config(
+        rollout_head_head_iters=1, rollout_head_base_iters=1, queries_per_iteration=16, micro_batch_size=8
+    ).learners(num_learners=num_learners, num_cpus_per_learner=1)
+    algo = config.build_algo()
+    try:
+        out = {}
+        for name in ("A", "B"):
+            r = algo.train()
+            out[f"loss_{name}"] = float(r["learner"]["loss"])
+            out[f"head_{name}"] = algo.learner_call(lambda learner: learner.head_checksum())[0]
+        out["params"] = algo.learner_call(lambda learner: learner.parameter_checksum())[0]
+        out["head_keys"] = float(sum(k.startswith(HEAD) for k in _state(algo)))
+        return out
+    finally:
+        algo.stop()
+
+
+def test_two_fsdp_learners_carry_the_head_like_one(ray_session):
+    one, two = _two_iterations(0), _two_iterations(2)
+    assert one["head_keys"] == two["head_keys"] == 2.0
+    assert two["head_A"] == two["head_B"]  # stage B left the (sharded) head alone
+    for key, value in one.items():
+        assert two[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, one, two)
