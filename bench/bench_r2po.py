@@ -120,7 +120,14 @@ def main() -> None:
     common.print_header("R^2PO vs GRPO vs R^2PO + R^3 (arithmetic, shipped tiny model)", args)
     started = common.start_ray()
     try:
-        results = {m: [run(m, s, args) for s in seeds] for m in methods}
+        results: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+        for m in methods:
+            for s in seeds:
+                results[m].append(run(m, s, args))
+                print(
+                    f"{m} seed {s}: " + ", ".join(f"{k} {v:.3f}" for k, v in results[m][-1].items()),
+                    flush=True,
+                )
     finally:
         common.stop_ray(started)
     keys = ("before", "after", "distinct", "entropy", "format_err", "length", "rollout_acc", "s")

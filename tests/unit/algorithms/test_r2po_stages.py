@@ -232,3 +232,12 @@ def test_vllm_gets_the_model_weights_without_a_head_saved_beside_them(tok, tmp_p
         assert "config.json" in names and "rollout_head.json" in names
     finally:
         keep.cleanup()
+
+
+def test_shipped_example_validates():
+    from repo_paths import REPO
+
+    from r3_rllib.train_config import load_run_file
+
+    config = load_run_file(REPO / "examples" / "r2po_arithmetic_cpu.yaml").config
+    assert config.rollout_head and config.rollout_head_stage_b_weight == "truncated_is"
