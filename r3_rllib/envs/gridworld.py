@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r3_rllib.envs.base import TextEnv
-from r3_rllib.envs.data import QueryOrder, parse_reset_options
+from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 
 WALL, FREE, GOAL, AGENT = "#", ".", "G", "@"
 #: Move name -> (row delta, column delta); the order is the expert's tie-break among equally good moves.
@@ -338,6 +338,9 @@ class GridWorldEnv(TextEnv):
         num_queries: layouts per split.
         pool_seed: which layouts form the pools (offsets every split's seed range).
         seed: the per-epoch shuffle of the layouts (see ``QueryOrder``); shuffle: reshuffle every epoch.
+        shard: serve only this part of each epoch's order (a :class:`~r3_rllib.envs.data.Shard` or a mapping
+            ``{batch_size, start, count}``); the EnvRunners set it so that together they walk one global order per
+            epoch. None: the whole pool.
         split: ``"train"``, ``"test"`` (held-out layouts) or ``"sft"`` (layouts for warm-start data).
         tokenizer, eos_text: accepted for the runner's uniform env construction; eos texts in responses are
             ignored by the lenient move parser anyway.
@@ -358,6 +361,7 @@ class GridWorldEnv(TextEnv):
         pool_seed: int = 0,
         seed: int = 0,
         shuffle: bool = True,
+        shard: Shard | dict[str, int] | None = None,
         split: Literal["train", "test", "sft"] = "train",
         tokenizer: Any = None,
         eos_text: str | Sequence[str] | None = None,
@@ -411,7 +415,7 @@ class GridWorldEnv(TextEnv):
         self.split, self.pool_seed = split, pool_seed
         self.layouts = self._pool(split, num_queries)
         self._by_id = {lay.query_id: lay for lay in self.layouts}
-        self._order = QueryOrder(len(self.layouts), seed=seed, shuffle=shuffle)
+        self._order = QueryOrder(len(self.layouts), seed=seed, shuffle=shuffle, shard=shard)
         self._episode: GridEpisode | None = None
 
     @property

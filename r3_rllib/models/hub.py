@@ -17,9 +17,20 @@ def _smollm2() -> Path:
     return smollm2_path()
 
 
+def _gridworld_sft() -> Path:
+    from r3_rllib.models.gridworld_sft import build_warm_start
+    from r3_rllib.models.smollm2 import cache_root
+
+    # The tiny model warm-started on gridworld expert moves ('hgpo' preset; about 30 s of SFT on first use).
+    return build_warm_start(cache_root() / "gridworld-tiny-sft", log=lambda message: None)
+
+
 # name -> function returning the model's folder (building it on first use); imports are deferred so that listing
 # names costs nothing.
-_NAMED_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m": _smollm2}
+_NAMED_MODELS: dict[str, Callable[[], Path]] = {
+    "smollm2-135m": _smollm2,
+    "gridworld-tiny-sft": _gridworld_sft,
+}
 
 
 def named_models() -> list[str]:

@@ -310,3 +310,19 @@ def test_warm_start_config_is_cheap_and_checked():
     assert warm_start_config(env_config={"max_steps": 9})["env"]["max_steps"] == 9
     with pytest.raises(ValueError, match="do not shape the prompts"):
         warm_start_config(env_config={"num_queries": 5})
+
+
+def test_runner_shards_split_one_global_layout_order():
+    """Two runners' shards of one 8-layout batch serve disjoint layouts that together are the whole batch, and
+    the EnvRunner config gives the gridworld a shard as it gives the arithmetic env one."""
+    from r3_rllib.algorithms.r3.config import R3Config
+    from r3_rllib.algorithms.r3.env_runner import env_accepts_shard, runner_env_config
+
+    cfg = R3Config().environment("gridworld", env_config={"num_queries": 16}).env_runners(num_env_runners=2)
+    cfg.training(queries_per_iteration=8)
+    assert env_accepts_shard("gridworld")
+    envs = [GridWorldEnv(**runner_env_config(cfg, i)) for i in (1, 2)]
+    served = [[env.reset()[1]["query_id"] for _ in range(4)] for env in envs]
+    assert not set(served[0]) & set(served[1])
+    whole = GridWorldEnv(num_queries=16, seed=cfg.seed)
+    assert sorted(served[0] + served[1]) == sorted(whole.reset()[1]["query_id"] for _ in range(8))
