@@ -338,25 +338,28 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             out.append((qid, content, obs))
         return out
 
-    def evaluate(self, num_queries: int, *, with_head: bool | None = None) -> dict[str, float]:
+    def evaluate(
+        self, num_queries: int, *, with_head: bool | None = None, samples: int = 0
+    ) -> dict[str, float]:
         """Greedy accuracy on the first `num_queries` held-out queries (env_config updated with
-        `eval_env_config`); the same queries every call, so evaluations are comparable.
+        `eval_env_config`); the same queries every call, so evaluations are comparable. `samples` > 0: the mean
+        accuracy of that many responses (trajectories) per query sampled as in training, instead of one greedy.
 
         R^2PO: evaluated with base logits (head off: the policy that is exported and served) unless `with_head`
         (None: the config's rollout_head_eval_with_head); training rollouts go back to the head afterwards."""
         set_head = getattr(self.engine, "set_rollout_logits", None)
         if set_head is None:
-            return self._evaluate(num_queries)
+            return self._evaluate(num_queries, samples)
         if with_head is None:
             with_head = bool(self.config.rollout_head_eval_with_head)
         before = bool(self.engine.rollout_logits)
         set_head(with_head)
         try:
-            return self._evaluate(num_queries)
+            return self._evaluate(num_queries, samples)
         finally:
             set_head(before)
 
-    def _evaluate(self, num_queries: int) -> dict[str, float]:
+    def _evaluate(self, num_queries: int, samples: int = 0) -> dict[str, float]:
         if self._eval_env is None:
             cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
             self._eval_env = build_env(self.config.env, cfg, self.tokenizer)
@@ -364,31 +367,36 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         env = self._eval_env
         env.set_state(self._eval_start)
         n = min(num_queries, len(env)) if _has_len(env) else num_queries
+        per_query, params = max(1, samples), self.sampling_params(greedy=samples < 1)
         if self.multistep:
-            return self._evaluate_episodes(env, n)
+            return self._evaluate_episodes(env, n, per_query, params)
         prompts, qids = [], []
         for _ in range(n):
             obs, info = env.reset()
             prompts.append(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
             qids.append(info["query_id"])
-        comps = self.engine.generate(prompts, 1, self.sampling_params(greedy=True))
+        comps = self.engine.generate(prompts, per_query, params)
         correct = 0
-        for qid, c in zip(qids, comps, strict=True):
-            env.reset(options={"query_id": qid})
-            _, _, _, _, info = env.step(c[0].text)
-            correct += bool(info.get("correct"))
-        return {"accuracy": correct / max(1, n), "num_queries": float(n)}
+        for qid, group in zip(qids, comps, strict=True):
+            for c in group:
+                env.reset(options={"query_id": qid})
+                _, _, _, _, info = env.step(c.text)
+                correct += bool(info.get("correct"))
+        return {"accuracy": correct / max(1, n * per_query), "num_queries": float(n)}
 
-    def _evaluate_episodes(self, env: TextEnv, n: int) -> dict[str, float]:
-        """Greedy success rate (as `accuracy`) and mean episode length on the first `n` held-out queries."""
+    def _evaluate_episodes(
+        self, env: TextEnv, n: int, per_query: int, params: SamplingParams
+    ) -> dict[str, float]:
+        """Success rate (as `accuracy`), mean episode length and mean steps of the successful episodes on the first
+        `n` held-out queries, `per_query` trajectories each."""
         query_ids = [env.reset()[1]["query_id"] for _ in range(n)]
         records = rollout_multistep(
             self.engine,
             self.tokenizer,
             env.episode,
             query_ids,
-            1,
-            self.sampling_params(greedy=True),
+            per_query,
+            params,
             gamma=self.config.step_gamma,
             max_steps=self.config.max_episode_steps,
         )
@@ -396,6 +404,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return {
             "accuracy": stats["success_rate"],
             "episode_len_mean": stats["mean_length"],
+            # NaN when no episode succeeded: there is no length to report
+            "steps_to_goal": stats["steps_to_goal"],
             "num_queries": float(n),
         }
 
