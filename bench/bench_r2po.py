@@ -52,6 +52,7 @@ def make_config(method: str, seed: int, args: argparse.Namespace):
             rollout_head_head_iters=args.head_iters,
             rollout_head_base_iters=args.base_iters,
             rollout_head_lr=args.head_lr,
+            rollout_head_stage_b_weight=args.stage_b_weight,
         )
     if method == "r2po_r3":
         config = config.r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--head-iters", type=int, default=1)
     parser.add_argument("--base-iters", type=int, default=3)
     parser.add_argument("--head-lr", type=float, default=1e-3)
+    parser.add_argument("--stage-b-weight", default="truncated_is", choices=("truncated_is", "none"))
     parser.add_argument("--eval-queries", type=int, default=500)
     parser.add_argument("--probe-queries", type=int, default=64)
     parser.add_argument("--smoke", action="store_true", help="every method, seed 0, 2 iterations, small eval")

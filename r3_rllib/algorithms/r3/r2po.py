@@ -7,7 +7,9 @@ policy's logits (:mod:`r3_rllib.models.rollout_head`) and alternates two stages
 - stage A trains the head only, on the log-probs of the rollout distribution (head on), with the rarity reward
   (``rollout_head_advantage``) of the fresh groups' task rewards. Replay and ranking are off: they reshape the
   base policy's task signal (past samples, graded failures), and ranking's continuous rewards would make every
-  reward distinct, which the rarity reward maps to zeros;
+  reward distinct, which the rarity reward maps to zeros. Reflection groups (prompts of their own) stay in: rarity is
+  defined within any group of G responses to one prompt. Every fresh sample of either stage enters the replay buffer
+  with its behaviour (head-on) log-probs, so stage B's importance weight also covers replayed ones;
 - stage B trains the base only, on base log-probs, with the configured task estimator (R^3's parts included) and
   groups whose reward range is below ``rollout_head_skip_range`` left out. The tokens were drawn with the head on,
   so the behaviour policy is not the trained one: ``rollout_head_stage_b_weight`` says whether the truncated
