@@ -587,6 +587,10 @@ class R3Learner(TorchLearner):
             from r3_rllib.models.rollout_head import set_stage_trainable
 
             set_stage_trainable(self.policy, stage)
+        elif self._rollout_head is not None:
+            # No stage after a staged update: undo its freezing (the head, outside base logits, gets no gradient).
+            for p in self.policy.parameters():
+                p.requires_grad_(True)
 
     @property
     def _uses_reference(self) -> bool:
