@@ -62,3 +62,18 @@ def tiny_random_model(tmp_path_factory) -> str:
     tok = build_tiny_tokenizer()
     save_tiny(build_tiny_model(tok, seed=0), tok, path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def gridworld_warm_start(tmp_path_factory) -> str:
+    """The tiny model warm-started on gridworld expert moves (~30 s of SFT, once per session): a partial policy
+    (about a quarter of held-out layouts solved greedily) for the multi-step tests."""
+    import torch
+
+    from r3_rllib.models.gridworld_sft import build_warm_start
+
+    threads = torch.get_num_threads()
+    try:
+        return str(build_warm_start(tmp_path_factory.mktemp("gridworld") / "warm_start", seed=0))
+    finally:
+        torch.set_num_threads(threads)

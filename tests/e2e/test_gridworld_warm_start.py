@@ -5,6 +5,7 @@ rates with slack for the smaller evaluation here.
 """
 
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -25,13 +26,13 @@ def _two_histories(seen: set[tuple[int, tuple[int, ...]]]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def warm_start(tmp_path_factory):
+def warm_start(gridworld_warm_start):
     import torch
 
     from r3_rllib.models.tiny import load_tiny
 
     torch.set_num_threads(1)
-    path = build_warm_start(tmp_path_factory.mktemp("gw") / "warm", seed=0)
+    path = Path(gridworld_warm_start)  # built once per session (tests/conftest.py)
     model, tok = load_tiny(path)
     return path, model, tok
 

@@ -57,3 +57,86 @@ def test_vllm_engine_rolls_out_episodes_in_lockstep(tiny_random_model):
         ref = _reference_logprobs(model, r.prompt_ids, r.response_ids)
         worst = max(worst, float(np.max(np.abs(ref - r.logprobs))))
     assert worst < 2e-3, worst
+
+
+def hgpo_config(model_path: str, **training):
+    """HGPO on the gridworld preset the warm start was trained on, two runners (each takes half of a global batch)."""
+    from r3_rllib import R3Config
+
+    base = dict(
+        model_path=model_path,
+        advantage_estimator="hgpo",
+        group_size=8,
+        queries_per_iteration=8,
+        max_new_tokens=6,
+        lr=1e-3,
+        num_minibatches=2,
+        micro_batch_size=64,
+        kl_coef=0.0,
+    )
+    return (
+        R3Config.grpo_preset()
+        .environment("gridworld", env_config={"preset": "hgpo", "num_queries": 64})
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
+        .learners(num_learners=0)
+        .training(**{**base, **training})
+    )
+
+
+def test_runner_crash_mid_episode_and_checkpoint_restore(ray_session, gridworld_warm_start, tmp_path):
+    """Runner 2's process exits in the middle of a multi-step rollout (its third lockstep round): the iteration trains
+    on runner 1's trajectories, Ray restarts runner 2 and it comes back with the learner's weights; a checkpoint of
+    the multi-step run restores the learner's weights, optimizer state and the runners' data positions."""
+    import os
+    import time
+
+    from algo_checks import checkpoint_fingerprint
+
+    algo = hgpo_config(gridworld_warm_start).build_algo()
+    try:
+        first = algo.train()
+        assert first["learner"]["trained_tokens"] > 0 and first["rollout"]["episode_len_mean"] > 1
+        checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
+        saved = checkpoint_fingerprint(algo)
+        saved_positions = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.env.state(), local_env_runner=False
+        )
+
+        def break_mid_episode(runner):
+            generate, calls = runner.engine.generate, [0]
+
+            def crash_on_third_round(*args, **kwargs):
+                calls[0] += 1
+                if calls[0] == 3:
+                    os._exit(1)
+                return generate(*args, **kwargs)
+
+            runner.engine.generate = crash_on_third_round
+
+        algo.env_runner_group.foreach_env_runner(
+            break_mid_episode, remote_worker_ids=[2], local_env_runner=False
+        )
+        crashed = algo.train()
+        assert crashed["rollout"]["runners_failed"] == 1
+        assert crashed["learner"]["trained_tokens"] > 0  # runner 1's four layouts were trained on
+        assert crashed["rollout"]["episode_len_mean"] > 1
+        restored = []
+        for _ in range(120):
+            restored = algo.restore_env_runners(algo.env_runner_group)
+            if restored:
+                break
+            time.sleep(0.5)
+        assert restored == [2]
+        versions = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.engine.version, local_env_runner=False
+        )
+        assert versions == [2, 2]  # two updates so far, and the restarted runner has the second one
+        assert algo.train()["rollout"]["runners_failed"] == 0
+
+        algo.restore(checkpoint)
+        assert checkpoint_fingerprint(algo) == saved
+        positions = algo.env_runner_group.foreach_env_runner(lambda r: r.env.state(), local_env_runner=False)
+        assert positions == saved_positions
+        assert algo.train()["rollout"]["runners_failed"] == 0
+    finally:
+        algo.stop()
