@@ -170,3 +170,12 @@ def test_learner_memory_smoke(capsys):
     out = capsys.readouterr().out
     assert "| response head + checkpointing |" in out
     assert "same loss and gradient norm in every path: True" in out
+
+
+@pytest.mark.slow
+def test_hgpo_smoke(ray_session, gridworld_warm_start, tmp_path, capsys):
+    mod = load("bench_hgpo")
+    args = ["--smoke", "--warm-start", gridworld_warm_start, "--out", str(tmp_path)]
+    assert mod.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| hgpo |" in out and (tmp_path / "runs" / "hgpo" / "seed0" / "progress.csv").is_file()

@@ -92,7 +92,8 @@ def test_runner_crash_mid_episode_and_checkpoint_restore(ray_session, gridworld_
 
     from algo_checks import checkpoint_fingerprint
 
-    algo = hgpo_config(gridworld_warm_start).build_algo()
+    # Small rollouts (8 layouts x 4 trajectories): this test is about the plumbing.
+    algo = hgpo_config(gridworld_warm_start, queries_per_iteration=8, group_size=4).build_algo()
     try:
         first = algo.train()
         assert first["learner"]["trained_tokens"] > 0 and first["rollout"]["episode_len_mean"] > 1
