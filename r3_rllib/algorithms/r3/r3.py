@@ -59,6 +59,7 @@ class R3(Algorithm):
     # -- setup ----------------------------------------------------------------------------------------------------
     @override(Algorithm)
     def setup(self, config: R3Config) -> None:
+        _build_named_models(config)
         try:
             super().setup(config)
         except Exception:
@@ -537,6 +538,17 @@ class R3(Algorithm):
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
         return _all_results(self.learner_group.foreach_learner(fn))
+
+
+def _build_named_models(config: R3Config) -> None:
+    """Build a named model (``model_path: gridworld-tiny-sft``, ``smollm2-135m``) once in the driver before the
+    runners and learners start: each of them would otherwise build its own copy of an uncached one at the same time
+    (correct, the folders are moved into place atomically, but N times the work)."""
+    from r3_rllib.models.hub import named_models, resolve_model_path
+
+    for path in {config.model_path, config.tokenizer_path}:
+        if isinstance(path, str) and path in named_models():
+            resolve_model_path(path)
 
 
 def _env_size(env) -> int | None:
