@@ -80,10 +80,11 @@ class R3Settings:
     """Optimizer steps per epoch over the batch (PPO minibatches). `num_epochs` (RLlib) sets the epochs."""
     micro_batch_size: int = 64
     """Sequences per forward/backward pass on one learner (gradient accumulation inside a minibatch)."""
-    micro_batch_max_tokens: int | None = None
+    micro_batch_max_tokens: int | str | None = "auto"
     """Token budget of one forward/backward pass on one learner (rows x longest row, prompt + response), replacing
     micro_batch_size: sequences are packed longest first, so short responses share a pass and a long one gets its
-    own (verl's dynamic batch size). None: micro_batch_size rows per pass."""
+    own (verl's dynamic batch size). 'auto': 16384 tokens for a pretrained model (`model_path` set; verl's default
+    per GPU), micro_batch_size rows for the shipped tiny model. None: micro_batch_size rows per pass."""
     clip_low: float = 0.2
     """PPO ratio clip below: 1 - clip_low."""
     clip_high: float = 0.28
@@ -380,8 +381,9 @@ class R3Config(AlgorithmConfig):
             errors.append("ranking_p must be in (0, 1]")
         if self.num_minibatches < 1 or self.micro_batch_size < 1:
             errors.append("num_minibatches and micro_batch_size must be >= 1")
-        if self.micro_batch_max_tokens is not None and self.micro_batch_max_tokens < 1:
-            errors.append(f"micro_batch_max_tokens must be >= 1 or None, got {self.micro_batch_max_tokens}")
+        budget = self.micro_batch_max_tokens
+        if budget != "auto" and budget is not None and (not isinstance(budget, int) or budget < 1):
+            errors.append(f"micro_batch_max_tokens must be >= 1, 'auto' or None, got {budget!r}")
         if self.rollout_timeout_s is not None and self.rollout_timeout_s <= 0:
             errors.append(f"rollout_timeout_s must be > 0 or None, got {self.rollout_timeout_s}")
         if self.replay_k < 0:

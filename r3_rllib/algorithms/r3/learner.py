@@ -243,6 +243,19 @@ def token_logprobs(
     return logp, entropy
 
 
+#: The token budget per forward/backward pass that micro_batch_max_tokens 'auto' gives a pretrained model.
+AUTO_TOKENS_PER_PASS = 16384
+
+
+def tokens_per_pass(setting: int | str | None, model_path: str | None) -> int | None:
+    """The ``micro_batch_max_tokens`` config value resolved: 'auto' means a budget of
+    :data:`AUTO_TOKENS_PER_PASS` tokens for a pretrained model (``model_path`` set), whose long prompts make a fixed
+    row count a memory lottery, and rows (None) for the shipped tiny model."""
+    if setting == "auto":
+        return AUTO_TOKENS_PER_PASS if model_path is not None else None
+    return int(setting) if setting else None
+
+
 def use_gradient_checkpointing(setting: bool | None, model_path: str | None) -> bool:
     """The ``gradient_checkpointing`` config value resolved: None means on for a pretrained model (``model_path``
     set), where activations of every layer are most of the learner's memory, and off for the shipped tiny model,
@@ -328,10 +341,9 @@ def learner_memory_error(err: BaseException, config: Any) -> LearnerOutOfMemoryE
         if num_learners == 0
         else f"a learner worker process (one of num_learners={num_learners} Ray actors)"
     )
-    if config.micro_batch_max_tokens:
-        batch = (
-            f"micro_batch_max_tokens (now {config.micro_batch_max_tokens} tokens per forward/backward pass)"
-        )
+    budget = tokens_per_pass(config.micro_batch_max_tokens, config.model_path)
+    if budget:
+        batch = f"micro_batch_max_tokens (now {budget} tokens per forward/backward pass)"
     else:
         batch = (
             f"micro_batch_size (now {config.micro_batch_size} sequences per forward/backward pass), or set "
@@ -527,7 +539,7 @@ class R3Learner(TorchLearner):
         micro_batch_max_tokens budget); every rank gets the same number of chunks (FSDP's collectives must line
         up), padded with empty chunks where a rank has fewer."""
         local = self._local_slice(mb)
-        budget = self.config.micro_batch_max_tokens
+        budget = tokens_per_pass(self.config.micro_batch_max_tokens, self.config.model_path)
         if budget:
             lengths = [len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in local]
             chunks = [local[c] for c in token_budget_chunks(lengths, budget)]

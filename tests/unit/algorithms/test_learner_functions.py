@@ -163,13 +163,27 @@ def test_config_rejects_a_non_positive_token_budget():
         R3Config().training(micro_batch_max_tokens=0).validate()
 
 
+def test_token_budget_auto_is_on_for_pretrained_models_only():
+    from r3_rllib import R3Config
+    from r3_rllib.algorithms.r3.learner import AUTO_TOKENS_PER_PASS, learner_memory_error, tokens_per_pass
+
+    assert tokens_per_pass("auto", "some/model") == AUTO_TOKENS_PER_PASS == 16384
+    assert tokens_per_pass("auto", None) is None  # the shipped tiny model: micro_batch_size rows
+    assert tokens_per_pass(None, "some/model") is None and tokens_per_pass(512, None) == 512
+    cfg = R3Config().training(model_path="some/model")
+    cfg.validate()
+    assert "micro_batch_max_tokens (now 16384" in str(learner_memory_error(MemoryError(), cfg))
+    with pytest.raises(ValueError, match="'auto' or None"):
+        R3Config().training(micro_batch_max_tokens="big").validate()
+
+
 def test_learner_memory_error_names_the_process_and_the_settings():
     from ray.exceptions import OutOfMemoryError, RayActorError
 
     from r3_rllib import R3Config
     from r3_rllib.algorithms.r3.learner import learner_memory_error
 
-    cfg = R3Config().training(micro_batch_size=8, max_new_tokens=48)
+    cfg = R3Config().training(micro_batch_size=8, max_new_tokens=48, micro_batch_max_tokens=None)
     cfg.model_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     cfg.learners(num_learners=2)
     killed = learner_memory_error(
