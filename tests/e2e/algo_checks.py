@@ -25,6 +25,28 @@ def assert_runner_scores_like_learner(algo, model_path: str, *, atol: float) -> 
     np.testing.assert_allclose(out.logprobs, expected, atol=atol)
 
 
+def arithmetic_learning_config(**training):
+    """The learning tests' setup: GRPO on 2-digit sums with the shipped tiny model, one runner, one local learner,
+    32 queries x G = 8 per iteration, lr 1e-4 (measured to lift held-out accuracy within 40 iterations)."""
+    from r3_rllib import R3Config
+
+    base = dict(
+        group_size=8,
+        queries_per_iteration=32,
+        max_new_tokens=4,
+        lr=1e-4,
+        num_minibatches=2,
+        micro_batch_size=128,
+    )
+    return (
+        R3Config.grpo_preset()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 2000})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .training(**{**base, **training})
+    )
+
+
 def checkpoint_fingerprint(algo) -> dict[str, float]:
     """What a restore must bring back: the learner's parameter and AdamW-moment sums and the replay buffer size (0 without one)."""
     return {

@@ -7,27 +7,13 @@ not against a fixed number.
 from __future__ import annotations
 
 import pytest
-
-from r3_rllib import R3Config
+from algo_checks import arithmetic_learning_config
 
 pytestmark = pytest.mark.slow
 
 
 def test_grpo_raises_heldout_accuracy(ray_session):
-    config = (
-        R3Config.grpo_preset()
-        .environment("arithmetic", env_config={"digits": 2, "num_queries": 2000})
-        .env_runners(num_env_runners=1)
-        .learners(num_learners=0)
-        .training(
-            group_size=8,
-            queries_per_iteration=32,
-            max_new_tokens=4,
-            lr=1e-4,
-            num_minibatches=2,
-            micro_batch_size=128,
-        )
-    )
+    config = arithmetic_learning_config()
     algo = config.build_algo()
     try:
         before = algo.evaluate_heldout(500)["accuracy"]

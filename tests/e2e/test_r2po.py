@@ -14,29 +14,14 @@ from r3_rllib import R3Config
 
 pytestmark = pytest.mark.slow
 sys.path.insert(0, os.path.dirname(__file__))
-from algo_checks import checkpoint_fingerprint  # noqa: E402
+from algo_checks import arithmetic_learning_config, checkpoint_fingerprint  # noqa: E402
 
 HEAD = "rollout_head."
 
 
 def _config(**training) -> R3Config:
-    return (
-        R3Config.grpo_preset()
-        .environment("arithmetic", env_config={"digits": 2, "num_queries": 2000})
-        .env_runners(num_env_runners=1)
-        .learners(num_learners=0)
-        .training(
-            group_size=8,
-            queries_per_iteration=32,
-            max_new_tokens=4,
-            lr=1e-4,
-            num_minibatches=2,
-            micro_batch_size=128,
-            rollout_head=True,
-            rollout_head_lr=1e-3,
-        )
-        .training(**training)
-    )
+    """The GRPO learning setup (tests/e2e/test_learning.py) with the rollout head on."""
+    return arithmetic_learning_config(rollout_head=True, rollout_head_lr=1e-3, **training)
 
 
 def _state(algo) -> dict[str, torch.Tensor]:
