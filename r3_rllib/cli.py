@@ -147,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from r3_rllib.eval.evaluate import add_eval_args, run_eval
 
-    p = sub.add_parser("eval", help="pass@1 over n samples on math benchmarks")
+    p = sub.add_parser(
+        "eval",
+        help="pass@1 over n samples on math benchmarks (the base policy; --with-head: R^2PO's rollout head on)",
+    )
     add_eval_args(p)
     p.set_defaults(func=run_eval)
     from r3_rllib.eval.plot import add_plot_args, run_plot

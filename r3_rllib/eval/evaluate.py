@@ -370,12 +370,27 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--with-head",
+        action="store_true",
+        help="R^2PO: sample with the rollout head saved beside the model (rollout_head.safetensors) switched on; "
+        "by default the base policy is evaluated (head off), as exported and served",
+    )
     return parser
 
 
 def _engine_kwargs(kind: str, args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
+    """Keyword arguments of ``make_engine(kind, model_path, tokenizer, ...)`` for ``r3 eval``.
+
+    Without ``--with-head`` the plain engine is built: it loads the HF folder only, so a rollout head saved beside
+    the model is ignored and the base policy is evaluated. With it, the rollout-head engine samples from
+    ``lm_logits + head(hidden)`` with the saved head (see :func:`_check_head`).
+    """
+    out: dict[str, Any] = {}
+    if getattr(args, "with_head", False):
+        out.update(rollout_head=True, rollout_logits=True)
     if kind != "vllm":
-        return {}
+        return out
     # Room for the longest benchmark prompt (well under 4k tokens) plus the response budget, capped by the model.
     max_model_len = args.max_new_tokens + 4096
     config_file = model_path / "config.json"
@@ -384,12 +399,27 @@ def _engine_kwargs(kind: str, args: argparse.Namespace, model_path: Path) -> dic
         if limit:
             max_model_len = min(max_model_len, int(limit))
     return {
+        **out,
         "seed": args.seed,
         "max_model_len": max_model_len,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "tensor_parallel_size": args.tensor_parallel_size,
         "logprobs_k": 0,  # grading needs text only; top-k log-probs (entropy estimates) cost time and memory
     }
+
+
+def _check_head(args: argparse.Namespace, model_path: Path) -> None:
+    """``--with-head`` needs a saved head: the engine would otherwise attach a fresh near-zero one and silently
+    evaluate the base policy under the head's name."""
+    if not getattr(args, "with_head", False):
+        return
+    from r3_rllib.models.rollout_head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, has_rollout_head
+
+    if not has_rollout_head(model_path):
+        raise FileNotFoundError(
+            f"--with-head: no rollout head in {model_path} ({HEAD_WEIGHTS_FILE} and {HEAD_CONFIG_FILE}; export the "
+            "policy with export_policy(..., with_head=True))"
+        )
 
 
 def run_eval(
@@ -409,6 +439,7 @@ def run_eval(
                         "benchmarks are read only from <benchmark>.jsonl files there)"
                     )
         model_path = resolve_model_path(args.model)
+        _check_head(args, model_path)
     except (OSError, ValueError) as e:
         print(f"r3 eval: error: {e}", file=sys.stderr)
         return 2
@@ -443,7 +474,9 @@ def run_eval(
         return 2
     finally:
         engine.shutdown()
-    report.config.update(model=str(args.model), engine=kind)
+    report.config.update(
+        model=str(args.model), engine=kind, with_head=bool(getattr(args, "with_head", False))
+    )
     table = report.to_markdown()
     print(table)
     if args.out:
