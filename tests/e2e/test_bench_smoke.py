@@ -179,3 +179,12 @@ def test_hgpo_smoke(ray_session, gridworld_warm_start, tmp_path, capsys):
     assert mod.main(args) == 0
     out = capsys.readouterr().out
     assert "| hgpo |" in out and (tmp_path / "runs" / "hgpo" / "seed0" / "progress.csv").is_file()
+
+
+@pytest.mark.slow
+def test_rollout_head_cost_smoke(tiny_random_model, capsys):
+    mod = load("bench_rollout_head_cost")
+    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    out = capsys.readouterr().out
+    assert "| Qwen2.5-1.5B (config dims) | 1536 x 151936 | 1,543,714,304 | 235,732,992 |" in out
+    assert "| tiny / hf |" in out and "head on / off time per token" in out
