@@ -101,7 +101,8 @@ class R3Settings:
     weight_decay: float = 0.0
     """AdamW weight decay."""
     advantage_estimator: str = "grpo"
-    """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha, lambda)."""
+    """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha,
+    lambda), 'hgpo' (step advantages for multi-step envs, see hgpo_*)."""
     adv_eps: float = 1e-6
     """GRPO's epsilon in (R - mean) / (std + eps)."""
     adv_std_ddof: int = 0
