@@ -112,7 +112,7 @@ def test_checkpoint_mid_schedule_resumes_the_stage_with_identical_weights(ray_se
 
 def _two_iterations(num_learners: int) -> dict[str, float]:
     config = _config(
-        rollout_head_head_iters=1, rollout_head_base_iters=1, queries_per_iteration=16, micro_batch_size=8
+        rollout_head_head_iters=1, rollout_head_base_iters=1, queries_per_iteration=8, micro_batch_size=8
     ).learners(num_learners=num_learners, num_cpus_per_learner=1)
     algo = config.build_algo()
     try:
