@@ -384,3 +384,45 @@ def test_example_run_file_builds(monkeypatch):
     assert c.model_path == "smollm2-135m" and c.env == "chat_arithmetic"
     assert (c.replay, c.reflection, c.ranking) == (True, True, True)
     assert c.env_config == {"digits": 1, "operators": "+", "num_queries": 40}
+
+
+@pytest.mark.slow
+def test_rollout_head_on_a_tied_embedding_model(model_dir, tokenizer, hf_model):
+    """R^2PO on a real Llama with tied input/output embeddings, its chat template and T = 0.6: the HF engine samples
+    from lm_logits + head(hidden) and reports those log-probs, the learner's scoring with the head gives the same
+    numbers, and with the head off the engine is the base model again (the tied embedding is not touched)."""
+    import copy
+
+    from r3_rllib.algorithms.r3.learner import token_logprobs
+    from r3_rllib.engines.rollout_head_sampling import RolloutHeadHFEngine
+    from r3_rllib.models.rollout_head import RolloutHead
+
+    model = copy.deepcopy(hf_model)
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    head = RolloutHead.for_model(model, 0.05, seed=0)  # large enough to move the sampled tokens' log-probs
+    engine = RolloutHeadHFEngine(model, tokenizer, head=head)
+    prompts = chat_prompt_ids(tokenizer, ["What is 3+5?", "Name a colour."])
+    params = SamplingParams(max_new_tokens=6, temperature=T, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
+    out = engine.generate(prompts, 1, params)
+    # The engine shares the model; its hook (rollout logits on) must be off while the learner's scoring adds the head.
+    engine.set_rollout_logits(False)
+    moved = 0.0
+    for prompt, (c,) in zip(prompts, out, strict=True):
+        ids = torch.tensor([prompt + list(c.token_ids)])
+        mask = torch.zeros(
+            1, ids.shape[1] - 1, dtype=torch.long
+        )  # one entry per scored (next-token) position
+        mask[0, len(prompt) - 1 :] = 1
+        with torch.no_grad():
+            rollout, _ = token_logprobs(
+                model, ids, torch.ones_like(ids), response_mask=mask, temperature=T, rollout_head=head
+            )
+            base, _ = token_logprobs(model, ids, torch.ones_like(ids), response_mask=mask, temperature=T)
+        rollout, base = rollout[0, len(prompt) - 1 :].numpy(), base[0, len(prompt) - 1 :].numpy()
+        np.testing.assert_allclose(c.logprobs, rollout, atol=1e-4)
+        np.testing.assert_allclose(base, rescore(hf_model, prompt, list(c.token_ids), T), atol=1e-4)
+        moved = max(moved, float(np.max(np.abs(rollout - base))))
+    assert moved > 0.01  # the head changed the distribution it sampled from
+    (c,), _ = engine.generate(prompts, 1, params)
+    np.testing.assert_allclose(c.logprobs, rescore(hf_model, prompts[0], list(c.token_ids), T), atol=1e-4)
+    assert torch.equal(model.get_input_embeddings().weight, embedding)
