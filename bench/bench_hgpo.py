@@ -24,6 +24,7 @@ training success rate, and wall time. Writes ``runs/<setting>/seed<k>/progress.c
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -49,7 +50,10 @@ def method_config(setting: str, args: argparse.Namespace, seed: int, model_path:
 
     return (
         R3Config.grpo_preset()
-        .environment("gridworld", env_config={"preset": "hgpo", "num_queries": args.num_queries})
+        .environment(
+            "gridworld",
+            env_config={"preset": "hgpo", "num_queries": args.num_queries, **json.loads(args.env)},
+        )
         .env_runners(num_env_runners=args.runners, num_cpus_per_env_runner=0.5)
         .learners(num_learners=0)
         .debugging(seed=seed)
@@ -64,6 +68,7 @@ def method_config(setting: str, args: argparse.Namespace, seed: int, model_path:
             temperature=1.0,
             lr=args.lr,
             num_minibatches=args.minibatches,
+            num_epochs=args.epochs,
             micro_batch_size=64,
             kl_coef=0.0,
             eval_num_queries=args.eval_queries,
@@ -175,12 +180,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--num-queries", type=int, default=256, help="training layouts")
     ap.add_argument("--runners", type=int, default=2)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--minibatches", type=int, default=4, help="optimizer steps per iteration")
+    ap.add_argument("--minibatches", type=int, default=4, help="optimizer steps per epoch")
+    ap.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
     ap.add_argument("--gamma", type=float, default=0.95)
     ap.add_argument("--eval-queries", type=int, default=64, help="held-out layouts")
     ap.add_argument("--eval-samples", type=int, default=4, help="sampled trajectories per held-out layout")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--warm-start", default=None, help="warm-start folder (default: built into --out)")
+    ap.add_argument("--warm-start-steps", type=int, default=None, help="SFT steps of the warm start")
+    ap.add_argument(
+        "--env", default="{}", help="gridworld overrides as JSON (size, max_steps, ...), also SFT's"
+    )
     ap.add_argument("--out", default="runs/bench_hgpo")
     ap.add_argument(
         "--smoke", action="store_true", help="CI: HGPO, one iteration of 2 layouts x 4, 4 held out"
@@ -206,7 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.pickle_by_value(sys.modules[__name__], common, bench_learning)
     common.print_header("bench_hgpo", args)
     t_all = time.perf_counter()
-    model_path = str(build_warm_start(Path(args.warm_start or out_dir / "warm_start"), seed=0))
+    sft = {} if args.warm_start_steps is None else {"steps": args.warm_start_steps}
+    model_path = str(
+        build_warm_start(
+            Path(args.warm_start or out_dir / "warm_start"), seed=0, env_config=json.loads(args.env), **sft
+        )
+    )
     started = common.start_ray()
     runs: list[dict[str, Any]] = []
     try:
