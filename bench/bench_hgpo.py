@@ -70,6 +70,7 @@ def method_config(setting: str, args: argparse.Namespace, seed: int, model_path:
             num_minibatches=args.minibatches,
             num_epochs=args.epochs,
             micro_batch_size=64,
+            gradient_checkpointing=False,  # the tiny model fits; recomputing activations costs a third of an update
             kl_coef=0.0,
             eval_num_queries=args.eval_queries,
         )

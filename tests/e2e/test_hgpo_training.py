@@ -72,6 +72,7 @@ def hgpo_config(model_path: str, **training):
         lr=1e-3,
         num_minibatches=2,
         micro_batch_size=64,
+        gradient_checkpointing=False,  # on by default for a model folder; the tiny model does not need it
         kl_coef=0.0,
     )
     return (
