@@ -1,7 +1,7 @@
 """Learning on a multi-step task: HGPO vs GiGPO-style vs episode-level GRPO on the partially observed gridworld,
 several seeds, the same budget, in one run.
 
-    python bench/bench_hgpo.py                          # 3 settings x 3 seeds (~25 min on 2 CPU cores)
+    python bench/bench_hgpo.py                          # 3 settings x 3 seeds, 16 iterations (~40 min on 2 cores)
     python bench/bench_hgpo.py --settings hgpo,episode_grpo --seeds 0 --iterations 6
     python bench/bench_hgpo.py --smoke                  # CI: HGPO, one iteration of 2 layouts x 4 trajectories
 
@@ -175,18 +175,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--queries", type=int, default=8, help="layouts per iteration")
-    ap.add_argument("--group-size", type=int, default=8, help="trajectories per layout")
+    ap.add_argument("--iterations", type=int, default=16)
+    ap.add_argument("--queries", type=int, default=16, help="layouts per iteration")
+    ap.add_argument("--group-size", type=int, default=4, help="trajectories per layout")
     ap.add_argument("--num-queries", type=int, default=256, help="training layouts")
     ap.add_argument("--runners", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--minibatches", type=int, default=4, help="optimizer steps per epoch")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
     ap.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
     ap.add_argument("--gamma", type=float, default=0.95)
     ap.add_argument("--eval-queries", type=int, default=64, help="held-out layouts")
     ap.add_argument("--eval-samples", type=int, default=4, help="sampled trajectories per held-out layout")
-    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-every", type=int, default=8)
     ap.add_argument("--warm-start", default=None, help="warm-start folder (default: built into --out)")
     ap.add_argument("--warm-start-steps", type=int, default=None, help="SFT steps of the warm start")
     ap.add_argument(
