@@ -1,4 +1,5 @@
-"""The RLlib algorithm end to end on the tiny arithmetic model: build, train, metrics, export, Tune sweep."""
+"""The RLlib algorithm end to end on the tiny arithmetic model: build, train, metrics, export. (A Tune grid over a
+config field: tests/e2e/test_examples.py runs examples/tune_sweep.py.)"""
 
 from __future__ import annotations
 
@@ -79,26 +80,6 @@ def test_runner_weights_match_learner_after_sync(ray_session, tiny_random_model)
         assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-4)
     finally:
         algo.stop()
-
-
-def test_tune_grid_search_runs_two_trials(ray_session, tiny_random_model, tmp_path):
-    from ray import tune
-
-    config = tiny_config(tiny_random_model, queries_per_iteration=4).training(
-        lr=tune.grid_search([1e-4, 1e-3])
-    )
-    config.env_runners(num_cpus_per_env_runner=0.5).resources(num_cpus_for_main_process=0.5)
-    tuner = tune.Tuner(
-        "R3",
-        param_space=config,
-        run_config=tune.RunConfig(storage_path=str(tmp_path), stop={"training_iteration": 1}, verbose=0),
-    )
-    results = tuner.fit()
-    assert len(results) == 2
-    assert not results.errors
-    lrs = sorted(r.config["lr"] for r in results)
-    assert lrs == [1e-4, 1e-3]
-    assert all(r.metrics["training_iteration"] == 1 for r in results)
 
 
 def test_kl_to_frozen_reference(ray_session, tiny_random_model):

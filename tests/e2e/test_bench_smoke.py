@@ -1,5 +1,6 @@
 """The benchmarks under bench/ stay runnable: each runs once at its smallest size (``--smoke``), plus the helpers
-they share. Speed numbers are not checked here (BENCHMARKS.md has them); the runs only have to finish and print
+they share. The smokes that start Ray or subprocesses are marked ``bench``, a tier outside the default run (CI time):
+``bash scripts/test.sh -m bench`` runs them. Speed numbers are not checked here (BENCHMARKS.md has them); the runs only have to finish and print
 their tables."""
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def test_bad_method_is_rejected():
 
 
 # -- one iteration of each benchmark (slow) -----------------------------------------------------------------------
+@pytest.mark.bench
 @pytest.mark.slow
 def test_throughput_smoke_ours_and_floor(ray_session, tiny_random_model, capsys):
     mod = load("bench_throughput")
@@ -99,6 +101,7 @@ def test_throughput_smoke_ours_and_floor(ray_session, tiny_random_model, capsys)
     assert "ours-hf/floor step time" in out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRL, reason=NO_TRL_REASON)
 def test_throughput_smoke_trl(ray_session, tiny_random_model, capsys):
@@ -110,6 +113,7 @@ def test_throughput_smoke_trl(ray_session, tiny_random_model, capsys):
     assert "| trl |" in out and "trl/floor step time" in out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_engine_overhead_smoke(ray_session, tiny_random_model, capsys):
     mod = load("bench_engine_overhead")
@@ -117,6 +121,7 @@ def test_engine_overhead_smoke(ray_session, tiny_random_model, capsys):
     assert "| tiny / hf |" in capsys.readouterr().out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_weight_sync_smoke(ray_session, tiny_random_model, capsys):
     mod = load("bench_weight_sync")
@@ -125,6 +130,7 @@ def test_weight_sync_smoke(ray_session, tiny_random_model, capsys):
     assert "| tiny / hf |" in out and "PROJECTION (not measured)" in out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_learning_smoke_writes_progress_and_plots(ray_session, tiny_random_model, tmp_path, capsys):
     mod = load("bench_learning")
@@ -134,6 +140,7 @@ def test_learning_smoke_writes_progress_and_plots(ray_session, tiny_random_model
     assert "| r3 |" in capsys.readouterr().out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_kv_cache_smoke(tiny_random_model, capsys):
     mod = load("bench_kv_cache")
@@ -156,6 +163,7 @@ def test_micro_batches_smoke(tiny_random_model, capsys):
     assert "| budget |" in out and "speed-up over rows=1" in out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_schedule_smoke(ray_session, capsys):
     mod = load("bench_schedule")
@@ -165,6 +173,7 @@ def test_schedule_smoke(ray_session, capsys):
     assert "epochs as computed by schedule.py in every iteration: True" in out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_learner_memory_smoke(capsys):
     mod = load("bench_learner_memory")
@@ -174,6 +183,7 @@ def test_learner_memory_smoke(capsys):
     assert "same loss and gradient norm in every path: True" in out
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_hgpo_smoke(ray_session, gridworld_warm_start, tmp_path, capsys):
     mod = load("bench_hgpo")
@@ -183,6 +193,7 @@ def test_hgpo_smoke(ray_session, gridworld_warm_start, tmp_path, capsys):
     assert "| hgpo |" in out and (tmp_path / "runs" / "hgpo" / "seed0" / "progress.csv").is_file()
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_rollout_head_cost_smoke(tiny_random_model, capsys):
     mod = load("bench_rollout_head_cost")

@@ -18,7 +18,7 @@ from algo_checks import checkpoint_fingerprint  # noqa: E402
 from resume_child import make_config  # noqa: E402
 
 
-def _trajectory(model_path: str, num_learners: int, iterations: int = 3, **training) -> list[dict]:
+def _trajectory(model_path: str, num_learners: int, iterations: int = 2, **training) -> list[dict]:
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})

@@ -360,6 +360,7 @@ def test_r3_eval_on_math500_rows(model_dir, tmp_path, capsys):
     assert data["config"]["apply_chat_template"] is True
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_learning_bench_smoke(model_dir, ray_session, tmp_path, capsys):
     bench = str(REPO / "bench")
