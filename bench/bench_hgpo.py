@@ -52,7 +52,7 @@ def method_config(setting: str, args: argparse.Namespace, seed: int, model_path:
         R3Config.grpo_preset()
         .environment(
             "gridworld",
-            env_config={"preset": "hgpo", "num_queries": args.num_queries, **json.loads(args.env)},
+            env_config={"preset": "hgpo", "num_queries": args.num_queries, **args.env},
         )
         .env_runners(num_env_runners=args.runners, num_cpus_per_env_runner=0.5)
         .learners(num_learners=0)
@@ -80,11 +80,7 @@ def method_config(setting: str, args: argparse.Namespace, seed: int, model_path:
 def evaluate(algo, args: argparse.Namespace) -> dict[str, float]:
     """Greedy success and steps to goal, and sampled success, on the same held-out layouts."""
     greedy = algo.evaluate_heldout(args.eval_queries)
-    sampled = algo.env_runner_group.foreach_env_runner(
-        lambda r, _n=args.eval_queries, _k=args.eval_samples: r.evaluate(_n, samples=_k),
-        remote_worker_ids=algo.env_runner_group.healthy_worker_ids()[:1],
-        local_env_runner=False,
-    )[0]
+    sampled = algo.evaluate_heldout(args.eval_queries, samples=args.eval_samples)
     return {
         "eval/accuracy": greedy["accuracy"],
         "eval/steps_to_goal": greedy.get("steps_to_goal", math.nan),
@@ -197,6 +193,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--smoke", action="store_true", help="CI: HGPO, one iteration of 2 layouts x 4, 4 held out"
     )
     args = ap.parse_args(argv)
+    args.env = json.loads(args.env)
     if args.smoke:
         args.settings, args.seeds, args.iterations, args.queries, args.group_size = "hgpo", "0", 1, 2, 4
         args.eval_queries, args.eval_samples, args.runners, args.minibatches = 4, 2, 1, 1
@@ -219,9 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_all = time.perf_counter()
     sft = {} if args.warm_start_steps is None else {"steps": args.warm_start_steps}
     model_path = str(
-        build_warm_start(
-            Path(args.warm_start or out_dir / "warm_start"), seed=0, env_config=json.loads(args.env), **sft
-        )
+        build_warm_start(Path(args.warm_start or out_dir / "warm_start"), seed=0, env_config=args.env, **sft)
     )
     started = common.start_ray()
     runs: list[dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """The benchmarks under bench/ stay runnable: each runs once at its smallest size (``--smoke``), plus the helpers
 they share. The smokes that start Ray or subprocesses are marked ``bench``, a tier outside the default run (CI time):
-``bash scripts/test.sh -m bench`` runs them. Speed numbers are not checked here (BENCHMARKS.md has them); the runs only have to finish and print
-their tables."""
+``bash scripts/test.sh -m bench`` runs them. Speed numbers are not checked here (BENCHMARKS.md has them); the runs
+only have to finish and print their tables."""
 
 from __future__ import annotations
 
@@ -92,13 +92,11 @@ def test_bad_method_is_rejected():
 @pytest.mark.slow
 def test_throughput_smoke_ours_and_floor(ray_session, tiny_random_model, capsys):
     mod = load("bench_throughput")
-    # One algorithm path and its floor (each path builds its own algorithm; the vLLM and overlap loops are tested in
-    # test_algorithm_vllm and test_overlap).
-    paths = "ours-hf,floor"
-    assert mod.main(["--smoke", "--setting", "tiny", "--model", tiny_random_model, "--paths", paths]) == 0
+    assert mod.main(["--smoke", "--setting", "tiny", "--model", tiny_random_model, "--no-trl"]) == 0
     out = capsys.readouterr().out
     assert "| ours-hf |" in out and "| floor |" in out
-    assert "ours-hf/floor step time" in out
+    assert "| ours-hf-overlap |" in out and "| floor-2t |" in out
+    assert "ours-hf/floor step time" in out and "ours-hf-overlap/floor-2t step time" in out
 
 
 @pytest.mark.bench
@@ -177,7 +175,7 @@ def test_schedule_smoke(ray_session, capsys):
 @pytest.mark.slow
 def test_learner_memory_smoke(capsys):
     mod = load("bench_learner_memory")
-    assert mod.main(["--smoke", "--paths", "full logits,response head + checkpointing"]) == 0
+    assert mod.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "| response head + checkpointing |" in out
     assert "same loss and gradient norm in every path: True" in out

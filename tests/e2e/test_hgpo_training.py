@@ -157,12 +157,8 @@ def test_hgpo_raises_heldout_sampled_success(ray_session, gridworld_warm_start):
     )
 
     def sampled_success() -> float:
-        # The same 64 held-out layouts every call, 4 trajectories each, on runner 1.
-        return algo.env_runner_group.foreach_env_runner(
-            lambda r: r.evaluate(64, samples=4),
-            remote_worker_ids=algo.env_runner_group.healthy_worker_ids()[:1],
-            local_env_runner=False,
-        )[0]["accuracy"]
+        # The same 64 held-out layouts every call, 4 trajectories each.
+        return algo.evaluate_heldout(64, samples=4)["accuracy"]
 
     try:
         before = sampled_success()

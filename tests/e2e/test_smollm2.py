@@ -335,6 +335,7 @@ def test_two_r3_iterations_checkpoint_and_restore(model_dir, ray_session, tmp_pa
         result = algo.train()
         assert result["training_iteration"] == 3
         # The runner sampled with the restored weights; the update (if this iteration trained) reached it.
+        assert result["rollout"]["policy_version"] in (version, version + 1)
         assert runner_versions(algo) == [learner_version(algo)]
     finally:
         algo.stop()

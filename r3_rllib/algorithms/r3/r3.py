@@ -439,13 +439,14 @@ class R3(Algorithm):
         self.metrics.log_dict(per_stage, key=("r2po", stage))
 
     def evaluate_heldout(
-        self, num_queries: int | None = None, *, with_head: bool | None = None
+        self, num_queries: int | None = None, *, with_head: bool | None = None, samples: int = 0
     ) -> dict[str, float]:
-        """Greedy accuracy of the current policy on the held-out env (runner 1). R^2PO: the base policy (head off)
-        unless `with_head` (None: the config's rollout_head_eval_with_head)."""
+        """Greedy accuracy of the current policy on the held-out env (runner 1); `samples` > 0: the mean over that
+        many sampled responses (trajectories) per query instead. R^2PO: the base policy (head off) unless
+        `with_head` (None: the config's rollout_head_eval_with_head)."""
         n = num_queries or self.config.eval_num_queries
         return self.env_runner_group.foreach_env_runner(
-            lambda r, _n=n, _h=with_head: r.evaluate(_n, with_head=_h),
+            lambda r, _n=n, _h=with_head, _k=samples: r.evaluate(_n, with_head=_h, samples=_k),
             remote_worker_ids=self.env_runner_group.healthy_worker_ids()[:1],
             local_env_runner=False,
         )[0]
