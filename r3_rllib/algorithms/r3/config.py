@@ -244,7 +244,7 @@ class R3Settings:
     eval_env_config: dict = dataclasses.field(default_factory=lambda: {"split": "test"})
     """Overrides of env_config for the held-out env."""
     eval_num_queries: int = 64
-    """Held-out queries per evaluation."""
+    """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""
 
 
 R3_FIELDS = {f.name for f in dataclasses.fields(R3Settings)}

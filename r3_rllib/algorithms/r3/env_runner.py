@@ -23,6 +23,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
+from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.multistep import (
     episode_stats,
     episode_totals,
@@ -202,8 +203,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Give the runner the replay buffer (a ReplayBufferClient) for reflection prompts."""
         self._replay = client
 
-    def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
-        self._sample_seed += 1
+    def sampling_params(self, *, greedy: bool = False, seed: int | None = None) -> SamplingParams:
+        """The config's sampling settings (greedy: temperature 0); `seed` None: the next seed of the training
+        sampler."""
+        if seed is None:
+            self._sample_seed += 1
+            seed = self._sample_seed
         c = self.config
         return SamplingParams(
             max_new_tokens=c.max_new_tokens,
@@ -211,7 +216,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             top_p=1.0 if greedy else c.top_p,
             top_k=-1 if greedy else c.top_k,
             stop_token_ids=self._stop_ids,
-            seed=self._sample_seed,
+            seed=seed,
         )
 
     @override(EnvRunner)
@@ -339,27 +344,33 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return out
 
     def evaluate(
-        self, num_queries: int, *, with_head: bool | None = None, samples: int = 0
+        self,
+        num_queries: int,
+        *,
+        with_head: bool | None = None,
+        samples: int = 0,
+        shard: tuple[int, int] = (0, 1),
     ) -> dict[str, float]:
-        """Greedy accuracy on the first `num_queries` held-out queries (env_config updated with
-        `eval_env_config`); the same queries every call, so evaluations are comparable. `samples` > 0: the mean
-        accuracy of that many responses (trajectories) per query sampled as in training, instead of one greedy.
+        """Counts of a held-out evaluation (merged by `heldout.merge_eval_counts`) on part ``shard = (index,
+        count)`` of the first `num_queries` held-out queries (env_config updated with `eval_env_config`); the same
+        queries every call, so evaluations are comparable. Greedy, one response per query; `samples` > 0: that many
+        responses (trajectories) per query sampled as in training, with the part's fixed evaluation seed.
 
         R^2PO: evaluated with base logits (head off: the policy that is exported and served) unless `with_head`
         (None: the config's rollout_head_eval_with_head); training rollouts go back to the head afterwards."""
         set_head = getattr(self.engine, "set_rollout_logits", None)
         if set_head is None:
-            return self._evaluate(num_queries, samples)
+            return self._evaluate(num_queries, samples, shard)
         if with_head is None:
             with_head = bool(self.config.rollout_head_eval_with_head)
         before = bool(self.engine.rollout_logits)
         set_head(with_head)
         try:
-            return self._evaluate(num_queries, samples)
+            return self._evaluate(num_queries, samples, shard)
         finally:
             set_head(before)
 
-    def _evaluate(self, num_queries: int, samples: int = 0) -> dict[str, float]:
+    def _evaluate(self, num_queries: int, samples: int, shard: tuple[int, int]) -> dict[str, float]:
         if self._eval_env is None:
             cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
             self._eval_env = build_env(self.config.env, cfg, self.tokenizer)
@@ -367,29 +378,36 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         env = self._eval_env
         env.set_state(self._eval_start)
         n = min(num_queries, len(env)) if _has_len(env) else num_queries
-        per_query, params = max(1, samples), self.sampling_params(greedy=samples < 1)
+        part = eval_shard(n, *shard)
+        per_query = max(1, samples)
+        params = self.sampling_params(greedy=samples < 1, seed=eval_seed(self.config.seed or 0, shard[0]))
+        first = [env.reset() for _ in range(part.stop)][part.start :]
         if self.multistep:
-            return self._evaluate_episodes(env, n, per_query, params)
-        prompts, qids = [], []
-        for _ in range(n):
-            obs, info = env.reset()
-            prompts.append(self.tokenizer(obs, add_special_tokens=False)["input_ids"])
-            qids.append(info["query_id"])
-        comps = self.engine.generate(prompts, per_query, params)
+            return self._evaluate_episodes(env, [info["query_id"] for _, info in first], per_query, params)
+        prompts = [self.tokenizer(obs, add_special_tokens=False)["input_ids"] for obs, _ in first]
+        qids = [info["query_id"] for _, info in first]
+        comps = self.engine.generate(prompts, per_query, params) if prompts else []
         correct = 0
         for qid, group in zip(qids, comps, strict=True):
             for c in group:
                 env.reset(options={"query_id": qid})
                 _, _, _, _, info = env.step(c.text)
                 correct += bool(info.get("correct"))
-        return {"accuracy": correct / max(1, n * per_query), "num_queries": float(n)}
+        return {
+            "queries": float(len(qids)),
+            "samples": float(len(qids) * per_query),
+            "correct": float(correct),
+        }
 
     def _evaluate_episodes(
-        self, env: TextEnv, n: int, per_query: int, params: SamplingParams
+        self, env: TextEnv, query_ids: list[str], per_query: int, params: SamplingParams
     ) -> dict[str, float]:
-        """Success rate (as `accuracy`), mean episode length and mean steps of the successful episodes on the first
-        `n` held-out queries, `per_query` trajectories each."""
-        query_ids = [env.reset()[1]["query_id"] for _ in range(n)]
+        """Successes, trajectory lengths and steps of the successful trajectories on `query_ids`, `per_query`
+        trajectories each."""
+        counts = {"queries": float(len(query_ids)), "samples": 0.0, "correct": 0.0}
+        counts |= {"length_sum": 0.0, "goal_steps_sum": 0.0}
+        if not query_ids:
+            return counts
         records = rollout_multistep(
             self.engine,
             self.tokenizer,
@@ -401,13 +419,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             max_steps=self.config.max_episode_steps,
         )
         stats = episode_stats(records)
-        return {
-            "accuracy": stats["success_rate"],
-            "episode_len_mean": stats["mean_length"],
-            # NaN when no episode succeeded: there is no length to report
-            "steps_to_goal": stats["steps_to_goal"],
-            "num_queries": float(n),
-        }
+        wins = stats["successes"]
+        counts["samples"] = stats["trajectories"]
+        counts["correct"] = wins
+        counts["length_sum"] = stats["mean_length"] * stats["trajectories"]
+        counts["goal_steps_sum"] = stats["steps_to_goal"] * wins if wins else 0.0
+        return counts
 
     # -- weights ------------------------------------------------------------------------------------------------
     def update_weights(self, weights_ref, version: int) -> float:

@@ -500,12 +500,14 @@ class R3Learner(TorchLearner):
         # old log-probs it recomputes once cover every sample it trains on.
         plan = minibatch_plan(len(samples), cfg.num_minibatches, seed)
         plans = [plan] * cfg.num_epochs
-        # The proximal ("old") policy is the one at the start of this update: recompute its log-probs once. With a
-        # single optimizer step they equal the training forward's detached log-probs, so that pass is skipped.
+        # The proximal ("old") policy is the one at the start of this update. The first minibatch is scored
+        # before any optimizer step, so its training forward's detached log-probs are exactly the old ones (kept
+        # there for later epochs); only the minibatches after it need a no-grad pass now. With a single optimizer
+        # step nothing is recomputed.
         if len(plan) * cfg.num_epochs == 1:
             old_lp, ref_lp = None, None
         else:
-            old_lp, ref_lp = self._recompute_old_logprobs(samples, plan)
+            old_lp, ref_lp = self._recompute_old_logprobs(samples, plan[1:])
         totals: dict[str, float] = {}
         grad_norms = []
         trained_tokens = 0
@@ -649,17 +651,21 @@ class R3Learner(TorchLearner):
             logp, entropy = self._score(
                 policy, packed, with_entropy=cfg.learner_entropy, rollout=self._stage == "A"
             )
-            if old_lp is not None and real:
+            if old_lp is not None and real and int(idx[0]) in old_lp:
                 old = torch.stack([_fit(old_lp[int(i)], width) for i in idx])
-            else:  # single optimizer step (or a padding chunk): the proximal policy is the current one
+            else:  # no step taken yet this update (or a padding chunk): the proximal policy is the current one
                 old = logp.detach()
+                if old_lp is not None and real:
+                    old_lp.update({int(i): old[j] for j, i in enumerate(idx)})
             ref = None
             if self._uses_reference:
-                if ref_lp is None:
+                if ref_lp is not None and real and int(idx[0]) in ref_lp:
+                    ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx])
+                elif real or ref_lp is None:
                     with torch.no_grad():
                         ref, _ = self._score(self._reference, packed)
-                elif real:
-                    ref = torch.stack([_fit(ref_lp[int(i)], width) for i in idx])
+                    if ref_lp is not None:
+                        ref_lp.update({int(i): ref[j] for j, i in enumerate(idx)})
                 else:
                     ref = logp.detach()
             loss, metrics = rl_objective(

@@ -178,8 +178,8 @@ def episode_totals(records: Sequence[StepRecord]) -> dict[str, float]:
 
 
 def episode_stats(records: Sequence[StepRecord]) -> dict[str, float]:
-    """Success rate (trajectories that ended ``terminated`` with a positive reward), mean steps of the successful
-    ones, and mean trajectory length."""
+    """Success rate (trajectories that ended ``terminated`` with a positive reward), their count, mean steps of the
+    successful ones, and mean trajectory length."""
     trajs: dict[tuple[str, int], list[StepRecord]] = {}
     for r in records:
         trajs.setdefault((r.query_id, r.traj_id), []).append(r)
@@ -191,4 +191,5 @@ def episode_stats(records: Sequence[StepRecord]) -> dict[str, float]:
         "steps_to_goal": float(np.mean(wins)) if wins else float("nan"),
         "mean_length": float(np.mean([len(t) for t in trajs.values()])),
         "trajectories": float(len(trajs)),
+        "successes": float(len(wins)),
     }

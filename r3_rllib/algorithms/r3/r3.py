@@ -28,6 +28,7 @@ from r3_rllib.algorithms.r3.groups import (
     merge_rollout_totals,
     rollout_means,
 )
+from r3_rllib.algorithms.r3.heldout import merge_eval_counts
 from r3_rllib.algorithms.r3.learner import learner_memory_error
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, iteration_stage, stage_settings
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
@@ -441,15 +442,21 @@ class R3(Algorithm):
     def evaluate_heldout(
         self, num_queries: int | None = None, *, with_head: bool | None = None, samples: int = 0
     ) -> dict[str, float]:
-        """Greedy accuracy of the current policy on the held-out env (runner 1); `samples` > 0: the mean over that
-        many sampled responses (trajectories) per query instead. R^2PO: the base policy (head off) unless
-        `with_head` (None: the config's rollout_head_eval_with_head)."""
+        """Greedy accuracy of the current policy on the first `num_queries` held-out queries (multi-step envs:
+        success rate, mean episode length, steps to goal); `samples` > 0: the mean over that many sampled responses
+        (trajectories) per query instead, with fixed evaluation seeds. The queries are split over the healthy
+        runners (heldout.py). R^2PO: the base policy (head off) unless `with_head` (None: the config's
+        rollout_head_eval_with_head)."""
         n = num_queries or self.config.eval_num_queries
-        return self.env_runner_group.foreach_env_runner(
-            lambda r, _n=n, _h=with_head, _k=samples: r.evaluate(_n, with_head=_h, samples=_k),
-            remote_worker_ids=self.env_runner_group.healthy_worker_ids()[:1],
+        ids = self.env_runner_group.healthy_worker_ids()[: max(1, n)]
+        parts = self.env_runner_group.foreach_env_runner(
+            lambda r, _n=n, _h=with_head, _k=samples, _ids=tuple(ids): r.evaluate(
+                _n, with_head=_h, samples=_k, shard=(_ids.index(r.worker_index), len(_ids))
+            ),
+            remote_worker_ids=ids,
             local_env_runner=False,
-        )[0]
+        )
+        return merge_eval_counts(parts)
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
     @override(Algorithm)

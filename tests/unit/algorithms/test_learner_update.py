@@ -1,0 +1,102 @@
+"""The learner's PPO epochs in one process (num_learners=0): the proximal ("old") log-probs of the first minibatch
+come from its own training forward, not from a separate no-grad pass, and the update is the one a full recompute
+gives."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from r3_rllib import R3Config
+from r3_rllib.algorithms.r3.groups import Sample
+from r3_rllib.algorithms.r3.learner import R3Learner, minibatch_plan
+
+torch.set_num_threads(1)
+
+
+def _learner(model_path: str, **training) -> R3Learner:
+    cfg = (
+        R3Config.grpo_preset()
+        .learners(num_learners=0)
+        .training(
+            model_path=model_path,
+            micro_batch_size=3,
+            gradient_checkpointing=False,
+            lr=1e-2,  # large steps: a wrong proximal policy in a later minibatch changes the result visibly
+            **training,
+        )
+    )
+    space = gym.spaces.Text(8)
+    return cfg.build_learner(env=None, spaces={"__env__": (space, space), "default_policy": (space, space)})
+
+
+def _samples(n: int, seed: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = rng.integers(5, 60, size=int(rng.integers(4, 9))).tolist()
+        response = rng.integers(5, 60, size=int(rng.integers(1, 5))).tolist()
+        out.append(
+            Sample(
+                query_id=f"q{i % 3}",
+                prompt_ids=prompt,
+                response_ids=response,
+                behavior_logprobs=np.full(len(response), -3.0, dtype=np.float32),
+                entropies=np.zeros(len(response), dtype=np.float32),
+                reward=float(i % 2),
+                correct=bool(i % 2),
+                truncated=False,
+                policy_version=0,
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
+    return out
+
+
+def _params(learner: R3Learner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in learner.policy.parameters()]
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_first_minibatch_reuses_its_training_forward_and_the_update_matches_a_full_recompute(
+    tiny_random_model, kl_coef
+):
+    samples = _samples(12)
+    settings = dict(num_minibatches=3, num_epochs=2, kl_coef=kl_coef)
+
+    ours = _learner(tiny_random_model, **settings)
+    recomputed_rows: list[int] = []
+    recompute = ours._recompute_old_logprobs
+
+    def counted(batch, plan):
+        recomputed_rows.extend(int(i) for mb in plan for i in mb)
+        return recompute(batch, plan)
+
+    ours._recompute_old_logprobs = counted
+    ours.update_from_samples(samples, seed=7)
+
+    # The reference: every minibatch's old (and KL reference) log-probs from one no-grad pass before any step.
+    reference = _learner(tiny_random_model, **settings)
+    full_plan = minibatch_plan(len(samples), 3, 7)
+    reference_recompute = reference._recompute_old_logprobs
+    reference._recompute_old_logprobs = lambda batch, plan: reference_recompute(batch, full_plan)
+    reference.update_from_samples(samples, seed=7)
+
+    assert sorted(recomputed_rows) == sorted(int(i) for mb in full_plan[1:] for i in mb)
+    for a, b in zip(_params(ours), _params(reference), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+    # A proximal policy taken after the first step would change the update (the check above can fail).
+    stale = _learner(tiny_random_model, **settings)
+    stale._recompute_old_logprobs = lambda batch, plan: ({}, {}) if kl_coef == 0.0 else ({}, None)
+    stale.update_from_samples(samples, seed=7)
+    assert any((a - b).abs().max() > 1e-4 for a, b in zip(_params(stale), _params(reference), strict=True))
+
+
+def test_a_single_optimizer_step_recomputes_nothing(tiny_random_model):
+    learner = _learner(tiny_random_model, num_minibatches=1, num_epochs=1)
+    learner._recompute_old_logprobs = lambda *a: pytest.fail("no recompute expected")
+    metrics = learner.update_from_samples(_samples(6), seed=0)
+    assert metrics["optimizer_steps"] == 1.0
