@@ -189,7 +189,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--learner-threads", type=int, default=2, help="torch threads of the learner (in this process)"
     )
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
+    ap.add_argument("--minibatches", type=int, default=4, help="optimizer steps per epoch")
     ap.add_argument("--epochs", type=int, default=1, help="passes over each iteration's batch")
     ap.add_argument("--gamma", type=float, default=0.95)
     ap.add_argument("--eval-queries", type=int, default=64, help="held-out layouts")

@@ -87,11 +87,12 @@ def hgpo_config(model_path: str, **training):
 def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
     ray_session, gridworld_warm_start, tmp_path
 ):
-    """One HGPO run on the gridworld with two runners, 16 iterations of 16 layouts x 4 trajectories (BENCHMARKS 13b's
-    setting):
+    """One HGPO run on the gridworld with two runners, 16 iterations of 16 layouts x 4 trajectories, 4 minibatches
+    (BENCHMARKS 13c's setting):
 
     - held-out success of sampled trajectories (64 layouts x 4 at temperature 1, what the objective trains; fixed
-      evaluation seeds, so before and after draw the same random numbers) rises above the warm start's;
+      evaluation seeds, so before and after draw the same random numbers) rises above the warm start's (measured with
+      this test: 0.488 -> 0.551 at seed 0, 0.438 -> 0.477 at seed 1);
     - runner 2's process exits in the middle of iteration 2's rollout (its third lockstep round): that iteration
       trains on runner 1's trajectories, Ray restarts runner 2 and it comes back with the learner's weights;
     - the checkpoint saved after iteration 1 restores the learner's weights, optimizer state and the runners' data
@@ -106,7 +107,7 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
 
     threads = torch.get_num_threads()
     algo = (
-        hgpo_config(gridworld_warm_start, queries_per_iteration=16, group_size=4, lr=3e-4, num_minibatches=2)
+        hgpo_config(gridworld_warm_start, queries_per_iteration=16, group_size=4, lr=3e-4, num_minibatches=4)
         .environment("gridworld", env_config={"preset": "hgpo", "num_queries": 256})
         # The learner runs in this process while the runners wait for its weights: it may use both cores.
         .learners(num_learners=0, num_cpus_per_learner=2)
@@ -165,7 +166,7 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
             result = algo.train()
             assert result["rollout"]["runners_failed"] == 0 and result["learner"]["trained_tokens"] > 0
         after = algo.evaluate_heldout(64, samples=4)["accuracy"]
-        assert after > before, (before, after)
+        assert after >= before + 0.03, (before, after)
 
         algo.restore(checkpoint)
         assert checkpoint_fingerprint(algo) == saved
