@@ -17,7 +17,9 @@ estimator, three named settings of :func:`r3_rllib.core.hgpo.hgpo_advantages`):
 Reported per method (mean ± std over seeds): held-out success rate (greedy, one trajectory per held-out layout,
 before and after), held-out success of sampled trajectories (temperature 1, ``--eval-samples`` per layout: less
 noisy than greedy, and what the training objective moves), mean steps to the goal of the successful greedy episodes,
-training success rate, and wall time. Writes ``runs/<setting>/seed<k>/progress.csv`` (Tune's column names, so
+training success rate, and wall time. Evaluations split the held-out layouts over the runners and sample with fixed
+seeds, so every evaluation of a seed draws the same random numbers; the start evaluation is made once per seed and
+shared by its settings (they start from the same weights). Writes ``runs/<setting>/seed<k>/progress.csv`` (Tune's column names, so
 ``r3 plot`` reads them), ``mean/<setting>/progress.csv``, ``hgpo_learning.png`` and ``summary.json`` under ``--out``.
 """
 
