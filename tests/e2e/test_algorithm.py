@@ -33,12 +33,20 @@ def tiny_config(model_path: str, **training) -> R3Config:
     )
 
 
-def test_train_two_iterations_reports_metrics_and_exports(ray_session, tiny_random_model, tmp_path):
+def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
+    ray_session, tiny_random_model, tmp_path
+):
+    """Two iterations report their metrics; after them the runner's engine scores tokens exactly like the learner's
+    policy (the weight sync reached it), and the exported folder holds the learner's weights."""
     algo = tiny_config(tiny_random_model).build_algo()
     try:
-        for _ in range(2):
-            result = algo.train()
+        results = [algo.train() for _ in range(2)]
+        result = results[-1]
+        assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-4)
         assert result["training_iteration"] == 2
+        # The synchronous loop samples every batch with the newest weights and leaves nothing in flight.
+        assert [r["rollout"]["policy_lag"] for r in results] == [0.0, 0.0]
+        assert not algo._rollout_in_flight
         rollout = result["rollout"]
         for key in (
             "accuracy",
@@ -68,16 +76,6 @@ def test_train_two_iterations_reports_metrics_and_exports(ray_session, tiny_rand
         learner_checksum = algo.learner_call(lambda lr: lr.parameter_checksum())[0]
         # from_pretrained dedupes the tied embedding; the learner counts it once too
         assert checksum == pytest.approx(learner_checksum, rel=1e-6)
-    finally:
-        algo.stop()
-
-
-def test_runner_weights_match_learner_after_sync(ray_session, tiny_random_model):
-    """After an update, the engine on the runner scores tokens exactly like the learner's policy."""
-    algo = tiny_config(tiny_random_model).build_algo()
-    try:
-        algo.train()
-        assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-4)
     finally:
         algo.stop()
 

@@ -88,11 +88,13 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
     ray_session, gridworld_warm_start, tmp_path
 ):
     """One HGPO run on the gridworld with two runners, 16 iterations of 16 layouts x 4 trajectories, 4 minibatches
-    (BENCHMARKS 13c's setting):
+    (BENCHMARKS 13c's setting, seed 0):
 
-    - held-out success of sampled trajectories (64 layouts x 4 at temperature 1, what the objective trains; fixed
-      evaluation seeds, so before and after draw the same random numbers) rises above the warm start's (measured with
-      this test: 0.488 -> 0.551 at seed 0, 0.438 -> 0.477 at seed 1);
+    - held-out success rises above the warm start's: greedy success on 64 held-out layouts by at least 0.06 (4
+      layouts), while sampled success (64 layouts x 4 at temperature 1, fixed evaluation seeds, so before and after
+      draw the same random numbers) does not fall. Measured with this test: greedy 0.188 -> 0.406, sampled 0.488 ->
+      0.527 (an earlier run: sampled 0.551; runs are not bit-reproducible). The benchmark's runs of this setting:
+      greedy +0.17, +0.14, +0.03 at seeds 0, 1, 2;
     - runner 2's process exits in the middle of iteration 2's rollout (its third lockstep round): that iteration
       trains on runner 1's trajectories, Ray restarts runner 2 and it comes back with the learner's weights;
     - the checkpoint saved after iteration 1 restores the learner's weights, optimizer state and the runners' data
@@ -122,8 +124,10 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
         )
         assert split == merge_eval_counts([alone]) and split["num_queries"] == 8
 
-        before = algo.evaluate_heldout(64, samples=4)["accuracy"]
-        assert 0.3 <= before <= 0.6  # the warm start leaves room (0.43-0.49 measured)
+        sampled_before = algo.evaluate_heldout(64, samples=4)["accuracy"]
+        greedy_before = algo.evaluate_heldout(64)["accuracy"]
+        # The warm start leaves room (measured: sampled 0.44-0.49, greedy 0.19).
+        assert 0.3 <= sampled_before <= 0.6 and greedy_before <= 0.3
 
         first = algo.train()
         assert first["learner"]["trained_tokens"] > 0 and first["rollout"]["episode_len_mean"] > 1
@@ -165,8 +169,11 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
         for _ in range(14):
             result = algo.train()
             assert result["rollout"]["runners_failed"] == 0 and result["learner"]["trained_tokens"] > 0
-        after = algo.evaluate_heldout(64, samples=4)["accuracy"]
-        assert after >= before + 0.03, (before, after)
+        sampled_after = algo.evaluate_heldout(64, samples=4)["accuracy"]
+        greedy_after = algo.evaluate_heldout(64)["accuracy"]
+        progress = {"greedy": (greedy_before, greedy_after), "sampled": (sampled_before, sampled_after)}
+        assert greedy_after >= greedy_before + 0.06, progress
+        assert sampled_after >= sampled_before - 0.02, progress
 
         algo.restore(checkpoint)
         assert checkpoint_fingerprint(algo) == saved

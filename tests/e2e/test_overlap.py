@@ -16,9 +16,12 @@ def _query_ids(rollout) -> list[str]:
     return [g.query_id for g in groups]
 
 
-def test_overlap_trains_on_batches_one_update_old_and_delivers_weights_in_order(
-    ray_session, tiny_random_model
+def test_overlap_trains_one_update_old_and_checkpoints_the_batch_in_flight(
+    ray_session, tiny_random_model, tmp_path
 ):
+    """Each batch after the first was requested before the previous update (policy lag 1) and the weights reach the
+    runner in order. Saving drains the rollout being generated into the checkpoint, so its queries (already consumed
+    from the runners' env order) are trained after a restore instead of being skipped."""
     algo = tiny_config(tiny_random_model, overlap_generation=True).build_algo()
     try:
         results = [algo.train() for _ in range(3)]
@@ -29,27 +32,7 @@ def test_overlap_trains_on_batches_one_update_old_and_delivers_weights_in_order(
         assert "is_weight_mean" in results[-1]["learner"]
         # The queued weight load ran after the rollout in flight: a call made now sees the newest weights.
         assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-4)
-    finally:
-        algo.stop()
 
-
-def test_synchronous_loop_has_no_policy_lag(ray_session, tiny_random_model):
-    algo = tiny_config(tiny_random_model).build_algo()
-    try:
-        results = [algo.train() for _ in range(2)]
-        assert [r["rollout"]["policy_lag"] for r in results] == [0.0, 0.0]
-        assert not algo._rollout_in_flight
-    finally:
-        algo.stop()
-
-
-def test_checkpoint_keeps_the_batch_in_flight(ray_session, tiny_random_model, tmp_path):
-    """Saving drains the rollout being generated into the checkpoint, so its queries (already consumed from the
-    runners' env order) are trained after a restore instead of being skipped."""
-    algo = tiny_config(tiny_random_model, overlap_generation=True).build_algo()
-    try:
-        for _ in range(2):
-            algo.train()
         checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
         pending = _query_ids(algo._ready_rollout)
         assert len(pending) == 8
@@ -65,7 +48,7 @@ def test_checkpoint_keeps_the_batch_in_flight(ray_session, tiny_random_model, tm
         assert _query_ids(restored._ready_rollout) == pending
         result = restored.train()
         assert result["rollout"]["policy_lag"] == 1.0
-        assert result["rollout"]["policy_version"] == 3.0
+        assert result["rollout"]["policy_version"] == 4.0  # three updates before the save, one after
         # Same env order after the restore: the next batch asks for the same queries as the uninterrupted run.
         assert _query_ids(restored._gather_rollout()) == next_ids
     finally:
