@@ -8,7 +8,8 @@ extras="${1:-}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # --no-compile: byte-compiling every module of torch, ray, vllm and transformers at install costs ~35 s; Python
-# compiles the few thousand that are imported on first use instead.
+# compiles the few thousand that are imported on first use instead (when PYTHONDONTWRITEBYTECODE is unset: test.sh
+# and quickstart.sh unset it).
 pip=".venv/bin/python -m pip"
 $pip install -q --no-compile --upgrade pip >/dev/null
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
