@@ -1,7 +1,7 @@
 """Learning on a multi-step task: HGPO vs GiGPO-style vs episode-level GRPO on the partially observed gridworld,
 several seeds, the same budget, in one run.
 
-    python bench/bench_hgpo.py                          # 3 settings x 3 seeds, 16 iterations (~40 min on 2 cores)
+    python bench/bench_hgpo.py                          # 3 settings x 3 seeds, 16 iterations (~20 min on 2 cores)
     python bench/bench_hgpo.py --settings hgpo,episode_grpo --seeds 0 --iterations 6
     python bench/bench_hgpo.py --smoke                  # CI: HGPO, one iteration of 2 layouts x 4 trajectories
 
