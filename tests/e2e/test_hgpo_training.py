@@ -131,6 +131,8 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
 
         first = algo.train()
         assert first["learner"]["trained_tokens"] > 0 and first["rollout"]["episode_len_mean"] > 1
+        # The off-policy correction weighs step samples too; in the synchronous loop behaviour = proximal policy.
+        assert first["learner"]["is_weight_mean"] == pytest.approx(1.0, abs=0.02)
         checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
         saved = checkpoint_fingerprint(algo)
         saved_positions = algo.env_runner_group.foreach_env_runner(
