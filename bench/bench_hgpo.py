@@ -4,6 +4,7 @@ several seeds, the same budget, in one run.
     python bench/bench_hgpo.py                          # 3 settings x 3 seeds, 16 iterations (~20 min on 2 cores)
     python bench/bench_hgpo.py --settings hgpo,episode_grpo --seeds 0 --iterations 6
     python bench/bench_hgpo.py --smoke                  # CI: HGPO, one iteration of 2 layouts x 4 trajectories
+    python bench/bench_hgpo.py --level-stats --queries 64   # how populated each HGPO level is (no training)
 
 Policy: the tiny model warm-started on expert moves (``r3_rllib.models.gridworld_sft.build_warm_start``, the
 ``hgpo`` preset: 6x6 mazes, 5..10-move shortest paths, a 20-step horizon, a memory of 2 steps), built once and shared
@@ -149,6 +150,45 @@ def run_one(
     }
 
 
+def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> dict[str, float]:
+    """How populated HGPO's hierarchy is on the warm start's own rollouts: one batch of ``--queries`` training
+    layouts x ``--group-size`` trajectories at temperature 1, grouped as the ``hgpo`` setting groups them (k = 1..3,
+    with the episode group as k = 0). Per level: the fraction of steps whose group has two or more members, and the
+    mean size of those groups, weighted by steps over the layouts."""
+    from r3_rllib.algorithms.r3.multistep import rollout_multistep
+    from r3_rllib.core.hgpo import hgpo_group_stats, hgpo_levels, hgpo_settings
+    from r3_rllib.engines.base import SamplingParams
+    from r3_rllib.engines.hf_engine import HFEngine
+    from r3_rllib.envs.gridworld import GridWorldEnv
+    from r3_rllib.models.tiny import load_tiny
+
+    model, tok = load_tiny(model_path)
+    env = GridWorldEnv(preset="hgpo", num_queries=args.num_queries, **args.env)
+    query_ids = env.query_ids[: args.queries]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed)
+    records = rollout_multistep(
+        HFEngine(model, tok, max_batch_size=512), tok, env.episode, query_ids, args.group_size, params
+    )
+    history = hgpo_settings("hgpo")["history_length"]
+    totals: dict[str, float] = {}
+    steps = 0
+    for qid in query_ids:
+        rs = [r for r in records if r.query_id == qid]
+        levels = hgpo_levels(
+            obs_keys=[r.obs_key for r in rs],
+            traj_ids=[r.traj_id for r in rs],
+            step_indices=[r.step for r in rs],
+            step_rewards=[r.reward for r in rs],
+            gamma=args.gamma,
+            history_length=history,
+            base_group=True,
+        )
+        for key, value in hgpo_group_stats(levels).items():
+            totals[key] = totals.get(key, 0.0) + value * len(rs)
+        steps += len(rs)
+    return {"steps": float(steps), **{k: v / steps for k, v in totals.items()}}
+
+
 def table(runs: list[dict[str, Any]], settings: Sequence[str]) -> str:
     head = ["method", "held-out greedy (before -> after)", "held-out sampled (before -> after)",
             "steps to goal (greedy, after)", "train success (first -> last 3)", "zero-adv groups", "wall s", "seeds"]  # fmt: skip
@@ -206,6 +246,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--smoke", action="store_true", help="CI: HGPO, one iteration of 2 layouts x 4, 4 held out"
     )
+    ap.add_argument(
+        "--level-stats",
+        action="store_true",
+        help="only print how populated each HGPO level is on the warm start's rollouts (--queries x --group-size)",
+    )
     args = ap.parse_args(argv)
     args.env = json.loads(args.env)
     if args.smoke:
@@ -232,6 +277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_path = str(
         build_warm_start(Path(args.warm_start or out_dir / "warm_start"), seed=0, env_config=args.env, **sft)
     )
+    if args.level_stats:
+        stats = level_stats(args, model_path)
+        print(f"HGPO levels on the warm start's rollouts ({args.queries} layouts x {args.group_size}, "
+              f"{stats.pop('steps'):.0f} steps):")  # fmt: skip
+        print(common.markdown_table(["level", "steps in a shared group", "mean size of those groups"],
+                                    [[k.split("/")[0], f"{stats[k]:.3f}", f"{stats[k.replace('shared_frac', 'mean_size')]:.1f}"]
+                                     for k in stats if k.endswith("shared_frac")]))  # fmt: skip
+        return 0
     started = common.start_ray()
     runs: list[dict[str, Any]] = []
     try:
