@@ -150,11 +150,12 @@ def run_one(
     }
 
 
-def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> dict[str, float]:
+def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> tuple[int, list[list[str]]]:
     """How populated HGPO's hierarchy is on the warm start's own rollouts: one batch of ``--queries`` training
     layouts x ``--group-size`` trajectories at temperature 1, grouped as the ``hgpo`` setting groups them (k = 1..3,
-    with the episode group as k = 0). Per level: the fraction of steps whose group has two or more members, and the
-    mean size of those groups, weighted by steps over the layouts."""
+    with the episode group as k = 0). Returns the number of steps and one table row per level: the fraction of steps
+    whose group has two or more members, and the mean size of those groups, both weighted by steps over the layouts
+    (groups never span layouts)."""
     from r3_rllib.algorithms.r3.multistep import rollout_multistep
     from r3_rllib.core.hgpo import hgpo_group_stats, hgpo_levels, hgpo_settings
     from r3_rllib.engines.base import SamplingParams
@@ -164,29 +165,37 @@ def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> dic
 
     model, tok = load_tiny(model_path)
     env = GridWorldEnv(preset="hgpo", num_queries=args.num_queries, **args.env)
-    query_ids = env.query_ids[: args.queries]
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed)
     records = rollout_multistep(
-        HFEngine(model, tok, max_batch_size=512), tok, env.episode, query_ids, args.group_size, params
-    )
+        HFEngine(model, tok, max_batch_size=512), tok, env.episode, env.query_ids[: args.queries],
+        args.group_size, params,
+    )  # fmt: skip
+    by_query: dict[str, list] = {}
+    for r in records:
+        by_query.setdefault(r.query_id, []).append(r)
     history = hgpo_settings("hgpo")["history_length"]
     totals: dict[str, float] = {}
-    steps = 0
-    for qid in query_ids:
-        rs = [r for r in records if r.query_id == qid]
+    for rs in by_query.values():
         levels = hgpo_levels(
             obs_keys=[r.obs_key for r in rs],
             traj_ids=[r.traj_id for r in rs],
             step_indices=[r.step for r in rs],
             step_rewards=[r.reward for r in rs],
-            gamma=args.gamma,
             history_length=history,
             base_group=True,
         )
         for key, value in hgpo_group_stats(levels).items():
             totals[key] = totals.get(key, 0.0) + value * len(rs)
-        steps += len(rs)
-    return {"steps": float(steps), **{k: v / steps for k, v in totals.items()}}
+    steps = len(records)
+    rows = [
+        [
+            f"level{k}",
+            f"{totals[f'level{k}/shared_frac'] / steps:.3f}",
+            f"{totals[f'level{k}/mean_size'] / steps:.1f}",
+        ]
+        for k in range(history + 2)
+    ]
+    return steps, rows
 
 
 def table(runs: list[dict[str, Any]], settings: Sequence[str]) -> str:
@@ -278,12 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_warm_start(Path(args.warm_start or out_dir / "warm_start"), seed=0, env_config=args.env, **sft)
     )
     if args.level_stats:
-        stats = level_stats(args, model_path)
-        print(f"HGPO levels on the warm start's rollouts ({args.queries} layouts x {args.group_size}, "
-              f"{stats.pop('steps'):.0f} steps):")  # fmt: skip
-        print(common.markdown_table(["level", "steps in a shared group", "mean size of those groups"],
-                                    [[k.split("/")[0], f"{stats[k]:.3f}", f"{stats[k.replace('shared_frac', 'mean_size')]:.1f}"]
-                                     for k in stats if k.endswith("shared_frac")]))  # fmt: skip
+        steps, rows = level_stats(args, model_path)
+        print(
+            f"HGPO levels on the warm start's rollouts ({args.queries} layouts x {args.group_size}, {steps} steps):"
+        )
+        print(common.markdown_table(["level", "steps in a shared group", "mean size of those groups"], rows))
         return 0
     started = common.start_ray()
     runs: list[dict[str, Any]] = []

