@@ -1,0 +1,168 @@
+"""The Python sandbox against hostile programs (infinite loop, huge allocation, fork bomb, 100 MB of output,
+writes outside the scratch directory, a socket to a local server) and benign ones, under both isolations.
+
+The hostile tests of the "namespaces" isolation skip where it is not available (it needs root or CAP_SYS_ADMIN);
+CI runs as root, where they run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from r3_rllib.tools.sandbox import SANDBOX_UID_RANGE, namespaces_available, run_python
+
+needs_namespaces = pytest.mark.skipif(
+    not namespaces_available(), reason="namespaces isolation needs root/CAP_SYS_ADMIN, unshare and setpriv"
+)
+ISOLATIONS = [
+    pytest.param("namespaces", marks=needs_namespaces),
+    "rlimits",
+]
+# Every run must be back within its timeout plus this much (start-up, kill, teardown).
+MARGIN_S = 2.0
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_benign_program_output_and_exit_code(isolation):
+    r = run_python("import math\nprint(math.factorial(10))\n", isolation=isolation)
+    assert r.ok and r.output == "3628800\n" and r.isolation == isolation
+    bad = run_python("raise SystemExit(3)", isolation=isolation)
+    assert bad.exit_code == 3 and not bad.ok and not bad.timed_out
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_errors_come_back_as_output(isolation):
+    r = run_python("1 / 0", isolation=isolation)
+    assert r.exit_code == 1 and "ZeroDivisionError" in r.output
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_infinite_loop_is_killed_at_the_timeout(isolation):
+    r = run_python("while True:\n    pass\n", timeout_s=1.0, isolation=isolation)
+    assert r.timed_out and r.exit_code == -9 and not r.ok
+    assert 1.0 <= r.duration_s < 1.0 + MARGIN_S
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_sleeping_program_is_killed_at_the_timeout(isolation):
+    # Wall clock, not CPU time: a program that waits uses no CPU and must still be ended.
+    r = run_python(
+        "import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_s=1.0, isolation=isolation
+    )
+    assert r.timed_out and r.output == "start\n" and r.duration_s < 1.0 + MARGIN_S
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_huge_allocation_fails_inside_the_program(isolation):
+    r = run_python("x = bytearray(4 * 1024**3)\nprint('allocated')", memory_mb=256, isolation=isolation)
+    assert r.exit_code != 0 and "MemoryError" in r.output and "allocated" not in r.output
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_100_mb_of_output_is_truncated_and_ends_the_program(isolation):
+    code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\nprint('done')"
+    r = run_python(code, timeout_s=10.0, max_output_bytes=4096, isolation=isolation)
+    assert r.output_truncated and not r.ok and len(r.output) == 4096 and set(r.output) == {"x"}
+    assert r.duration_s < 10.0  # killed on overflow, not at the timeout
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_scratch_directory_is_writable_and_removed(isolation, tmp_path):
+    code = (
+        "import os\nopen('a.txt', 'w').write('hi')\nos.makedirs('d/e')\nos.chmod('d', 0)\nprint(os.getcwd())"
+    )
+    r = run_python(code, isolation=isolation)
+    assert r.ok
+    assert not Path(r.output.strip()).exists()  # removed even with an unreadable subdirectory inside
+
+
+@needs_namespaces
+def test_file_size_limit():
+    r = run_python("open('big', 'wb').write(b'x' * 8 * 2**20)", max_file_mb=1, isolation="namespaces")
+    assert r.exit_code != 0 and not r.ok
+
+
+@needs_namespaces
+def test_fork_bomb_is_contained_and_leaves_no_process():
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(10_000):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()\n"  # try to escape the process group as well
+        "            time.sleep(600)\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('forked', n, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    r = run_python(code, timeout_s=3.0, max_processes=8, isolation="namespaces")
+    assert r.timed_out and r.duration_s < 3.0 + MARGIN_S
+    forked = int(r.output.split()[1])
+    assert forked < 8  # RLIMIT_NPROC refused the rest
+    lo, hi = SANDBOX_UID_RANGE
+    leftover = subprocess.run(
+        ["ps", "-eo", "uid="], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert not [u for u in leftover if lo <= int(u) < hi], "sandbox processes survived the run"
+
+
+@needs_namespaces
+def test_writes_outside_the_scratch_directory_fail(tmp_path):
+    os.chmod(tmp_path, 0o777)  # even a world-writable directory of the host is out of reach
+    targets = [tmp_path / "evil.txt", Path("/tmp") / f"r3-sandbox-evil-{os.getpid()}", Path("/var/tmp/evil")]
+    code = "import sys\nfor p in sys.argv[1:] or %r:\n" % [str(t) for t in targets]
+    code += "    try:\n        open(p, 'w').write('x'); print('WROTE', p)\n    except OSError as e:\n"
+    code += "        print('blocked', type(e).__name__)\n"
+    r = run_python(code, isolation="namespaces")
+    assert r.ok and "WROTE" not in r.output and r.output.count("blocked") == 3
+    assert not any(t.exists() for t in targets)
+
+
+@needs_namespaces
+def test_socket_to_a_local_server_cannot_connect():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(5.0)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    code = (
+        "import socket\ntry:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('CONNECTED')\n"
+        "except OSError as e:\n    print('refused', e)\n"
+    )
+    try:
+        r = run_python(code, isolation="namespaces")
+    finally:
+        server.close()
+        thread.join(timeout=6.0)
+    assert r.ok and "CONNECTED" not in r.output and "refused" in r.output
+    assert not accepted
+
+
+def test_invalid_limits_and_isolation_are_refused():
+    with pytest.raises(ValueError, match="timeout_s"):
+        run_python("print(1)", timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        run_python("print(1)", memory_mb=16)
+    with pytest.raises(ValueError, match="isolation"):
+        run_python("print(1)", isolation="docker")  # type: ignore[arg-type]
