@@ -1,0 +1,244 @@
+"""reasoning-gym tasks as single-step text environments (optional extra: ``pip install r3-rllib[envs]``).
+
+`reasoning-gym <https://github.com/open-thought/reasoning-gym>`_ generates procedural reasoning problems (100+
+tasks: arithmetic, logic puzzles, graphs, ciphers, ...) offline, each with its own verifier. This env serves the
+problems of one task, or of a weighted mix of several (reasoning-gym's composite dataset), and rewards an answer with
+the task's own ``score_answer`` (a number in [0, 1]; 1 is correct).
+
+- **Answer format**: the model is asked (reasoning-gym's default system prompt) to put its final answer in
+  ``<answer>...</answer>``; the last such block is extracted and scored. No block: reward 0, reason ``no_answer``.
+- **Splits**: ``train`` and ``test`` are generated from different seeds, and every training problem whose question
+  also appears among the ``test_size`` test problems is dropped (counted in ``data_report``), so the held-out
+  problems are never trained on.
+- **Data order**: the same global, per-epoch order and runner sharding as the other envs (``seed``, ``shuffle``,
+  ``shard``; checkpointed through ``state()``).
+- **Failures**: a task that cannot be built raises a ``ValueError`` naming it; a verifier that raises on an answer
+  gives reward 0 with reason ``verifier_error`` (the exception type and message in ``info["grade_detail"]``), never
+  a crash of the runner. ``info["grade_reason"]`` is one of ``correct``, ``partial``, ``wrong``, ``no_answer``,
+  ``verifier_error``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
+from r3_rllib.envs.math_env import load_tokenizer
+
+#: Seed offset of the test split (train uses ``seed``, test ``seed + TEST_SEED_OFFSET``).
+TEST_SEED_OFFSET = 1_000_003
+GRADE_REASONS = ("correct", "partial", "wrong", "no_answer", "verifier_error")
+
+TaskSpec = str | Mapping[str, float] | Mapping[str, Mapping[str, Any]]
+
+
+def _import_reasoning_gym():
+    try:
+        import reasoning_gym
+    except ImportError as e:  # the optional extra is not installed
+        raise ImportError(
+            "the reasoning_gym env needs the reasoning-gym package: pip install 'r3-rllib[envs]'"
+        ) from e
+    return reasoning_gym
+
+
+def task_specs(tasks: TaskSpec) -> list[tuple[str, float, dict[str, Any]]]:
+    """``(name, weight, config)`` per task from a name, ``{name: weight}`` or ``{name: {"weight": w, "config":
+    {...}}}``; unknown task names raise a ValueError listing the closest known ones."""
+    if isinstance(tasks, str):
+        specs = [(tasks, 1.0, {})]
+    elif isinstance(tasks, Mapping) and tasks:
+        specs = []
+        for name, spec in tasks.items():
+            if isinstance(spec, Mapping):
+                specs.append((name, float(spec.get("weight", 1.0)), dict(spec.get("config", {}))))
+            else:
+                specs.append((name, float(spec), {}))
+    else:
+        raise ValueError(f"tasks must be a task name or a non-empty {{name: weight}} mapping, got {tasks!r}")
+    known = set(_import_reasoning_gym().factory.DATASETS)
+    for name, weight, _ in specs:
+        if name not in known:
+            hint = difflib.get_close_matches(name, sorted(known), n=3)
+            raise ValueError(
+                f"unknown reasoning-gym task {name!r}" + (f"; did you mean {hint}?" if hint else "")
+            )
+        if not weight > 0:
+            raise ValueError(f"reasoning-gym task {name!r}: weight must be > 0, got {weight}")
+    return specs
+
+
+def build_dataset(specs: list[tuple[str, float, dict[str, Any]]], *, size: int, seed: int):
+    """The reasoning-gym dataset of `specs` (one task directly, several through the composite dataset); a task that
+    cannot be built (bad config, generator failure) raises a ValueError naming it."""
+    rg = _import_reasoning_gym()
+    try:
+        if len(specs) == 1:
+            name, _, config = specs[0]
+            return rg.create_dataset(name, size=size, seed=seed, **config)
+        from reasoning_gym.composite import DatasetSpec
+
+        datasets = [DatasetSpec(name, weight, config) for name, weight, config in specs]
+        return rg.create_dataset("composite", size=size, seed=seed, datasets=datasets)
+    except Exception as e:  # reasoning-gym raises TypeError/AssertionError/ValueError for bad task configs
+        names = ", ".join(name for name, _, _ in specs)
+        raise ValueError(f"reasoning-gym task(s) {names} could not be built: {type(e).__name__}: {e}") from e
+
+
+class ReasoningGymEnv(TextEnv):
+    """One reasoning-gym task or a weighted mix, single-step, scored by the task's verifier (see the module).
+
+    Config:
+        tasks: a task name (``"basic_arithmetic"``), ``{name: weight}`` or ``{name: {"weight": w, "config": {...}}}``
+            (``config``: the task's own options, e.g. ``{"min_terms": 2, "max_terms": 3}``).
+        split: ``"train"`` or ``"test"``.
+        size: number of training problems generated (before dropping those that repeat a test problem).
+        test_size: number of test problems.
+        seed: the generator seed (the test split uses ``seed + TEST_SEED_OFFSET``) and the data order's seed.
+        shuffle, shard: the per-epoch order and this env's shard of it, as in the other envs.
+        tokenizer: a tokenizer object or folder; its chat template renders the prompt when it has one.
+        system_prompt: the system turn (default: reasoning-gym's, which asks for ``<answer>`` tags); None: none.
+        answer_tag: the tag the answer is extracted from.
+        reward: ``"score"`` (the verifier's score in [0, 1]) or ``"binary"`` (1 if the score is 1, else 0).
+    """
+
+    def __init__(
+        self,
+        *,
+        tasks: TaskSpec = "basic_arithmetic",
+        split: Literal["train", "test"] = "train",
+        size: int = 1000,
+        test_size: int = 200,
+        seed: int = 0,
+        shuffle: bool = True,
+        shard: Shard | dict[str, int] | None = None,
+        tokenizer: Any = None,
+        system_prompt: str | None = "default",
+        answer_tag: str = "answer",
+        reward: Literal["score", "binary"] = "score",
+    ) -> None:
+        super().__init__()
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if reward not in ("score", "binary"):
+            raise ValueError(f"reward must be 'score' or 'binary', got {reward!r}")
+        if size < 1 or test_size < 1:
+            raise ValueError(f"size and test_size must be >= 1, got {size} and {test_size}")
+        self.specs = task_specs(tasks)
+        self.split, self.answer_tag, self.reward_mode = split, answer_tag, reward
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.system_prompt = _system_prompt(system_prompt)
+        self.dataset, self.entries, dropped = self._split_entries(size, test_size, seed)
+        self.data_report = {"loaded": len(self.entries), "dropped_in_test_split": dropped}
+        self.query_ids = [f"{split}/{i}" for i in range(len(self.entries))]
+        self._index = {qid: i for i, qid in enumerate(self.query_ids)}
+        self._order = QueryOrder(len(self.entries), seed=seed, shuffle=shuffle, shard=shard)
+        self._current: int | None = None
+
+    def _split_entries(self, size: int, test_size: int, seed: int) -> tuple[Any, list[dict[str, Any]], int]:
+        test = build_dataset(self.specs, size=test_size, seed=seed + TEST_SEED_OFFSET)
+        if self.split == "test":
+            return test, list(test), 0
+        train = build_dataset(self.specs, size=size, seed=seed)
+        held_out = {entry["question"] for entry in test}
+        entries = [entry for entry in train if entry["question"] not in held_out]
+        if not entries:
+            raise ValueError(f"every generated training problem of {self.specs} is also a test problem")
+        return train, entries, size - len(entries)
+
+    # -- prompts ---------------------------------------------------------------------------------------------
+    def render_prompt(self, user_text: str) -> str:
+        """The chat template with the generation prompt when the tokenizer has one, else plain text."""
+        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": user_text}]
+            if self.system_prompt:
+                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return f"{self.system_prompt}\n\n{user_text}\n" if self.system_prompt else user_text
+
+    # -- TextEnv ---------------------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the problems (over this env's shard of each epoch's order when sharded)."""
+        return self._order.epoch
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Next problem of the order; options ``query_id`` (re-serve it) and ``user_content`` (render that text as
+        the user turn, graded against the problem's answer), as for the other envs."""
+        super().reset(seed=seed)
+        if seed is not None:
+            self._order.restart(seed)
+        query_id, user_content = parse_reset_options(options)
+        index = self._order.next() if query_id is None else self._lookup(query_id)
+        entry = self.entries[index]
+        self._current = index
+        prompt = self.render_prompt(entry["question"] if user_content is None else user_content)
+        info = {"query_id": self.query_ids[index], "query_text": entry["question"], "gold": entry["answer"]}
+        return prompt, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._current is None:
+            raise RuntimeError("call reset() before step(); an episode is one response")
+        index, self._current = self._current, None
+        entry = self.entries[index]
+        score, reason, detail = self.grade(action, entry)
+        reward = score if self.reward_mode == "score" else float(score >= 1.0)
+        info = {
+            "query_id": self.query_ids[index],
+            "correct": score >= 1.0,
+            "reward_components": {"score": score},
+            "grade_reason": reason,
+            "grade_detail": detail,
+            "gold": entry["answer"],
+            "task": entry.get("metadata", {}).get("source_dataset", self.specs[0][0]),
+        }
+        return "", reward, True, False, info
+
+    def grade(self, response: str, entry: Mapping[str, Any]) -> tuple[float, str, str]:
+        """``(score, reason, detail)`` of `response` for `entry`: its extracted answer scored by the task's
+        verifier; a verifier exception scores 0 with reason ``verifier_error``."""
+        from reasoning_gym.utils import extract_answer
+
+        answer = extract_answer(response, tag_name=self.answer_tag)
+        if answer is None:
+            return 0.0, "no_answer", f"no <{self.answer_tag}> block"
+        try:
+            score = float(self.dataset.score_answer(answer=answer, entry=entry))
+        except (
+            Exception
+        ) as e:  # a verifier bug or an answer it cannot parse: this sample scores 0, the run goes on
+            return 0.0, "verifier_error", f"{type(e).__name__}: {e}"[:500]
+        score = min(max(score, 0.0), 1.0)
+        reason = "correct" if score >= 1.0 else "partial" if score > 0.0 else "wrong"
+        return score, reason, ""
+
+    def state(self) -> dict[str, Any]:
+        return self._order.state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._order.set_state(state)
+
+    def _lookup(self, query_id: str) -> int:
+        try:
+            return self._index[query_id]
+        except KeyError:
+            raise ValueError(
+                f"unknown query_id {query_id!r}: not among this environment's {len(self)} problems"
+            ) from None
+
+
+def _system_prompt(system_prompt: str | None) -> str | None:
+    # A key of reasoning-gym's SYSTEM_PROMPTS ("default", "simple", ...) names that prompt; other text is used as is.
+    if system_prompt is None:
+        return None
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    return SYSTEM_PROMPTS.get(system_prompt, system_prompt)

@@ -1,0 +1,111 @@
+"""The reasoning-gym env: task specs, disjoint splits, data order, grading by the task's verifier, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from r3_rllib.envs.reasoning_gym import ReasoningGymEnv, task_specs  # noqa: E402
+
+
+def _answer(env: ReasoningGymEnv, info) -> str:
+    return f"<answer>{info['gold']}</answer>"
+
+
+def test_correct_wrong_and_missing_answers_are_graded_by_the_task_verifier():
+    env = ReasoningGymEnv(tasks="basic_arithmetic", size=20, test_size=5, seed=1)
+    prompt, info = env.reset()
+    assert (
+        info["query_text"] in prompt and "<answer>" in prompt
+    )  # reasoning-gym's system prompt states the format
+    _, reward, terminated, _, step_info = env.step("thinking... " + _answer(env, info))
+    assert (reward, terminated, step_info["correct"], step_info["grade_reason"]) == (
+        1.0,
+        True,
+        True,
+        "correct",
+    )
+    env.reset(options={"query_id": info["query_id"]})
+    _, reward, _, _, step_info = env.step("<answer>not a number</answer>")
+    assert reward == 0.0 and not step_info["correct"] and step_info["grade_reason"] == "wrong"
+    env.reset(options={"query_id": info["query_id"]})
+    _, reward, _, _, step_info = env.step(str(info["gold"]))
+    assert reward == 0.0 and step_info["grade_reason"] == "no_answer"
+
+
+def test_train_and_test_splits_are_disjoint_and_reproducible():
+    train = ReasoningGymEnv(tasks="basic_arithmetic", size=300, test_size=100, seed=0)
+    test = ReasoningGymEnv(tasks="basic_arithmetic", split="test", size=300, test_size=100, seed=0)
+    train_q = {e["question"] for e in train.entries}
+    test_q = {e["question"] for e in test.entries}
+    assert len(test) == 100 and not train_q & test_q
+    assert len(train) + train.data_report["dropped_in_test_split"] == 300
+    again = ReasoningGymEnv(tasks="basic_arithmetic", size=300, test_size=100, seed=0)
+    assert [e["question"] for e in again.entries] == [e["question"] for e in train.entries]
+
+
+def test_weighted_mix_of_tasks_and_sharded_order():
+    kwargs = dict(tasks={"basic_arithmetic": 1.0, "leg_counting": 1.0}, size=40, test_size=8, seed=2)
+    env = ReasoningGymEnv(**kwargs)
+    tasks = set()
+    for _ in range(len(env)):
+        _, info = env.reset()
+        _, _, _, _, step_info = env.step(_answer(env, info))
+        assert step_info["correct"]  # the composite dataset dispatches to each task's verifier
+        tasks.add(step_info["task"])
+    assert tasks == {"basic_arithmetic", "leg_counting"}
+    # Two shards of the same global order see disjoint queries.
+    shards = [ReasoningGymEnv(**kwargs, shard={"batch_size": 2, "start": i, "count": 1}) for i in range(2)]
+    seen = [{s.reset()[1]["query_id"] for _ in range(len(s) // 2)} for s in shards]
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 2 * (len(env) // 2)
+
+
+def test_checkpointed_order_resumes():
+    env = ReasoningGymEnv(tasks="basic_arithmetic", size=30, test_size=5, seed=3)
+    for _ in range(7):
+        env.reset()
+    state = env.state()
+    expected = [env.reset()[1]["query_id"] for _ in range(5)]
+    fresh = ReasoningGymEnv(tasks="basic_arithmetic", size=30, test_size=5, seed=3)
+    fresh.set_state(state)
+    assert [fresh.reset()[1]["query_id"] for _ in range(5)] == expected
+
+
+def test_verifier_exception_scores_zero_with_its_reason():
+    env = ReasoningGymEnv(tasks="basic_arithmetic", size=10, test_size=2, seed=4)
+
+    def broken(answer, entry):
+        raise RuntimeError("verifier bug")
+
+    env.dataset.score_answer = broken
+    env.reset()
+    _, reward, _, _, info = env.step("<answer>3</answer>")
+    assert (
+        reward == 0.0 and info["grade_reason"] == "verifier_error" and "verifier bug" in info["grade_detail"]
+    )
+
+
+def test_bad_tasks_get_clear_errors():
+    with pytest.raises(ValueError, match="unknown reasoning-gym task 'basic_arithmetik'.*basic_arithmetic"):
+        task_specs("basic_arithmetik")
+    with pytest.raises(ValueError, match="could not be built.*max_terms"):
+        ReasoningGymEnv(tasks={"basic_arithmetic": {"config": {"min_terms": 5, "max_terms": 2}}}, size=5)
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        task_specs({"basic_arithmetic": 0.0})
+
+
+def test_plain_prompt_without_system_prompt_and_binary_reward():
+    env = ReasoningGymEnv(tasks="leg_counting", size=10, test_size=2, reward="binary", system_prompt=None)
+    prompt, info = env.reset()
+    assert prompt == info["query_text"]  # no chat template, no system prompt: the question as is
+    _, reward, _, _, _ = env.step(f"<answer>{info['gold']}</answer>")
+    assert reward == 1.0
+
+
+def test_reachable_by_name_through_the_env_registry():
+    from r3_rllib.envs.registry import make_text_env, registered_text_envs
+
+    assert "reasoning_gym" in registered_text_envs()
+    env = make_text_env("reasoning_gym", tasks="leg_counting", size=5, test_size=2)
+    assert isinstance(env, ReasoningGymEnv) and len(env) >= 1
