@@ -1,0 +1,133 @@
+"""Math problems solved with a Python tool: multi-turn tool use, one trajectory per training sample.
+
+The model may write a fenced ```` ```python ```` block and end its turn; the block runs in the sandbox
+(:func:`r3_rllib.tools.sandbox.run_python`: separate process, limits, no network, throwaway directory) and its output
+comes back as the next message, in an ```` ```output ```` block; the model continues, and ends with a ``\\boxed{}``
+answer graded as :class:`~r3_rllib.envs.math_env.MathEnv` grades it (the outcome reward, at the end). The loop that
+runs these episodes token in, token out is :func:`r3_rllib.rollout.tool_use.rollout_tool_use`.
+
+The tool's message is rendered with the tokenizer's chat template as a user turn followed by the assistant's
+generation prompt, appended right after the model's end-of-turn token (the difference between two renderings, so
+earlier turns are never re-tokenized); without a chat template it is a plain ```` ```output ```` block.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from r3_rllib.envs.data import MathProblem
+from r3_rllib.envs.math_env import MathEnv
+from r3_rllib.rewards.math_grader import shared_grader
+from r3_rllib.tools.sandbox import run_python
+
+DEFAULT_TOOL_PROMPT = (
+    "{problem}\n\nYou may run Python code: write it in a ```python block and end your message; its output will "
+    "be returned to you. Put the final answer within \\boxed{}."
+)
+_PYTHON_BLOCK = re.compile(r"```python\s*\n(.*?)```", re.DOTALL)
+
+
+def last_python_block(text: str) -> str | None:
+    """The code of the last complete ```python block of `text`, or None."""
+    blocks = _PYTHON_BLOCK.findall(text)
+    return blocks[-1] if blocks else None
+
+
+def tool_message_text(tokenizer: Any, content: str) -> str:
+    """The text to append after a model turn that ended with the tokenizer's eos token so that the sequence reads as
+    a user message with `content` followed by the assistant's generation prompt (chat template), or a plain
+    ```output block when the tokenizer has no chat template or its rendering is not append-only."""
+    plain = f"\n```output\n{content}\n```\n"
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None) or not tokenizer.eos_token:
+        return plain
+    render = tokenizer.apply_chat_template
+    user = [{"role": "user", "content": "Q"}]
+    head = render(user, tokenize=False, add_generation_prompt=True)
+    turns = user + [{"role": "assistant", "content": "A"}, {"role": "user", "content": content}]
+    full = render(turns, tokenize=False, add_generation_prompt=True)
+    turn_end = head + "A" + tokenizer.eos_token
+    return full[len(turn_end) :] if full.startswith(turn_end) else plain
+
+
+@dataclass
+class PythonToolEpisode:
+    """One trajectory's task: the prompt, the sandboxed tool, and the grader of the final answer."""
+
+    problem: MathProblem
+    prompt: str
+    tokenizer: Any
+    timeout_s: float
+    memory_mb: int
+    max_output_chars: int
+    grading_timeout_s: float
+
+    def tool_reply(self, turn_text: str) -> str | None:
+        code = last_python_block(turn_text)
+        if code is None:
+            return None
+        try:
+            result = run_python(code, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+            output = result.output
+            if result.timed_out:
+                output += f"\n(timed out after {self.timeout_s:g} s)"
+            elif result.output_truncated:
+                output += "\n(output truncated)"
+        except (
+            Exception
+        ) as e:  # the sandbox itself failed: this turn gets the error text, the rollout goes on
+            output = f"(tool error: {type(e).__name__}: {e})"
+        if len(output) > self.max_output_chars:
+            output = output[: self.max_output_chars] + "\n(output truncated)"
+        return tool_message_text(self.tokenizer, output.rstrip("\n"))
+
+    def finish(self, model_text: str) -> tuple[float, bool, dict[str, Any]]:
+        grade = shared_grader(self.grading_timeout_s).grade(
+            model_text, self.problem.answers, think_in_prompt=False
+        )
+        return (1.0 if grade.correct else 0.0), grade.correct, {"grade_reason": grade.reason}
+
+
+class PythonToolEnv(MathEnv):
+    """:class:`MathEnv`'s problems, prompts and grading, solved with a sandboxed Python tool over several turns.
+
+    Config (besides every :class:`MathEnv` option; the default ``prompt_template`` explains the tool):
+        tool_timeout_s: wall-clock limit of one tool call. tool_memory_mb: its address-space limit.
+        max_tool_output_chars: the tool output shown to the model is cut here.
+
+    ``tool_episode(query_id, user_content=None)`` hands out one trajectory's task for the tool-use loop; the
+    single-step ``reset``/``step`` of :class:`MathEnv` still work (one answer, no tool).
+    """
+
+    def __init__(
+        self,
+        *,
+        prompt_template: str = DEFAULT_TOOL_PROMPT,
+        tool_timeout_s: float = 5.0,
+        tool_memory_mb: int = 512,
+        max_tool_output_chars: int = 2000,
+        **math_config: Any,
+    ) -> None:
+        super().__init__(prompt_template=prompt_template, **math_config)
+        if not tool_timeout_s > 0 or tool_memory_mb < 64 or max_tool_output_chars < 1:
+            raise ValueError(
+                "need tool_timeout_s > 0, tool_memory_mb >= 64 and max_tool_output_chars >= 1; got "
+                f"{tool_timeout_s}, {tool_memory_mb}, {max_tool_output_chars}"
+            )
+        self.tool_timeout_s, self.tool_memory_mb = float(tool_timeout_s), int(tool_memory_mb)
+        self.max_tool_output_chars = int(max_tool_output_chars)
+
+    def tool_episode(self, query_id: str, user_content: str | None = None) -> PythonToolEpisode:
+        """A fresh trajectory task for `query_id` (`user_content`: a reflection prompt's user turn instead)."""
+        problem = self.problem(query_id)
+        prompt = self.render_prompt(self.user_text(problem) if user_content is None else user_content)
+        return PythonToolEpisode(
+            problem,
+            prompt,
+            self.tokenizer,
+            self.tool_timeout_s,
+            self.tool_memory_mb,
+            self.max_tool_output_chars,
+            self.grading_timeout_s,
+        )

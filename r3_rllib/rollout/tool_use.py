@@ -1,0 +1,198 @@
+"""Multi-turn tool use: one trajectory (model turns and tool outputs in one token sequence) is ONE training sample.
+
+Token in, token out: every round sends each active trajectory's whole token sequence so far (prompt, earlier model
+turns, tool outputs) to the engine as the prompt, and appends the sampled tokens exactly as sampled; a tool's output
+is rendered as text, tokenized alone and appended. Earlier turns are never re-tokenized, so the tokens the learner
+trains on are exactly the ones the engine sampled. The loss mask covers model tokens only (tool tokens carry mask
+0, log-prob 0 and entropy 0). A trajectory ends when a model turn calls no tool (its final answer), after
+``max_turns`` model turns, or when it reaches ``max_total_tokens`` response tokens; the episode then gives the
+outcome reward.
+
+The rounds are lockstep, as in :mod:`r3_rllib.rollout.multistep`: one batched ``engine.generate`` per round over
+every active trajectory of every query; the tool calls of a round run concurrently. No Ray here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from r3_rllib.engines.base import GenerationEngine, SamplingParams
+
+
+class ToolEpisode(Protocol):
+    """What the tool-use loop needs from one trajectory's task."""
+
+    @property
+    def prompt(self) -> str:
+        """The rendered prompt (chat template applied), the start of the token sequence."""
+
+    def tool_reply(self, turn_text: str) -> str | None:
+        """The text to append after a model turn: the tool's output rendered as the next message (ending where the
+        model's next turn starts), or None when the turn calls no tool (the trajectory ends). Never raises: a failed
+        tool call comes back as its error text."""
+
+    def finish(self, model_text: str) -> tuple[float, bool, dict[str, Any]]:
+        """``(reward, correct, info)`` of the whole trajectory from the text of its model turns."""
+
+
+@dataclass
+class ToolTrajectory:
+    """One trajectory: the prompt, then model and tool tokens, one training sample."""
+
+    query_id: str
+    traj_id: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)  # model and tool tokens after the prompt
+    loss_mask: list[int] = field(default_factory=list)  # 1: sampled by the model; 0: tool output
+    logprobs: list[float] = field(default_factory=list)  # behaviour log-probs (0 on tool tokens)
+    entropies: list[float] = field(default_factory=list)
+    model_text: list[str] = field(default_factory=list)  # the model's turns, in order
+    text: str = ""  # model turns and tool outputs as one text (for logs and reflection)
+    turns: int = 0
+    tool_calls: int = 0
+    finish_reason: str = ""  # "answer", "turns", "budget" or "length" (a model turn hit max_new_tokens)
+    reward: float = 0.0
+    correct: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+    def append(self, ids: Sequence[int], *, sampled: bool, logprobs=None, entropies=None) -> None:
+        n = len(ids)
+        self.response_ids += list(map(int, ids))
+        self.loss_mask += [int(sampled)] * n
+        self.logprobs += [0.0] * n if logprobs is None else [float(x) for x in logprobs]
+        self.entropies += [0.0] * n if entropies is None else [float(x) for x in entropies]
+
+
+def rollout_tool_use(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    make_episode: Callable[[str], ToolEpisode],
+    query_ids: Sequence[str],
+    group_size: int,
+    params: SamplingParams,
+    *,
+    max_turns: int = 4,
+    max_total_tokens: int = 1024,
+    tool_workers: int = 4,
+) -> list[ToolTrajectory]:
+    """Roll out ``group_size`` tool-using trajectories per query in lockstep (see the module docstring); returns
+    them grouped by query, then trajectory. ``max_total_tokens`` bounds each trajectory's response tokens (model
+    and tool); a model turn gets at most ``params.max_new_tokens`` and what remains of that budget."""
+    _check(group_size, max_turns, max_total_tokens, query_ids)
+    episodes = [make_episode(qid) for qid in query_ids for _ in range(group_size)]
+    trajs = [
+        ToolTrajectory(qid, g, tokenizer.encode(ep.prompt, add_special_tokens=False))
+        for (qid, g), ep in zip([(q, g) for q in query_ids for g in range(group_size)], episodes, strict=True)
+    ]
+    with ThreadPoolExecutor(max_workers=max(1, tool_workers)) as pool:
+        for round_index in range(max_turns):
+            active = [i for i, t in enumerate(trajs) if not t.done]
+            if not active:
+                break
+            _model_round(engine, params, [trajs[i] for i in active], max_total_tokens, round_index)
+            last_round = round_index == max_turns - 1
+            _tool_round(
+                pool, tokenizer, [(trajs[i], episodes[i]) for i in active], max_total_tokens, last_round
+            )
+    for traj, episode in zip(trajs, episodes, strict=True):
+        traj.reward, traj.correct, traj.info = episode.finish("".join(traj.model_text))
+        traj.reward = float(traj.reward)
+    return trajs
+
+
+def _check(group_size: int, max_turns: int, max_total_tokens: int, query_ids: Sequence[str]) -> None:
+    if group_size < 1 or max_turns < 1 or max_total_tokens < 1:
+        raise ValueError(
+            f"need group_size, max_turns and max_total_tokens >= 1; got {group_size}, {max_turns}, "
+            f"{max_total_tokens}"
+        )
+    if not query_ids:
+        raise ValueError("rollout_tool_use needs at least one query")
+
+
+def _model_round(
+    engine: GenerationEngine,
+    params: SamplingParams,
+    trajs: list[ToolTrajectory],
+    max_total_tokens: int,
+    round_index: int,
+) -> None:
+    """One model turn for every trajectory in `trajs`, in one batched call per distinct token allowance."""
+    by_allowance: dict[int, list[ToolTrajectory]] = {}
+    for t in trajs:
+        allowance = min(params.max_new_tokens, max_total_tokens - len(t.response_ids))
+        by_allowance.setdefault(allowance, []).append(t)
+    for allowance, group in by_allowance.items():
+        seed = None if params.seed is None else params.seed + round_index
+        prompts = [t.prompt_ids + t.response_ids for t in group]
+        results = engine.generate(prompts, 1, replace(params, max_new_tokens=allowance, seed=seed))
+        for t, result in zip(group, results, strict=True):
+            c = result[0]
+            t.append(c.token_ids, sampled=True, logprobs=c.logprobs, entropies=c.entropies)
+            t.model_text.append(c.text)
+            t.text += c.text
+            t.turns += 1
+            if c.finish_reason == "length":
+                t.finish_reason = "budget" if len(t.response_ids) >= max_total_tokens else "length"
+
+
+def _tool_round(
+    pool: ThreadPoolExecutor,
+    tokenizer: Any,
+    pairs: list[tuple[ToolTrajectory, ToolEpisode]],
+    max_total_tokens: int,
+    last_round: bool,
+) -> None:
+    """Run the tool calls of the turns just sampled (concurrently) and append their outputs as tool tokens."""
+    pending = [(t, ep) for t, ep in pairs if not t.done]
+    replies = list(pool.map(lambda pair: pair[1].tool_reply(pair[0].model_text[-1]), pending))
+    for (t, _), reply in zip(pending, replies, strict=True):
+        if reply is None:
+            t.finish_reason = "answer"
+            continue
+        t.tool_calls += 1
+        if last_round:
+            t.finish_reason = "turns"  # the model would get no turn to read the output: do not append it
+            continue
+        ids = tokenizer.encode(reply, add_special_tokens=False)
+        room = max_total_tokens - len(t.response_ids)
+        t.append(ids[:room], sampled=False)
+        t.text += reply
+        if len(ids) >= room:
+            t.finish_reason = "budget"
+
+
+def tool_use_totals(trajs: Sequence[ToolTrajectory]) -> dict[str, float]:
+    """Sums for the rollout metrics: trajectories, model turns, tool calls, tool tokens, and finish reasons."""
+    totals = {
+        "tool_trajectories": float(len(trajs)),
+        "tool_turns": float(sum(t.turns for t in trajs)),
+        "tool_calls": float(sum(t.tool_calls for t in trajs)),
+        "tool_tokens": float(sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs)),
+    }
+    for reason in ("answer", "turns", "budget", "length"):
+        totals[f"tool_finish_{reason}"] = float(sum(t.finish_reason == reason for t in trajs))
+    return totals
+
+
+def supports_tool_episodes(env: Any) -> bool:
+    """Whether ``env`` is a multi-turn tool env: it hands out tool episodes with ``tool_episode(query_id)``."""
+    return callable(getattr(env, "tool_episode", None))
+
+
+def response_arrays(traj: ToolTrajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The trajectory's behaviour log-probs, entropies and loss mask as arrays (float32, float32, bool)."""
+    return (
+        np.asarray(traj.logprobs, dtype=np.float32),
+        np.asarray(traj.entropies, dtype=np.float32),
+        np.asarray(traj.loss_mask, dtype=bool),
+    )
