@@ -99,7 +99,7 @@ def measure(model_name: str, model_path: str, engine: str, args) -> dict[str, An
                 lambda runner, _q=q: runner.sample(num_queries=_q), local_env_runner=False
             )[0]
             runner_s = time.perf_counter() - t0
-            prompts = [grp.samples[0].prompt_ids for grp in out["groups"]]
+            prompts = [grp.samples[0].prompt_ids for grp in out.groups]
             params = SamplingParams(
                 max_new_tokens=length, temperature=1.0, stop_token_ids=stop, seed=10_000 + r
             )
@@ -112,9 +112,9 @@ def measure(model_name: str, model_path: str, engine: str, args) -> dict[str, An
             if r < args.warmup:
                 rows["hf_generate"] = []
                 continue
-            tokens = out["generated_tokens"]
+            tokens = out.generated_tokens
             rows["runner_e2e"].append(tokens / runner_s)
-            rows["runner_engine"].append(tokens / out["timing"]["generate_s"])
+            rows["runner_engine"].append(tokens / out.timings.generate_s)
             rows["direct"].append(direct_tokens / direct_s)
         train_rates = []
         for _ in range(args.train_iterations):

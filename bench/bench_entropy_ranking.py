@@ -178,11 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from r3_rllib.engines.base import SamplingParams
     from r3_rllib.engines.vllm_engine import VLLMEngine
-    from r3_rllib.models.hub import resolve_model_path
     from r3_rllib.models.tiny import load_tokenizer
+    from r3_rllib.warmstart import build_model_path
 
     model_name = args.model or ("smollm2-135m" if not args.smoke else common.tiny_model_path())
-    path = str(resolve_model_path(model_name))
+    path = str(build_model_path(model_name))
     tokenizer = load_tokenizer(path)
     prompts = prompts_for(tokenizer, args.prompts, args.seed, args.prompt_template)
     max_len = max(len(p) for p in prompts) + args.max_new_tokens + 8

@@ -6,7 +6,7 @@ several seeds, the same budget, in one run.
     python bench/bench_hgpo.py --smoke                  # CI: HGPO, one iteration of 2 layouts x 4 trajectories
     python bench/bench_hgpo.py --level-stats --queries 64   # how populated each HGPO level is (no training)
 
-Policy: the tiny model warm-started on expert moves (``r3_rllib.models.gridworld_sft.build_warm_start``, the
+Policy: the tiny model warm-started on expert moves (``r3_rllib.warmstart.gridworld.build_warm_start``, the
 ``hgpo`` preset: 6x6 mazes, 5..10-move shortest paths, a 20-step horizon, a memory of 2 steps), built once and shared
 by every run, so all runs start from the same weights. The three methods differ only in ``hgpo_setting`` (one
 estimator, three named settings of :func:`r3_rllib.core.hgpo.hgpo_advantages`):
@@ -156,12 +156,12 @@ def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> tup
     with the episode group as k = 0). Returns the number of steps and one table row per level: the fraction of steps
     whose group has two or more members, and the mean size of those groups, both weighted by steps over the layouts
     (groups never span layouts)."""
-    from r3_rllib.algorithms.r3.multistep import rollout_multistep
     from r3_rllib.core.hgpo import hgpo_group_stats, hgpo_levels, hgpo_settings
     from r3_rllib.engines.base import SamplingParams
     from r3_rllib.engines.hf_engine import HFEngine
     from r3_rllib.envs.gridworld import GridWorldEnv
     from r3_rllib.models.tiny import load_tiny
+    from r3_rllib.rollout.multistep import rollout_multistep
 
     model, tok = load_tiny(model_path)
     env = GridWorldEnv(preset="hgpo", num_queries=args.num_queries, **args.env)
@@ -271,7 +271,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     common.setup_process()
-    from r3_rllib.models.gridworld_sft import build_warm_start
+    from r3_rllib.warmstart.gridworld import build_warm_start
 
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     for s in settings:

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from r3_rllib.algorithms.r3.learner import token_logprobs
+    from r3_rllib.core.logprobs import token_logprobs
 
     config = Qwen2Config(
         vocab_size=args.vocab,

@@ -60,7 +60,8 @@ def run_child(args: argparse.Namespace) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from r3_rllib.algorithms.r3.groups import Sample
-    from r3_rllib.algorithms.r3.learner import pack_samples, token_logprobs
+    from r3_rllib.algorithms.r3.rl_module import pack_samples
+    from r3_rllib.core.logprobs import token_logprobs
     from r3_rllib.core.losses import clipped_policy_loss
 
     path = PATHS[args.child]

@@ -64,7 +64,7 @@ def probe(algo, num_queries: int) -> dict[str, float]:
     out = algo.env_runner_group.foreach_env_runner(
         lambda r, _n=num_queries: r.sample(num_queries=_n), local_env_runner=False
     )[0]
-    groups = [g for g in out["groups"] if not g.is_reflection]
+    groups = [g for g in out.groups if not g.is_reflection]
     samples = [s for g in groups for s in g.samples]
     answers = [s.response_text.replace("<eos>", "").strip() for s in samples]
     return {

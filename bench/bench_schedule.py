@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(header)
         for j in range(1, args.iterations + 1):
-            epoch_of_batch = algo._dataset_epoch  # the epoch the switches are computed from (see schedule.py)
+            # The epoch the switches are computed from (see schedule.py).
+            epoch_of_batch = algo.coordinator.epoch.value
             parts = active_parts(algo)
             t_iter = time.perf_counter()
             result = algo.train()

@@ -96,7 +96,7 @@ class PathResult:
 # ------------------------------------------------------------------------------------------------------------------
 def problem_stream(s: Setting, seed: int):
     """The queries our (single) EnvRunner draws, in its order, so every path trains on the same prompts."""
-    from r3_rllib.algorithms.r3.env_runner import runner_env_config
+    from r3_rllib.algorithms.r3.runner_env import runner_env_config
     from r3_rllib.envs.arithmetic import ArithmeticEnv
 
     config = common.grpo_config(s.model_path, env_config=s.env_config, seed=seed)
@@ -183,26 +183,21 @@ class FloorGRPO:
 
         trained = 0
         if bool(keep.any()):
-            self.model.train()
-            ids = out[keep]
             attn = torch.cat(
                 [enc["attention_mask"].repeat_interleave(self.G, 0)[keep], comp_mask[keep].long()], 1
             )
-            pos = (attn.cumsum(1) - 1).clamp(min=0)
-            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1]
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, P:, None]).squeeze(-1)
-            mask = comp_mask[keep].float()
-            ratio = torch.exp(
-                logp - logp.detach()
-            )  # one update on fresh samples: old policy = current policy
-            a = adv[keep][:, None]
-            surrogate = torch.minimum(ratio * a, ratio.clamp(1 - self.clip_low, 1 + self.clip_high) * a)
-            loss = -(surrogate * mask).sum() / mask.sum()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            trained = int(mask.sum())
+            trained = common.floor_update(
+                self.model,
+                self.opt,
+                out[keep],
+                attn,
+                comp_mask[keep],
+                adv[keep],
+                P,
+                clip_low=self.clip_low,
+                clip_high=self.clip_high,
+                grad_clip=self.grad_clip,
+            )
         t_learn = time.perf_counter()
         return {
             "generate": t_gen - t0,

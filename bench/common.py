@@ -268,6 +268,44 @@ def grpo_config(
     return config
 
 
+def floor_update(
+    model: Any,
+    optimizer: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    response_mask: Any,
+    advantages: Any,
+    prompt_width: int,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    grad_clip: float = 1.0,
+) -> int:
+    """The plain-PyTorch floor's learner step: one clipped token-mean update on fresh samples, nothing else.
+
+    ``input_ids`` / ``attention_mask`` ``[B, P + L]``: left-padded prompts (``prompt_width`` = P columns) followed
+    by the responses; ``response_mask`` ``[B, L]`` marks the response tokens trained on; ``advantages`` ``[B]``.
+    Returns the number of response tokens trained on.
+    """
+    import torch
+
+    model.train()
+    pos = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
+    logits = logits[:, prompt_width - 1 : -1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, input_ids[:, prompt_width:, None]).squeeze(-1)
+    mask = response_mask.float()
+    ratio = torch.exp(logp - logp.detach())  # one update on fresh samples: old policy = current policy
+    a = advantages[:, None]
+    surrogate = torch.minimum(ratio * a, ratio.clamp(1 - clip_low, 1 + clip_high) * a)
+    loss = -(surrogate * mask).sum() / mask.sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return int(mask.sum())
+
+
 def phases_from_result(result: dict, num_samples: int) -> dict[str, float]:
     """Per-phase seconds of one ``algo.train()`` result (generation, grading, rest of sampling, R^3 batch, learner,
     weight sync, rest of the iteration)."""

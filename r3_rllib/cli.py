@@ -110,10 +110,13 @@ def _check_schedule(spec) -> bool:
     config = spec.config
     if stop is None or not (config.replay or config.reflection or config.ranking):
         return True
-    from r3_rllib.algorithms.r3.env_runner import build_env, load_policy_tokenizer
+    from r3_rllib.algorithms.r3.env_runner import load_policy_tokenizer
+    from r3_rllib.algorithms.r3.runner_env import build_env
     from r3_rllib.algorithms.r3.schedule import schedule_for_config
+    from r3_rllib.warmstart import build_named_models
 
     try:
+        build_named_models([config.model_path, config.tokenizer_path])  # a name resolves only once built
         size = len(build_env(config.env, dict(config.env_config), load_policy_tokenizer(config)))
     except Exception as e:  # the runners will report it with their own error; here it only skips the check
         print(f"r3 train: R^3 schedule not checked here (data size unknown: {e})", file=sys.stderr)
@@ -139,6 +142,18 @@ def _error_summary(error: BaseException) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
+def _build_model(args) -> int:
+    """``r3 build-model NAME``: build (or find up to date) a named model's cached folder and print its path."""
+    from r3_rllib.warmstart import build_named_model
+
+    try:
+        print(build_named_model(args.name))
+    except (OSError, ValueError) as e:
+        print(f"r3 build-model: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="r3", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,11 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="show actor logs")
     p.set_defaults(func=_train)
 
-    from r3_rllib.models.sft import add_sft_args, run_sft
+    from r3_rllib.warmstart.arithmetic import add_sft_args, run_sft
 
     p = sub.add_parser("sft", help="warm-start the tiny arithmetic model (supervised)")
     add_sft_args(p)
     p.set_defaults(func=run_sft)
+
+    p = sub.add_parser("build-model", help="build a named model into its cache (e.g. gridworld-tiny-sft)")
+    p.add_argument("name", help="a named model (see r3_rllib.models.hub.named_models)")
+    p.set_defaults(func=_build_model)
 
     from r3_rllib.eval.evaluate import add_eval_args, run_eval
 

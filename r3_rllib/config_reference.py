@@ -7,7 +7,6 @@ that they agree, so the documentation cannot drift from the code.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 
 BEGIN = "<!-- config-reference:begin -->"
@@ -16,7 +15,7 @@ END = "<!-- config-reference:end -->"
 
 def field_docs() -> dict[str, str]:
     """Attribute docstrings of R3Settings (the string literal right after each field)."""
-    from r3_rllib.algorithms.r3 import config as module
+    from r3_rllib.config import settings as module
 
     tree = ast.parse(inspect.getsource(module.R3Settings))
     body = tree.body[0].body
@@ -33,16 +32,15 @@ def field_docs() -> dict[str, str]:
 
 
 def render() -> str:
-    from r3_rllib.algorithms.r3.config import R3Settings
+    from r3_rllib.config import default_values
 
     docs = field_docs()
     rows = ["| field | default | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(R3Settings):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    for name, default in default_values().items():
         shown = repr(default)
         if len(shown) > 40:
             shown = shown[:37] + "..."
-        rows.append(f"| `{f.name}` | `{shown}` | {docs.get(f.name, '').replace('|', '/')} |")
+        rows.append(f"| `{name}` | `{shown}` | {docs.get(name, '').replace('|', '/')} |")
     return "\n".join(rows)
 
 

@@ -121,51 +121,15 @@ def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSp
 
 
 def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
-    from r3_rllib.algorithms.r3.config import R3_FIELDS, R3Config
-
+    """The config, stop criteria and run settings of a parsed run file (``base_dir``: its folder, against which
+    ``./`` paths are resolved); every unknown key and invalid value is a :class:`ConfigError` naming it."""
     for key in raw:
         if key not in TOP_KEYS:
             raise _unknown(key, TOP_KEYS, "the run file's top level")
-    preset = raw.get("preset")
-    if preset is None:
-        config = R3Config()
-    elif preset in PRESETS:
-        config = getattr(R3Config, PRESETS[preset])()
-    else:
-        raise _unknown(str(preset), PRESETS, "preset")
-
+    config = _preset_config(raw.get("preset"))
     for section in BUILDER_SECTIONS:
-        values = raw.get(section)
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            raise ConfigError(f"section {section!r} must be a mapping")
-        values = dict(values)
-        if base_dir is not None:
-            _resolve_paths(section, values, base_dir)
-        method = getattr(config, section)
-        if section == "r3":
-            known = set(R3_FIELDS)
-        else:
-            # Keywords of every definition along the MRO: R3Config.training takes **kwargs and forwards RLlib's
-            # own keywords (lr, num_epochs, grad_clip, ...) to AlgorithmConfig.training.
-            known = {
-                n
-                for klass in type(config).__mro__
-                if section in vars(klass)
-                for n, p in inspect.signature(vars(klass)[section]).parameters.items()
-                if (p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD) and n != "self"
-            }
-            if section == "training":
-                known |= R3_FIELDS
-        for key in values:
-            if key not in known:
-                raise _unknown(key, known, f"section {section!r}")
-        try:
-            method(**values)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"section {section!r}: {e}") from e
-
+        if raw.get(section) is not None:
+            _apply_section(config, section, raw[section], base_dir)
     stop = raw.get("stop") or {}
     run = raw.get("run") or {}
     for key in run:
@@ -177,6 +141,52 @@ def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return RunSpec(config=config, stop=dict(stop), run=dict(run))
+
+
+def _preset_config(preset: Any):
+    """A fresh `R3Config`, or the named preset's."""
+    from r3_rllib.algorithms.r3.config import R3Config
+
+    if preset is None:
+        return R3Config()
+    if preset in PRESETS:
+        return getattr(R3Config, PRESETS[preset])()
+    raise _unknown(str(preset), PRESETS, "preset")
+
+
+def _section_keys(config: Any, section: str) -> set[str]:
+    """The keywords the builder method ``section`` accepts."""
+    from r3_rllib.config import R3_FIELDS
+
+    if section == "r3":
+        return set(R3_FIELDS)
+    # Keywords of every definition along the MRO: R3Config.training takes **kwargs and forwards RLlib's own
+    # keywords (lr, num_epochs, grad_clip, ...) to AlgorithmConfig.training.
+    known = {
+        n
+        for klass in type(config).__mro__
+        if section in vars(klass)
+        for n, p in inspect.signature(vars(klass)[section]).parameters.items()
+        if (p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD) and n != "self"
+    }
+    return known | R3_FIELDS if section == "training" else known
+
+
+def _apply_section(config: Any, section: str, values: Any, base_dir: Path | None) -> None:
+    """Call the builder method ``section`` of ``config`` with the section's keys."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"section {section!r} must be a mapping")
+    values = dict(values)
+    if base_dir is not None:
+        _resolve_paths(section, values, base_dir)
+    known = _section_keys(config, section)
+    for key in values:
+        if key not in known:
+            raise _unknown(key, known, f"section {section!r}")
+    try:
+        getattr(config, section)(**values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"section {section!r}: {e}") from e
 
 
 def _resolve_paths(section: str, values: dict, base_dir: Path) -> None:

@@ -70,7 +70,7 @@ def gridworld_warm_start(tmp_path_factory) -> str:
     (about a quarter of held-out layouts solved greedily) for the multi-step tests."""
     import torch
 
-    from r3_rllib.models.gridworld_sft import build_warm_start
+    from r3_rllib.warmstart.gridworld import build_warm_start
 
     threads = torch.get_num_threads()
     try:

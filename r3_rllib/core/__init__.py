@@ -2,113 +2,78 @@
 prompts, HGPO's step advantages, R^2PO's rarity reward and stage schedule, reward shaping. Each concept lives in its own
 module; estimators and losses are chosen by name through small registries (``registry.py``)."""
 
-from r3_rllib.core.advantages import (
-    ADVANTAGE_FNS,
-    apply_batch_step,
-    compute_advantages_by_group,
-    compute_group_advantages,
-    drgrpo_advantages,
-    expand_to_tokens,
-    group_is_degenerate,
-    grpo_advantages,
-    has_batch_step,
-    mixed_group_advantages,
-    register_advantage,
-    reinforce_pp_advantages,
-    reinforce_pp_batch_std,
-    rloo_advantages,
-)
-from r3_rllib.core.hgpo import (
-    HGPO_SETTINGS,
-    discounted_returns,
-    hgpo_advantages,
-    hgpo_advantages_by_query,
-    hgpo_settings,
-)
-from r3_rllib.core.losses import (
-    AGG_MODES,
-    KL_KINDS,
-    LOSS_FNS,
-    aggregate_loss,
-    cispo_policy_loss,
-    clipped_policy_loss,
-    entropy_from_logits,
-    get_loss_fn,
-    gspo_policy_loss,
-    gspo_token_policy_loss,
-    kl_penalty,
-    register_loss,
-    truncated_importance_weights,
-)
-from r3_rllib.core.ranking import (
-    dominance_counts,
-    entropy_structure,
-    rank_rewards,
-    structural_entropy_rewards,
-)
-from r3_rllib.core.rarity import DEFAULT_SKIP_RANGE, rarity_rewards, reward_frequencies, skip_flat_group
-from r3_rllib.core.reflection import (
-    COMPACT_REFLECTION_TEMPLATE,
-    DEFAULT_REFLECTION_GUIDANCE,
-    DEFAULT_REFLECTION_TEMPLATE,
-    ReflectionSettings,
-    build_reflection_prompt,
-    select_reflection_queries,
-    strip_think,
-)
-from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, StagePosition, active_stage, stage_position
+# Names resolve on first use (PEP 562): importing one module of core (e.g. the registry, from a Ray-free
+# process such as the replay actor) must not import torch through the others.
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_FNS",
-    "AGG_MODES",
-    "BASE_STAGE",
-    "COMPACT_REFLECTION_TEMPLATE",
-    "DEFAULT_REFLECTION_GUIDANCE",
-    "DEFAULT_REFLECTION_TEMPLATE",
-    "DEFAULT_SKIP_RANGE",
-    "HEAD_STAGE",
-    "HGPO_SETTINGS",
-    "KL_KINDS",
-    "LOSS_FNS",
-    "ReflectionSettings",
-    "StagePosition",
-    "active_stage",
-    "aggregate_loss",
-    "apply_batch_step",
-    "build_reflection_prompt",
-    "cispo_policy_loss",
-    "clipped_policy_loss",
-    "compute_advantages_by_group",
-    "compute_group_advantages",
-    "discounted_returns",
-    "dominance_counts",
-    "drgrpo_advantages",
-    "entropy_from_logits",
-    "entropy_structure",
-    "expand_to_tokens",
-    "get_loss_fn",
-    "group_is_degenerate",
-    "grpo_advantages",
-    "gspo_policy_loss",
-    "gspo_token_policy_loss",
-    "has_batch_step",
-    "hgpo_advantages",
-    "hgpo_advantages_by_query",
-    "hgpo_settings",
-    "kl_penalty",
-    "mixed_group_advantages",
-    "rank_rewards",
-    "rarity_rewards",
-    "register_advantage",
-    "register_loss",
-    "reinforce_pp_advantages",
-    "reinforce_pp_batch_std",
-    "reward_frequencies",
-    "rloo_advantages",
-    "select_reflection_queries",
-    "skip_flat_group",
-    "stage_position",
-    "strip_think",
-    "structural_entropy_rewards",
-    "truncated_importance_weights",
-]
+import importlib
+from typing import Any
+
+_HOMES: dict[str, str] = {
+    "ADVANTAGE_FNS": "advantages",
+    "AGG_MODES": "losses",
+    "BASE_STAGE": "rollout_schedule",
+    "COMPACT_REFLECTION_TEMPLATE": "reflection",
+    "DEFAULT_REFLECTION_GUIDANCE": "reflection",
+    "DEFAULT_REFLECTION_TEMPLATE": "reflection",
+    "DEFAULT_SKIP_RANGE": "rarity",
+    "HEAD_STAGE": "rollout_schedule",
+    "HGPO_SETTINGS": "hgpo",
+    "KL_KINDS": "losses",
+    "LOSS_FNS": "losses",
+    "ReflectionSettings": "reflection",
+    "StagePosition": "rollout_schedule",
+    "active_stage": "rollout_schedule",
+    "aggregate_loss": "losses",
+    "apply_batch_step": "advantages",
+    "build_reflection_prompt": "reflection",
+    "cispo_policy_loss": "losses",
+    "clipped_policy_loss": "losses",
+    "compute_advantages_by_group": "advantages",
+    "compute_group_advantages": "advantages",
+    "discounted_returns": "hgpo",
+    "dominance_counts": "ranking",
+    "drgrpo_advantages": "advantages",
+    "entropy_from_logits": "losses",
+    "entropy_structure": "ranking",
+    "expand_to_tokens": "advantages",
+    "get_loss_fn": "losses",
+    "group_is_degenerate": "advantages",
+    "grpo_advantages": "advantages",
+    "gspo_policy_loss": "losses",
+    "gspo_token_policy_loss": "losses",
+    "has_batch_step": "advantages",
+    "hgpo_advantages": "hgpo",
+    "hgpo_advantages_by_query": "hgpo",
+    "hgpo_settings": "hgpo",
+    "kl_penalty": "losses",
+    "mixed_group_advantages": "advantages",
+    "rank_rewards": "ranking",
+    "rarity_rewards": "rarity",
+    "register_advantage": "advantages",
+    "register_loss": "losses",
+    "reinforce_pp_advantages": "advantages",
+    "reinforce_pp_batch_std": "advantages",
+    "reward_frequencies": "rarity",
+    "rloo_advantages": "advantages",
+    "select_reflection_queries": "reflection",
+    "skip_flat_group": "rarity",
+    "stage_position": "rollout_schedule",
+    "strip_think": "reflection",
+    "structural_entropy_rewards": "ranking",
+    "truncated_importance_weights": "losses",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

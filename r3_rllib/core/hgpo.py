@@ -240,6 +240,101 @@ def _step_returns(
     return _finite_1d(step_returns, "step_returns", n)  # type: ignore[arg-type]
 
 
+def _check_level_inputs(
+    n: int,
+    traj_ids: Sequence[Hashable],
+    history_length: int,
+    mode: HGPOMode,
+    eps: float,
+    base_group: bool,
+    base_stats: HGPOBaseStats,
+    step_groups: bool,
+    step_std_ddof: int,
+) -> None:
+    """Refuse an empty query, mismatched lengths, bad options and a hierarchy with no group at all."""
+    if n == 0:
+        raise ValueError("HGPO needs at least one step")
+    if len(traj_ids) != n:
+        raise ValueError(f"traj_ids has {len(traj_ids)} entries but obs_keys has {n}")
+    _check_options(history_length, 1.0, mode, eps)
+    _check_structure(base_stats, "weighted_mean", step_std_ddof)
+    if not (base_group or step_groups):
+        raise ValueError("base_group and step_groups are both off: no group would give any advantage")
+
+
+def _check_hashable_keys(obs_keys: Sequence[Hashable]) -> None:
+    for pos, key in enumerate(obs_keys):
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(
+                f"obs key at position {pos} is not hashable ({type(key).__name__}); use str or tuple keys"
+            ) from None
+
+
+def _base_group_step_rows(
+    rewards: np.ndarray,
+    positions: dict[Hashable, list[int]],
+    mode: HGPOMode,
+    eps: float,
+    adv: np.ndarray,
+    sizes: np.ndarray,
+) -> None:
+    """Level 0 with verl-agent's statistics, written into the columns ``adv`` and ``sizes``: every step row carries
+    its episode's undiscounted reward and counts once (sample std)."""
+    n = len(rewards)
+    rows = np.empty(n)
+    for steps in positions.values():
+        rows[steps] = rewards[steps].sum()
+    sizes[:] = n
+    if n >= 2:
+        adv[:] = _normalise(rows, mode, eps, ddof=1)
+
+
+def _base_group_trajectories(
+    returns: np.ndarray,
+    positions: dict[Hashable, list[int]],
+    mode: HGPOMode,
+    eps: float,
+    adv: np.ndarray,
+    sizes: np.ndarray,
+) -> None:
+    """Level 0 over trajectories, written into ``adv`` and ``sizes``: one value per trajectory, the return of its
+    first step (the discounted episode return; the plain sum of rewards when gamma = 1)."""
+    tids = list(positions)
+    if len(tids) < 2:
+        sizes[:] = 1
+        return
+    episode = np.array([returns[positions[t][0]] for t in tids])
+    for tid, a in zip(tids, _normalise(episode, mode, eps), strict=True):
+        adv[positions[tid]] = a
+        sizes[positions[tid]] = len(tids)
+
+
+def _step_level(
+    k: int,
+    obs_keys: Sequence[Hashable],
+    returns: np.ndarray,
+    positions: dict[Hashable, list[int]],
+    mode: HGPOMode,
+    eps: float,
+    ddof: int,
+    adv: np.ndarray,
+    sizes: np.ndarray,
+) -> None:
+    """Step level ``k >= 1``, written into ``adv`` and ``sizes``: steps grouped by their last ``k`` observations
+    (the current one and ``k - 1`` before it in their own trajectory); a group of one gets no advantage."""
+    members: dict[tuple[Hashable, ...], list[int]] = {}
+    for steps in positions.values():
+        for t in range(k - 1, len(steps)):
+            window = tuple(obs_keys[steps[s]] for s in range(t - k + 1, t + 1))
+            members.setdefault(window, []).append(steps[t])
+    for idx in members.values():
+        sizes[idx] = len(idx)
+        if len(idx) >= 2:
+            adv[idx] = _normalise(returns[idx], mode, eps, ddof=ddof)
+
+
 def hgpo_levels(
     *,
     obs_keys: Sequence[Hashable],
@@ -259,14 +354,9 @@ def hgpo_levels(
     """Every step's normalised return in each of its groups (see the module docstring); arguments as
     :func:`hgpo_advantages`, which aggregates this."""
     n = len(obs_keys)
-    if n == 0:
-        raise ValueError("HGPO needs at least one step")
-    if len(traj_ids) != n:
-        raise ValueError(f"traj_ids has {len(traj_ids)} entries but obs_keys has {n}")
-    _check_options(history_length, 1.0, mode, eps)
-    _check_structure(base_stats, "weighted_mean", step_std_ddof)
-    if not (base_group or step_groups):
-        raise ValueError("base_group and step_groups are both off: no group would give any advantage")
+    _check_level_inputs(
+        n, traj_ids, history_length, mode, eps, base_group, base_stats, step_groups, step_std_ddof
+    )
     if base_group and base_stats == "step_rows" and step_rewards is None:
         raise ValueError(
             "base_stats='step_rows' needs step_rewards (its value is the undiscounted episode reward, their sum); "
@@ -274,50 +364,19 @@ def hgpo_levels(
         )
     positions = _trajectory_positions(traj_ids, step_indices)
     returns = _step_returns(n, traj_ids, step_indices, step_returns, step_rewards, gamma)
-    for pos, key in enumerate(obs_keys):
-        try:
-            hash(key)
-        except TypeError:
-            raise TypeError(
-                f"obs key at position {pos} is not hashable ({type(key).__name__}); use str or tuple keys"
-            ) from None
+    _check_hashable_keys(obs_keys)
 
     levels = ([0] if base_group else []) + (list(range(1, history_length + 2)) if step_groups else [])
     adv = np.full((n, len(levels)), np.nan)
     sizes = np.zeros((n, len(levels)), dtype=np.int64)
     for j, k in enumerate(levels):
         if k == 0 and base_stats == "step_rows":
-            # Every step row carries its episode's undiscounted reward and counts once in the statistics.
             rewards = _finite_1d(step_rewards, "step_rewards", n)  # type: ignore[arg-type]
-            rows = np.empty(n)
-            for steps in positions.values():
-                rows[steps] = rewards[steps].sum()
-            sizes[:, j] = n
-            if n >= 2:
-                adv[:, j] = _normalise(rows, mode, eps, ddof=1)
-            continue
-        if k == 0:
-            # One value per trajectory: the return of its first step (the discounted episode return; the plain
-            # sum of rewards when gamma = 1).
-            tids = list(positions)
-            episode = np.array([returns[positions[t][0]] for t in tids])
-            if len(tids) < 2:
-                sizes[:, j] = 1
-                continue
-            traj_adv = _normalise(episode, mode, eps)
-            for tid, a in zip(tids, traj_adv, strict=True):
-                adv[positions[tid], j] = a
-                sizes[positions[tid], j] = len(tids)
-            continue
-        members: dict[tuple[Hashable, ...], list[int]] = {}
-        for steps in positions.values():
-            for t in range(k - 1, len(steps)):
-                window = tuple(obs_keys[steps[s]] for s in range(t - k + 1, t + 1))
-                members.setdefault(window, []).append(steps[t])
-        for idx in members.values():
-            sizes[idx, j] = len(idx)
-            if len(idx) >= 2:
-                adv[idx, j] = _normalise(returns[idx], mode, eps, ddof=step_std_ddof)
+            _base_group_step_rows(rewards, positions, mode, eps, adv[:, j], sizes[:, j])
+        elif k == 0:
+            _base_group_trajectories(returns, positions, mode, eps, adv[:, j], sizes[:, j])
+        else:
+            _step_level(k, obs_keys, returns, positions, mode, eps, step_std_ddof, adv[:, j], sizes[:, j])
     return HGPOLevels(levels=tuple(levels), advantages=adv, sizes=sizes)
 
 

@@ -115,6 +115,46 @@ def clipped_policy_loss(
     and ``A > 0``), ``clip_frac_dual`` (``A < 0`` and ``r > clip_ratio_c``: the dual clip is active; 0 when off),
     ``approx_kl`` (k3 estimate of KL(old || new)), ``ratio_mean``, and ``is_weight_mean`` when weights are given.
     """
+    _check_clipped_inputs(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low,
+        clip_high,
+        is_weights,
+        clip_ratio_c,
+        log_ratio_clamp,
+    )
+    m = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach()
+    log_ratio = logprobs - old_logprobs.detach()
+    if log_ratio_clamp is not None:
+        log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
+    return loss, _clip_metrics(ratio, log_ratio, adv, m, clip_low, clip_high, clip_ratio_c, is_weights)
+
+
+def _check_clipped_inputs(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    is_weights: torch.Tensor | None,
+    clip_ratio_c: float | None,
+    log_ratio_clamp: float | None,
+) -> None:
+    """Refuse what :func:`clipped_policy_loss` cannot take: shapes that disagree, clip bounds out of range."""
     _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
@@ -131,40 +171,35 @@ def clipped_policy_loss(
     if is_weights is not None:
         _check_same_shape(logprobs=logprobs, is_weights=is_weights)
 
-    m = mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach()
-    log_ratio = logprobs - old_logprobs.detach()
-    if log_ratio_clamp is not None:
-        log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    if clip_ratio_c is not None:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach().to(per_token.dtype)
-    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
 
-    with torch.no_grad():
-        low = ((ratio < 1.0 - clip_low) & (adv < 0)).to(m.dtype)
-        high = ((ratio > 1.0 + clip_high) & (adv > 0)).to(m.dtype)
-        dual = (
-            ((ratio > clip_ratio_c) & (adv < 0)).to(m.dtype)
-            if clip_ratio_c is not None
-            else torch.zeros_like(m)
-        )
-        metrics = {
-            "clip_frac_low": _masked_mean(low, m),
-            "clip_frac_high": _masked_mean(high, m),
-            "clip_frac_dual": _masked_mean(dual, m),
-            # k3 with samples from the old policy: E_old[r - 1 - log r] = KL(old || new), always >= 0.
-            "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
-            "ratio_mean": _masked_mean(ratio, m),
-        }
-        if is_weights is not None:
-            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
-    return loss, metrics
+@torch.no_grad()
+def _clip_metrics(
+    ratio: torch.Tensor,
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    m: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float | None,
+    is_weights: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """:func:`clipped_policy_loss`'s metrics: detached means over the valid tokens ``m`` (see its docstring)."""
+    low = ((ratio < 1.0 - clip_low) & (adv < 0)).to(m.dtype)
+    high = ((ratio > 1.0 + clip_high) & (adv > 0)).to(m.dtype)
+    dual = (
+        ((ratio > clip_ratio_c) & (adv < 0)).to(m.dtype) if clip_ratio_c is not None else torch.zeros_like(m)
+    )
+    metrics = {
+        "clip_frac_low": _masked_mean(low, m),
+        "clip_frac_high": _masked_mean(high, m),
+        "clip_frac_dual": _masked_mean(dual, m),
+        # k3 with samples from the old policy: E_old[r - 1 - log r] = KL(old || new), always >= 0.
+        "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
+        "ratio_mean": _masked_mean(ratio, m),
+    }
+    if is_weights is not None:
+        metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
+    return metrics
 
 
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")

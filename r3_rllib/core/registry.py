@@ -10,11 +10,16 @@ An entry may also declare a *batch step* (``batch_fn``, with its own ``batch_con
 once to the concatenated outputs of every group of a batch after the per-group pass, for methods whose formula
 needs batch statistics (e.g. REINFORCE++-baseline's normalisation by the batch std). The trainer applies it
 generically when the entry declares one.
+
+Every named thing of the package is an instance of :class:`Registry`: advantage estimators and policy losses
+(``core``), replay priorities (``replay``), text environments (``envs``, whose entries may also come from installed
+packages' entry points, loaded on first use) and named models.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from importlib.metadata import EntryPoint
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,13 +28,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Registry(dict[str, Callable[..., Any]]):
     """``name -> function`` (a dict, so ``in``, ``[]``, ``sorted()`` work), plus what each entry declares."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(
+        self, kind: str, *, entry_points: Callable[[], Mapping[str, EntryPoint]] | None = None
+    ) -> None:
+        """``kind`` names an entry in messages (``"policy loss"``); ``entry_points()``, when given, returns the
+        installed entry points that declare more entries (``name -> EntryPoint``), loaded on first use."""
         super().__init__()
         self.kind = kind
         self.config_params: dict[str, dict[str, str]] = {}
         self.sample_inputs: dict[str, tuple[str, ...]] = {}
         self.batch_fns: dict[str, Callable[..., Any]] = {}
         self.batch_config_params: dict[str, dict[str, str]] = {}
+        self._entry_points = entry_points
 
     def register(
         self,
@@ -60,11 +70,59 @@ class Registry(dict[str, Callable[..., Any]]):
 
         return deco
 
-    def get_fn(self, name: str) -> Callable[..., Any]:
+    def add(self, name: str, fn: Callable[..., Any], *, overwrite: bool = False) -> None:
+        """Register ``fn`` under ``name`` without declarations (the non-decorator form). A name already known
+        (registered, or declared by an entry point) with another function raises ``ValueError`` unless
+        ``overwrite``; adding the same function again is a no-op."""
+        if not overwrite:
+            existing = self.lookup(name)
+            if existing is not None and existing is not fn:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered ({_describe(existing)}); "
+                    "pass overwrite=True to replace it"
+                )
+        if name in self:
+            del self[name]
+        self.register(name)(fn)
+
+    def declared(self) -> dict[str, EntryPoint]:
+        """The installed entry points that declare entries (empty for a registry without entry points)."""
+        return dict(self._entry_points()) if self._entry_points is not None else {}
+
+    def names(self) -> list[str]:
+        """Every known name, sorted: registered ones and those declared by installed entry points."""
+        return sorted(set(self) | set(self.declared()))
+
+    def load_declared(self, name: str) -> Callable[..., Any] | None:
+        """The function the entry point ``name`` declares (imported now, not registered), or None without one."""
+        ep = self.declared().get(name)
+        if ep is None:
+            return None
         try:
+            fn = ep.load()
+        except Exception as exc:  # an installed plugin that fails to import must say which one
+            raise ImportError(
+                f"{self.kind} {ep.name!r}: cannot load entry point {ep.value!r}: {exc}"
+            ) from exc
+        if not callable(fn):
+            raise TypeError(f"{self.kind} {ep.name!r}: entry point {ep.value!r} is not callable")
+        return fn
+
+    def lookup(self, name: str) -> Callable[..., Any] | None:
+        """The entry ``name``: registered, or loaded (and from then on registered) from its entry point; None
+        when neither knows it."""
+        if name in self:
             return self[name]
-        except KeyError:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {sorted(self)}") from None
+        fn = self.load_declared(name)
+        if fn is not None:
+            self.register(name)(fn)
+        return fn
+
+    def get_fn(self, name: str) -> Callable[..., Any]:
+        fn = self.lookup(name)
+        if fn is None:
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {self.names()}")
+        return fn
 
     def params_from(self, name: str, config: Any) -> dict[str, Any]:
         """The keyword arguments entry ``name`` takes from ``config`` (any object with those attributes)."""
@@ -85,9 +143,34 @@ class Registry(dict[str, Callable[..., Any]]):
             )
         return {kw: getattr(config, field) for kw, field in fields.items()}
 
+    def copy(self) -> Registry:
+        """A registry of the same kind holding the same entries and declarations (changes to it stay in it)."""
+        other = type(self)(self.kind, entry_points=self._entry_points)
+        other.update(self)
+        for mine, theirs in (
+            (self.config_params, other.config_params),
+            (self.sample_inputs, other.sample_inputs),
+            (self.batch_fns, other.batch_fns),
+            (self.batch_config_params, other.batch_config_params),
+        ):
+            theirs.update(mine)
+        return other
+
+    def pop(self, name: str, *default: Any) -> Any:
+        """``dict.pop`` that drops the entry's declarations with it."""
+        if name in self:
+            fn = self[name]
+            del self[name]
+            return fn
+        return super().pop(name, *default)
+
     def __delitem__(self, name: str) -> None:
         super().__delitem__(name)
         self.config_params.pop(name, None)
         self.sample_inputs.pop(name, None)
         self.batch_fns.pop(name, None)
         self.batch_config_params.pop(name, None)
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -13,14 +13,25 @@ samples). Since the stage depends on nothing but the iteration index, a run rest
 
 from __future__ import annotations
 
+import enum
 import numbers
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-Stage = Literal["A", "B"]
+
+class Stage(enum.StrEnum):
+    """An R^2PO stage. A ``str`` subclass: ``Stage.HEAD == "A"``, so code and configs that name stages by their
+    letters keep working, and a stage formats as its letter in metric keys."""
+
+    HEAD = "A"
+    """Trains the rollout head (base frozen)."""
+    BASE = "B"
+    """Trains the base policy (head frozen)."""
+
+
 #: Stage that trains the rollout head (base frozen).
-HEAD_STAGE: Stage = "A"
+HEAD_STAGE = Stage.HEAD
 #: Stage that trains the base policy (head frozen).
-BASE_STAGE: Stage = "B"
+BASE_STAGE = Stage.BASE
 STAGES: tuple[Stage, Stage] = (HEAD_STAGE, BASE_STAGE)
 
 
@@ -53,7 +64,8 @@ def stage_position(
     head_iters = _check_count("head_iters", head_iters)
     base_iters = _check_count("base_iters", base_iters)
     if first not in STAGES:
-        raise ValueError(f"first must be one of {STAGES}, got {first!r}")
+        raise ValueError(f"first must be one of {tuple(map(str, STAGES))}, got {first!r}")
+    first = Stage(first)
     if head_iters + base_iters == 0:
         raise ValueError("head_iters and base_iters cannot both be 0 (no stage would ever run)")
     second: Stage = BASE_STAGE if first == HEAD_STAGE else HEAD_STAGE

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -65,6 +65,32 @@ class Completion:
         return self.finish_reason == "length"
 
 
+def checked_prompts(prompt_ids: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    """The prompts as lists of ints; ``ValueError`` for an empty prompt or a token id outside ``[0, vocab_size)``."""
+    prompts = [list(map(int, p)) for p in prompt_ids]
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if min(p) < 0 or max(p) >= vocab_size:
+            raise ValueError(f"prompt {i} has a token id outside [0, {vocab_size})")
+    return prompts
+
+
+def resolve_eos_ids(explicit: Sequence[int] | None, tokenizer: Any, generation_eos: Any) -> tuple[int, ...]:
+    """The tokens that end a completion: ``explicit`` when given, else the tokenizer's eos together with the
+    model's generation-config eos (an int or a list), sorted; ``ValueError`` when none is known."""
+    if explicit is not None:
+        return tuple(int(t) for t in explicit)
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if generation_eos is not None:
+        ids.update(int(t) for t in ([generation_eos] if isinstance(generation_eos, int) else generation_eos))
+    if not ids:
+        raise ValueError("no eos token known: pass eos_token_ids or a tokenizer with an eos token")
+    return tuple(sorted(ids))
+
+
 class GenerationEngine(ABC):
     """A policy copy that samples completions and accepts new weights from the learner."""
 
@@ -78,10 +104,13 @@ class GenerationEngine(ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new policy weights (HF parameter names, full tensors) and record the policy version."""
 
+    #: Set by :meth:`update_weights`; 0 until the first update.
+    _version: int = 0
+
     @property
-    @abstractmethod
     def version(self) -> int:
         """Policy version of the weights currently loaded."""
+        return self._version
 
     def sleep(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Free accelerator memory between rollouts (colocated engines). Default: nothing to free."""

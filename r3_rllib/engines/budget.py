@@ -6,7 +6,7 @@ one sequence of that length does not fit the KV cache budget (on CPU, 256 MiB by
 ever serves prompts of its env plus ``max_new_tokens``. verl sets ``max_model_len`` to prompt + response length for
 this reason; so do we, when the user did not set it (``engine_kwargs: {max_model_len: ...}`` always wins).
 
-The rule (:func:`derive_max_model_len`)::
+A run's budget is :func:`run_serving_budget`; the rule (:func:`derive_max_model_len`)::
 
     max_model_len = min(model positions, prompt budget + extra prompt tokens + max_new_tokens)
 
@@ -60,6 +60,37 @@ class ServingBudget:
         """Prompt budget (the env's, else DEFAULT_PROMPT_TOKENS) + reflection's extra + max_new_tokens."""
         prompt = self.max_prompt_tokens if self.max_prompt_tokens is not None else DEFAULT_PROMPT_TOKENS
         return prompt + self.extra_prompt_tokens + self.max_new_tokens
+
+
+def run_serving_budget(
+    max_new_tokens: int,
+    *,
+    max_prompt_tokens: int | None = None,
+    reflection_scaffold: str | None = None,
+    reflection_max_answer_chars: int | None = None,
+    tokenizer: Any = None,
+) -> ServingBudget:
+    """The budget of a run (module docstring): its env's prompt limit (None: the env states none), and, when
+    reflection is on (``reflection_scaffold``: its template rendered with an empty query and answer, guidance
+    included), the scaffold's tokens counted with ``tokenizer`` (without one, a character per token) plus the
+    wrong answer, at most ``max_new_tokens`` and at most ``reflection_max_answer_chars`` + 3 (the "..." of a cut
+    answer)."""
+    extra = 0
+    if reflection_scaffold is not None:
+        scaffold_tokens = (
+            len(tokenizer(reflection_scaffold, add_special_tokens=False)["input_ids"])
+            if tokenizer
+            else len(reflection_scaffold)
+        )
+        answer = max_new_tokens
+        if reflection_max_answer_chars is not None:
+            answer = min(answer, reflection_max_answer_chars + 3)
+        extra = scaffold_tokens + answer
+    return ServingBudget(
+        max_new_tokens=int(max_new_tokens),
+        max_prompt_tokens=int(max_prompt_tokens) if max_prompt_tokens is not None else None,
+        extra_prompt_tokens=extra,
+    )
 
 
 def model_max_positions(hf_config: Any) -> int | None:

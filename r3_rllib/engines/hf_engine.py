@@ -13,11 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.engines.base import (
+    Completion,
+    GenerationEngine,
+    SamplingParams,
+    checked_prompts,
+    resolve_eos_ids,
+)
 from r3_rllib.engines.kv_cache import preallocated_cache
 from r3_rllib.models.dtypes import resolve_dtype
 
@@ -124,17 +132,8 @@ class HFEngine(GenerationEngine):
 
     # -- setup helpers ------------------------------------------------------------------------------------------
     def _default_eos(self, eos_token_ids: Sequence[int] | None) -> tuple[int, ...]:
-        if eos_token_ids is not None:
-            return tuple(int(t) for t in eos_token_ids)
-        ids: set[int] = set()
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if gen_eos is not None:
-            ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
-        if not ids:
-            raise ValueError("no eos token known: pass eos_token_ids or a tokenizer with an eos token")
-        return tuple(sorted(ids))
+        return resolve_eos_ids(eos_token_ids, self.tokenizer, gen_eos)
 
     def _default_pad(self) -> int:
         if self.tokenizer is not None and self.tokenizer.pad_token_id is not None:
@@ -143,22 +142,12 @@ class HFEngine(GenerationEngine):
         return int(pad) if pad is not None else self.eos_token_ids[0]
 
     # -- GenerationEngine -----------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> list[list[Completion]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        vocab = self.model.config.vocab_size
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {i} is empty")
-            if min(p) < 0 or max(p) >= vocab:
-                raise ValueError(f"prompt {i} has a token id outside [0, {vocab})")
+        prompts = checked_prompts(prompt_ids, self.model.config.vocab_size)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
@@ -186,7 +175,18 @@ class HFEngine(GenerationEngine):
         stop_ids: torch.Tensor,
         generator: torch.Generator | None,
     ) -> list[Completion]:
-        # Prefill each distinct prompt once, then copy its KV cache to its sample rows.
+        """Sample one completion per ``(prompt index, sample index)`` row: prefill, decode, then cut at the stops."""
+        cache, logits, mask = self._prefill(prompts, rows, params)
+        next_pos = torch.tensor([len(prompts[i]) for i, _ in rows], device=self.device)
+        tok, lps, ents = self._decode_rows(cache, logits, mask, next_pos, params, stop_ids, generator)
+        return self._completions(prompts, rows, tok, lps, ents, set(stop_ids.tolist()))
+
+    def _prefill(
+        self, prompts: list[list[int]], rows: list[tuple[int, int]], params: SamplingParams
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Prefill each distinct prompt of ``rows`` once, then copy its KV cache to its sample rows.
+
+        Returns the cache, the last-position logits and the attention mask, one row per element of ``rows``."""
         unique = sorted({i for i, _ in rows})
         slot = {i: k for k, i in enumerate(unique)}
         lengths = [len(prompts[i]) for i in unique]
@@ -214,10 +214,21 @@ class HFEngine(GenerationEngine):
         fan_out = torch.tensor([slot[i] for i, _ in rows], device=self.device)
         cache.reorder_cache(fan_out)
         logits = out.logits[:, -1].float().index_select(0, fan_out)
-        mask = mask.index_select(0, fan_out)
-        next_pos = torch.tensor([len(prompts[i]) for i, _ in rows], device=self.device)
+        return cache, logits, mask.index_select(0, fan_out)
 
-        batch, steps = len(rows), params.max_new_tokens
+    def _decode_rows(
+        self,
+        cache: Any,
+        logits: torch.Tensor,
+        mask: torch.Tensor,
+        next_pos: torch.Tensor,
+        params: SamplingParams,
+        stop_ids: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The decode loop from prefilled rows: ``[rows, max_new_tokens]`` tokens (pad after a stop), their
+        log-probs and entropies, as numpy arrays."""
+        batch, steps = logits.shape[0], params.max_new_tokens
         tok = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=self.device)
         lps = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
         ents = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
@@ -248,11 +259,18 @@ class HFEngine(GenerationEngine):
             )
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
+        return tok.cpu().numpy(), lps.cpu().numpy(), ents.cpu().numpy()
 
-        tok = tok.cpu().numpy()
-        lps = lps.cpu().numpy()
-        ents = ents.cpu().numpy()
-        stop_set = set(stop_ids.tolist())
+    def _completions(
+        self,
+        prompts: list[list[int]],
+        rows: list[tuple[int, int]],
+        tok: np.ndarray,
+        lps: np.ndarray,
+        ents: np.ndarray,
+        stop_set: set[int],
+    ) -> list[Completion]:
+        """One :class:`Completion` per row, cut after its first stop token (``"length"`` when it has none)."""
         completions = []
         for r, (i, _) in enumerate(rows):
             ids = tok[r].tolist()

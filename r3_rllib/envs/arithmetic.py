@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 
 ALLOWED_OPERATORS = "+-*"
@@ -135,7 +135,7 @@ def length_bonus(length: int, max_length: int | None) -> float:
     return max(0.0, 1.0 - length / max_length)
 
 
-class ArithmeticEnv(TextEnv):
+class ArithmeticEnv(PooledTextEnv):
     """Single-step arithmetic: prompt ``"12+34="``, reward 1 when the response is the integer answer.
 
     Config:
@@ -207,11 +207,6 @@ class ArithmeticEnv(TextEnv):
         self._current: ArithmeticProblem | None = None
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """Completed passes over the pool (over this env's shard of each epoch's order when sharded)."""
-        return self._order.epoch
-
     def __len__(self) -> int:
         return len(self.problems)
 
@@ -253,12 +248,6 @@ class ArithmeticEnv(TextEnv):
             "gold": problem.answer,
         }
         return "", correctness + bonus, True, False, info
-
-    def state(self) -> dict[str, Any]:
-        return self._order.state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._order.set_state(state)
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def problem(self, query_id: str) -> ArithmeticProblem:

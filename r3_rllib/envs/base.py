@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import string
 from abc import abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+
+if TYPE_CHECKING:
+    from r3_rllib.envs.data import QueryOrder
 
 # Long enough for an 8k-token prompt; gymnasium's Text space needs a bound.
 MAX_TEXT_CHARS = 1 << 20
@@ -61,3 +64,22 @@ class TextEnv(gym.Env):
 
     def __len__(self) -> int:  # number of distinct queries, when finite
         raise TypeError(f"{type(self).__name__} has no finite length")
+
+
+class PooledTextEnv(TextEnv):
+    """A text env serving a fixed pool of queries in the per-epoch order of its
+    :class:`~r3_rllib.envs.data.QueryOrder` (``self._order``, set by the subclass): the epoch and the checkpointed
+    position come from that order."""
+
+    _order: QueryOrder
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the pool (over this env's shard of each epoch's order when sharded)."""
+        return self._order.epoch
+
+    def state(self) -> dict[str, Any]:
+        return self._order.state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._order.set_state(state)

@@ -391,8 +391,8 @@ def runner_shards(batch_size: int, num_runners: int) -> list[Shard]:
     """The shards of ``num_runners`` EnvRunners sharing steps of ``batch_size`` queries, in worker order.
 
     Runner ``i`` (0-based) serves ``batch_size // num_runners`` queries per step, plus one for the first
-    ``batch_size % num_runners`` runners: the same split the algorithm asks its runners for (``R3._request_rollout``
-    with every runner healthy), so a step is exactly one iteration's batch.
+    ``batch_size % num_runners`` runners: the same split the algorithm asks its runners for
+    (``RolloutCoordinator.query_shares`` with every runner healthy), so a step is exactly one iteration's batch.
     """
     if num_runners < 1 or batch_size < num_runners:
         raise ValueError(

@@ -30,7 +30,7 @@ identical to a train layout is skipped, so held-out layouts are new.
 
 Named presets (:data:`PRESETS`, ``GridWorldEnv(preset=...)``) fix the maze and horizon settings of an experiment;
 explicit arguments override a preset's values. ``"hgpo"`` (6x6 mazes, shortest paths of 5..10 moves, a 20-step
-horizon) is the setting where the warm start of :mod:`r3_rllib.models.gridworld_sft` succeeds on part of the
+horizon) is the setting where the warm start of :mod:`r3_rllib.warmstart.gridworld` succeeds on part of the
 episodes only, so RL has room to improve (the measured rates are in that module's docstring).
 
 Besides the one-episode ``TextEnv`` API, :meth:`GridWorldEnv.episode` returns independent
@@ -46,7 +46,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 
 WALL, FREE, GOAL, AGENT = "#", ".", "G", "@"
@@ -86,7 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "memory": 2,
 }
 #: Named settings. ``"hgpo"``: longer mazes than the defaults, where the short warm start of
-#: :func:`r3_rllib.models.gridworld_sft.build_warm_start` leaves most of the task to RL (the default 5x5 mazes with
+#: :func:`r3_rllib.warmstart.gridworld.build_warm_start` leaves most of the task to RL (the default 5x5 mazes with
 #: 3..8-move paths are solved ~95 % of the time after a longer SFT run: too little left to learn). The 20-step
 #: horizon is twice the longest shortest path, so a detour can still end in the goal.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -323,7 +323,37 @@ class GridEpisode:
         }
 
 
-class GridWorldEnv(TextEnv):
+def _check_settings(
+    settings: dict[str, Any], *, split: str, num_queries: int, pool_seed: int, instruction: str
+) -> None:
+    """Refuse an unknown split and out-of-range maze settings (``settings``: resolved, see resolve_settings)."""
+    size, wall_prob = settings["size"], settings["wall_prob"]
+    min_distance, max_distance = settings["min_distance"], settings["max_distance"]
+    max_steps, memory = settings["max_steps"], settings["memory"]
+    if split not in SPLIT_SEED_OFFSETS:
+        raise ValueError(f"split must be one of {sorted(SPLIT_SEED_OFFSETS)}, got {split!r}")
+    for name, value, low in (
+        ("size", size, 2),
+        ("min_distance", min_distance, 1),
+        ("max_steps", max_steps, 1),
+        ("memory", memory, 0),
+        ("num_queries", num_queries, 1),
+        ("pool_seed", pool_seed, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if not isinstance(max_distance, int) or max_distance < min_distance:
+        raise ValueError(f"max_distance must be an int >= min_distance={min_distance}, got {max_distance!r}")
+    if isinstance(wall_prob, bool) or not isinstance(wall_prob, (int, float)) or not 0.0 <= wall_prob < 1.0:
+        raise ValueError(f"wall_prob must be in [0, 1), got {wall_prob}")
+    if num_queries >= _POOL_STRIDE:
+        raise ValueError(f"num_queries must be < {_POOL_STRIDE} (the seed range of one pool)")
+    bad = sorted({ch for ch in instruction if not (32 <= ord(ch) < 127)})
+    if bad:
+        raise ValueError(f"instruction must be printable ASCII on one line; bad characters {bad}")
+
+
+class GridWorldEnv(PooledTextEnv):
     """Multi-step text gridworld (see the module docstring).
 
     Config:
@@ -381,33 +411,9 @@ class GridWorldEnv(TextEnv):
         size, wall_prob = settings["size"], settings["wall_prob"]
         min_distance, max_distance = settings["min_distance"], settings["max_distance"]
         max_steps, memory = settings["max_steps"], settings["memory"]
-        if split not in SPLIT_SEED_OFFSETS:
-            raise ValueError(f"split must be one of {sorted(SPLIT_SEED_OFFSETS)}, got {split!r}")
-        for name, value, low in (
-            ("size", size, 2),
-            ("min_distance", min_distance, 1),
-            ("max_steps", max_steps, 1),
-            ("memory", memory, 0),
-            ("num_queries", num_queries, 1),
-            ("pool_seed", pool_seed, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if not isinstance(max_distance, int) or max_distance < min_distance:
-            raise ValueError(
-                f"max_distance must be an int >= min_distance={min_distance}, got {max_distance!r}"
-            )
-        if (
-            isinstance(wall_prob, bool)
-            or not isinstance(wall_prob, (int, float))
-            or not 0.0 <= wall_prob < 1.0
-        ):
-            raise ValueError(f"wall_prob must be in [0, 1), got {wall_prob}")
-        if num_queries >= _POOL_STRIDE:
-            raise ValueError(f"num_queries must be < {_POOL_STRIDE} (the seed range of one pool)")
-        bad = sorted({ch for ch in instruction if not (32 <= ord(ch) < 127)})
-        if bad:
-            raise ValueError(f"instruction must be printable ASCII on one line; bad characters {bad}")
+        _check_settings(
+            settings, split=split, num_queries=num_queries, pool_seed=pool_seed, instruction=instruction
+        )
         self.preset = preset
         self.size, self.wall_prob = size, float(wall_prob)
         self.min_distance, self.max_distance = min_distance, max_distance
@@ -476,10 +482,6 @@ class GridWorldEnv(TextEnv):
         return GridEpisode(self.layout(query_id), self.memory, self.max_steps, self.instruction)
 
     # -- TextEnv -------------------------------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self._order.epoch
-
     def __len__(self) -> int:
         return len(self.layouts)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from r3_rllib.envs.arithmetic import length_bonus
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.data import (
     DataError,
     LoadReport,
@@ -52,7 +52,24 @@ def render_user_text(problem: str, template: str) -> str:
     return template.replace("{problem}", problem)
 
 
-class MathEnv(TextEnv):
+def _check_options(
+    prompt_template: str,
+    length_bonus_max_tokens: int | None,
+    max_prompt_tokens: int | None,
+    grading_timeout_s: float,
+) -> None:
+    """Refuse a template without ``{problem}`` and non-positive token limits or grading timeout."""
+    if "{problem}" not in prompt_template:
+        raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
+    if length_bonus_max_tokens is not None and length_bonus_max_tokens <= 0:
+        raise ValueError(f"length_bonus_max_tokens must be > 0 or None, got {length_bonus_max_tokens}")
+    if max_prompt_tokens is not None and max_prompt_tokens <= 0:
+        raise ValueError(f"max_prompt_tokens must be > 0 or None, got {max_prompt_tokens}")
+    if grading_timeout_s <= 0:
+        raise ValueError(f"grading_timeout_s must be > 0, got {grading_timeout_s}")
+
+
+class MathEnv(PooledTextEnv):
     """Single-step math problems from local files or a hub dataset.
 
     Config:
@@ -99,14 +116,7 @@ class MathEnv(TextEnv):
         think_in_prompt: bool | None = None,
     ) -> None:
         super().__init__()
-        if "{problem}" not in prompt_template:
-            raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
-        if length_bonus_max_tokens is not None and length_bonus_max_tokens <= 0:
-            raise ValueError(f"length_bonus_max_tokens must be > 0 or None, got {length_bonus_max_tokens}")
-        if max_prompt_tokens is not None and max_prompt_tokens <= 0:
-            raise ValueError(f"max_prompt_tokens must be > 0 or None, got {max_prompt_tokens}")
-        if grading_timeout_s <= 0:
-            raise ValueError(f"grading_timeout_s must be > 0, got {grading_timeout_s}")
+        _check_options(prompt_template, length_bonus_max_tokens, max_prompt_tokens, grading_timeout_s)
         self.tokenizer = load_tokenizer(tokenizer)
         if self.tokenizer is None and (max_prompt_tokens is not None or length_bonus_max_tokens is not None):
             raise ValueError("max_prompt_tokens and length_bonus_max_tokens count tokens: pass a tokenizer")
@@ -184,11 +194,6 @@ class MathEnv(TextEnv):
         return kept, len(problems) - len(kept)
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """Completed passes over the problems (over this env's shard of each epoch's order when sharded)."""
-        return self._order.epoch
-
     def __len__(self) -> int:
         return len(self.problems)
 
@@ -228,12 +233,6 @@ class MathEnv(TextEnv):
             "gold": problem.answers,
         }
         return "", correctness + bonus, True, False, info
-
-    def state(self) -> dict[str, Any]:
-        return self._order.state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._order.set_state(state)
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def problem(self, query_id: str) -> MathProblem:

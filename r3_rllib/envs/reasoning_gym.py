@@ -24,7 +24,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 from r3_rllib.envs.math_env import load_tokenizer
 
@@ -88,7 +88,7 @@ def build_dataset(specs: list[tuple[str, float, dict[str, Any]]], *, size: int, 
         raise ValueError(f"reasoning-gym task(s) {names} could not be built: {type(e).__name__}: {e}") from e
 
 
-class ReasoningGymEnv(TextEnv):
+class ReasoningGymEnv(PooledTextEnv):
     """One reasoning-gym task or a weighted mix, single-step, scored by the task's verifier (see the module).
 
     Config:
@@ -160,11 +160,6 @@ class ReasoningGymEnv(TextEnv):
         return f"{self.system_prompt}\n\n{user_text}\n" if self.system_prompt else user_text
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        """Completed passes over the problems (over this env's shard of each epoch's order when sharded)."""
-        return self._order.epoch
-
     def __len__(self) -> int:
         return len(self.entries)
 
@@ -219,12 +214,6 @@ class ReasoningGymEnv(TextEnv):
         score = min(max(score, 0.0), 1.0)
         reason = "correct" if score >= 1.0 else "partial" if score > 0.0 else "wrong"
         return score, reason, ""
-
-    def state(self) -> dict[str, Any]:
-        return self._order.state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._order.set_state(state)
 
     def _lookup(self, query_id: str) -> int:
         try:

@@ -16,11 +16,13 @@ The "average" row is the unweighted mean over benchmarks, as in the papers' tabl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ from r3_rllib.eval.benchmarks import (
     local_path,
     parse_benchmark_names,
 )
-from r3_rllib.models.hub import resolve_model_path
+from r3_rllib.warmstart.named import build_model_path
 
 # The training prompt (DeepScaleR's instruction); evaluation must see exactly what training saw.
 PROMPT_TEMPLATE = DEFAULT_PROMPT_TEMPLATE
@@ -211,6 +213,86 @@ def _grade(grader, pairs: list[tuple[str, tuple[str, ...]]], think: list[bool]) 
     return out
 
 
+def _generate_checked(
+    engine: GenerationEngine, prompt_ids: list[list[int]], n: int, params: SamplingParams
+) -> list[list[Completion]]:
+    """``engine.generate``, refusing a result that is not ``n`` completions for each prompt."""
+    groups = engine.generate(prompt_ids, n, params)
+    if len(groups) != len(prompt_ids) or any(len(g) != n for g in groups):
+        raise RuntimeError(
+            f"engine returned {[len(g) for g in groups]} completions for {len(prompt_ids)} prompts x n={n}"
+        )
+    return groups
+
+
+def _grade_groups(
+    grader,
+    tokenizer,
+    groups: list[list[Completion]],
+    problems: Sequence[MathProblem],
+    prompts: RenderedPrompts,
+    start: int,
+) -> list[bool]:
+    """One verdict per completion, group after group: ``groups[j]`` answers ``problems[j]``, the prompt
+    ``start + j`` of ``prompts``."""
+    pairs, think = [], []
+    for j, (problem, group) in enumerate(zip(problems, groups, strict=True)):
+        for c in group:
+            pairs.append((_response_text(c, tokenizer), problem.answers))
+            think.append(prompts.think_in_prompt[start + j])
+    return _grade(grader, pairs, think)
+
+
+def _load_and_render(
+    names: list[str],
+    tokenizer,
+    data_dir: str | Path | None,
+    max_problems: int | None,
+    prompt_template: str,
+    apply_chat_template: bool,
+) -> tuple[dict[str, list[MathProblem]], dict[str, RenderedPrompts]]:
+    """Every benchmark's problems and rendered prompts, loaded before any generation: a bad file or name fails
+    before (possibly hours of) sampling."""
+    suites = {name: load_benchmark(name, data_dir=data_dir, max_problems=max_problems) for name in names}
+    rendered = {
+        name: render_prompts(tokenizer, problems, prompt_template, apply_chat_template)
+        for name, problems in suites.items()
+    }
+    return suites, rendered
+
+
+def _run_benchmark(
+    engine: GenerationEngine,
+    tokenizer,
+    grader,
+    name: str,
+    problems: Sequence[MathProblem],
+    prompts: RenderedPrompts,
+    n: int,
+    batch_size: int,
+    sampling: SamplingParams,
+    seeds: Iterator[int],
+    bar: Any,
+) -> BenchmarkResult:
+    """Sample and grade one benchmark in batches of ``batch_size`` problems, each engine call seeded by the next
+    of ``seeds``; ``bar`` (a tqdm bar) advances per problem."""
+    bar.set_postfix_str(name)
+    correct: list[list[bool]] = []
+    lengths: list[list[int]] = []
+    truncated: list[list[bool]] = []
+    for start in range(0, len(problems), batch_size):
+        stop = min(start + batch_size, len(problems))
+        params = replace(sampling, seed=next(seeds))
+        groups = _generate_checked(engine, prompts.token_ids[start:stop], n, params)
+        verdicts = _grade_groups(grader, tokenizer, groups, problems[start:stop], prompts, start)
+        for j, group in enumerate(groups):
+            correct.append(verdicts[j * n : (j + 1) * n])
+            lengths.append([len(c.token_ids) for c in group])
+            truncated.append([c.truncated for c in group])
+        bar.update(stop - start)
+    return BenchmarkResult.from_samples(name, [p.id for p in problems], correct, lengths, truncated)
+
+
 def evaluate(
     engine: GenerationEngine,
     tokenizer,
@@ -239,66 +321,30 @@ def evaluate(
     """
     from tqdm.auto import tqdm
 
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for arg, value in (("n", n), ("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{arg} must be >= 1, got {value}")
     names = parse_benchmark_names(benchmarks)
-    # Load and render everything first: a bad file or name fails before any (possibly hours of) generation.
-    suites = {name: load_benchmark(name, data_dir=data_dir, max_problems=max_problems) for name in names}
-    rendered = {
-        name: render_prompts(tokenizer, problems, prompt_template, apply_chat_template)
-        for name, problems in suites.items()
-    }
+    suites, rendered = _load_and_render(
+        names, tokenizer, data_dir, max_problems, prompt_template, apply_chat_template
+    )
+    stop_ids = tuple(i for i in [getattr(tokenizer, "eos_token_id", None)] if i is not None)  # as in training
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop_token_ids=stop_ids
+    )
+    seeds = itertools.count(seed)  # a distinct seed per engine call: batches must not share random streams
     own_grader = grader is None
     if own_grader:
         from r3_rllib.rewards.math_grader import MathGrader
 
         grader = MathGrader()
-    stop_ids = tuple(i for i in [getattr(tokenizer, "eos_token_id", None)] if i is not None)  # as in training
-    results: list[BenchmarkResult] = []
-    call = 0
+    run = partial(_run_benchmark, engine, tokenizer, grader, n=n, batch_size=batch_size, sampling=sampling)
     total = sum(len(p) for p in suites.values())
     try:
         with tqdm(total=total, desc="eval", unit="problem", disable=not progress, dynamic_ncols=True) as bar:
-            for name, problems in suites.items():
-                bar.set_postfix_str(name)
-                prompts = rendered[name]
-                correct: list[list[bool]] = []
-                lengths: list[list[int]] = []
-                truncated: list[list[bool]] = []
-                for start in range(0, len(problems), batch_size):
-                    stop = min(start + batch_size, len(problems))
-                    params = SamplingParams(
-                        max_new_tokens=max_new_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        stop_token_ids=stop_ids,
-                        seed=seed + call,  # a distinct seed per call: batches must not share random streams
-                    )
-                    call += 1
-                    groups = engine.generate(prompts.token_ids[start:stop], n, params)
-                    if len(groups) != stop - start or any(len(g) != n for g in groups):
-                        raise RuntimeError(
-                            f"engine returned {[len(g) for g in groups]} completions for {stop - start} prompts "
-                            f"x n={n}"
-                        )
-                    pairs, think = [], []
-                    for i, group in zip(range(start, stop), groups, strict=True):
-                        for c in group:
-                            pairs.append((_response_text(c, tokenizer), problems[i].answers))
-                            think.append(prompts.think_in_prompt[i])
-                    verdicts = _grade(grader, pairs, think)
-                    for j, group in enumerate(groups):
-                        correct.append(verdicts[j * n : (j + 1) * n])
-                        lengths.append([len(c.token_ids) for c in group])
-                        truncated.append([c.truncated for c in group])
-                    bar.update(stop - start)
-                results.append(
-                    BenchmarkResult.from_samples(name, [p.id for p in problems], correct, lengths, truncated)
-                )
+            results = [
+                run(name, problems, rendered[name], seeds=seeds, bar=bar) for name, problems in suites.items()
+            ]
     finally:
         if own_grader:
             grader.close()
@@ -438,7 +484,7 @@ def run_eval(
                         f"benchmark {name!r}: {local_path(name, args.data_dir)} not found (with --data-dir, "
                         "benchmarks are read only from <benchmark>.jsonl files there)"
                     )
-        model_path = resolve_model_path(args.model)
+        model_path = build_model_path(args.model)  # builds a named model first
         _check_head(args, model_path)
     except (OSError, ValueError) as e:
         print(f"r3 eval: error: {e}", file=sys.stderr)

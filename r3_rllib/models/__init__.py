@@ -1,7 +1,8 @@
-"""Models: the tiny ones for CPU-scale experiments (a character tokenizer, a small Qwen2, warm-start SFT for arithmetic
-and the gridworld, a shipped checkpoint), named cached models (SmolLM2-135M-Instruct), R^2PO's rollout head.
+"""Models: the tiny ones for CPU-scale experiments (a character tokenizer, a small Qwen2, a shipped checkpoint), named
+cached models (``hub.py``: a name resolves to a folder, it never trains), R^2PO's rollout head.
 
-``r3_rllib.models.sft`` (training) is imported on demand; this package only needs torch and transformers.
+Warm-start SFT and the builders of named models made by training live in :mod:`r3_rllib.warmstart`, a layer below
+this one; this package only needs torch and transformers.
 """
 
 from __future__ import annotations

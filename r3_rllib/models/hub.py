@@ -1,14 +1,27 @@
 """Model folders from a local path, a named model of this package, or a Hugging Face hub name (used by training,
 evaluation and export).
 
-Named models (``smollm2-135m``) are folders the package builds and caches itself, from sources that need no model
-hub; :func:`named_models` lists them and :func:`register_named_model` adds more.
+Named models (``smollm2-135m``, ``gridworld-tiny-sft``) are folders the package builds and caches itself, from
+sources that need no model hub; :func:`named_models` lists them and :func:`register_named_model` adds more. A name
+*resolves* to its cached folder here and never trains anything: a model made by training (``gridworld-tiny-sft``,
+a warm start) is built by :func:`r3_rllib.warmstart.build_named_model` (``r3 build-model NAME``), which training,
+``r3 train`` and ``r3 eval`` call before they resolve the name. SmolLM2 is converted from a local GGUF file on
+first resolution (a conversion, not a training run; see :mod:`r3_rllib.models.smollm2`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+
+from r3_rllib.core.registry import Registry
+
+#: The tiny model warm-started on gridworld expert moves (built by :mod:`r3_rllib.warmstart.gridworld`).
+GRIDWORLD_TINY_SFT = "gridworld-tiny-sft"
+
+
+class NamedModelNotBuiltError(FileNotFoundError):
+    """A named model made by training has no cached folder yet; the message says how to build it."""
 
 
 def _smollm2() -> Path:
@@ -17,37 +30,51 @@ def _smollm2() -> Path:
     return smollm2_path()
 
 
-def _gridworld_sft() -> Path:
-    from r3_rllib.models.gridworld_sft import build_warm_start
+def named_model_folder(name: str) -> Path:
+    """Where a named model built by this package is cached (``$R3_RLLIB_CACHE/models/<name>``); it may not exist."""
     from r3_rllib.models.smollm2 import cache_root
 
-    # The tiny model warm-started on gridworld expert moves ('hgpo' preset; about 30 s of SFT on first use).
-    return build_warm_start(cache_root() / "gridworld-tiny-sft", log=lambda message: None)
+    return cache_root() / name
 
 
-# name -> function returning the model's folder (building it on first use); imports are deferred so that listing
-# names costs nothing.
-_NAMED_MODELS: dict[str, Callable[[], Path]] = {
-    "smollm2-135m": _smollm2,
-    "gridworld-tiny-sft": _gridworld_sft,
-}
+def built_folder(name: str) -> Path:
+    """The cached folder of a named model made by training, or :class:`NamedModelNotBuiltError` saying how to
+    build it. A folder with a ``config.json`` is complete: builders move a finished folder into place."""
+    folder = named_model_folder(name)
+    if not (folder / "config.json").is_file():
+        raise NamedModelNotBuiltError(
+            f"named model {name!r} is not built yet (expected at {folder}): build it once with "
+            f"`r3 build-model {name}` or r3_rllib.warmstart.build_named_model({name!r}) "
+            "(r3 train and r3 eval build it themselves)"
+        )
+    return folder
+
+
+# name -> resolver returning the model's folder. Imports are deferred so that listing names costs nothing.
+NAMED_MODELS = Registry("named model")
+NAMED_MODELS.register("smollm2-135m")(_smollm2)
+NAMED_MODELS.register(GRIDWORLD_TINY_SFT)(lambda: built_folder(GRIDWORLD_TINY_SFT))
 
 
 def named_models() -> list[str]:
     """Names :func:`resolve_model_path` accepts besides folders and hub names."""
-    return sorted(_NAMED_MODELS)
+    return sorted(NAMED_MODELS)
 
 
 def register_named_model(name: str, resolver: Callable[[], Path], *, overwrite: bool = False) -> None:
     """Make ``model_path: name`` resolve to ``resolver()`` (a folder). Hub-style names ("org/model") are refused:
-    they would shadow the hub."""
+    they would shadow the hub. A model that must be trained first registers its builder with
+    :func:`r3_rllib.warmstart.register_named_model_builder` too, and its resolver only finds the folder."""
     if not isinstance(name, str) or not name or "/" in name:
         raise ValueError(f"a named model needs a non-empty name without '/', got {name!r}")
     if not callable(resolver):
         raise TypeError(f"resolver for named model {name!r} must be callable")
-    if name in _NAMED_MODELS and _NAMED_MODELS[name] is not resolver and not overwrite:
-        raise ValueError(f"named model {name!r} is already registered; pass overwrite=True to replace it")
-    _NAMED_MODELS[name] = resolver
+    if name in NAMED_MODELS and NAMED_MODELS[name] is not resolver:
+        if not overwrite:
+            raise ValueError(f"named model {name!r} is already registered; pass overwrite=True to replace it")
+        del NAMED_MODELS[name]
+    if name not in NAMED_MODELS:
+        NAMED_MODELS.register(name)(resolver)
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -58,8 +85,8 @@ def resolve_model_path(model: str | Path) -> Path:
         return path
     if path.exists():
         raise NotADirectoryError(f"a model must be a folder or a hub name, got the file {path}")
-    if isinstance(model, str) and model in _NAMED_MODELS:
-        return Path(_NAMED_MODELS[model]())
+    if isinstance(model, str) and model in NAMED_MODELS:
+        return Path(NAMED_MODELS[model]())
     if str(model).count("/") != 1:
         raise FileNotFoundError(
             f"no model folder at {path} (and {model!r} is neither a named model ({', '.join(named_models())}) "

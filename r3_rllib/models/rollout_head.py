@@ -25,7 +25,6 @@ that rescale or soft-cap their logits are refused.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from r3_rllib.core.logprobs import LOGIT_TRANSFORMS, token_logprobs
 from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, STAGES, Stage
 
 #: Attribute (and ``state_dict`` prefix without the dot) of an attached head on the HF model.
@@ -43,10 +43,6 @@ HEAD_WEIGHTS_FILE = "rollout_head.safetensors"
 HEAD_CONFIG_FILE = "rollout_head.json"
 HEAD_FORMAT = "r3-rollout-head-v1"
 DEFAULT_INIT_STD = 1e-6
-
-# Config fields of model families whose logits are not plain lm_head(hidden): adding the head to lm_head's output
-# would then not be "lm_logits + head(hidden)" of the model's real logits.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
 
 
 class RolloutHead(nn.Module):
@@ -184,7 +180,7 @@ def _check_plain_logits(model: nn.Module) -> None:
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "get_text_config"):
         config = config.get_text_config()
-    for field in _LOGIT_TRANSFORMS:
+    for field in LOGIT_TRANSFORMS:
         value = getattr(config, field, None)
         if value not in (None, 1, 1.0):
             raise ValueError(
@@ -282,7 +278,7 @@ def set_stage_trainable(model: nn.Module, stage: Stage) -> tuple[int, int]:
     """
     if stage not in STAGES:
         raise ValueError(
-            f"stage must be one of {STAGES} ({HEAD_STAGE}: head, {BASE_STAGE}: base), got {stage!r}"
+            f"stage must be one of {tuple(map(str, STAGES))} ({HEAD_STAGE}: head, {BASE_STAGE}: base), got {stage!r}"
         )
     head = get_rollout_head(model)
     if head is None:
@@ -312,25 +308,18 @@ def rollout_token_logprobs(
     """Log-probs of each next token under rollout logits and under base logits, from one forward pass (fp32).
 
     Returns ``(rollout, base)``, both ``[B, L-1]``: entry ``t`` scores ``input_ids[:, t + 1]`` given the prefix, as
-    the learner's ``token_logprobs``. With ``temperature`` T the distributions are ``softmax((lm + head) / T)`` and
-    ``softmax(lm / T)``: the sum is divided, not its parts, because that is what a sampler at temperature T draws from.
+    the learner's scoring (:func:`r3_rllib.core.logprobs.token_logprobs`, which this calls). With ``temperature`` T
+    the distributions are ``softmax((lm + head) / T)`` and ``softmax(lm / T)``: the sum is divided, not its parts,
+    because that is what a sampler at temperature T draws from.
 
-    ``response_mask`` (``[B, L-1]`` bool, e.g. ``pack_samples``' ``response_mask``) selects the positions to score;
-    the LM head, the rollout head and the softmax then run on those positions only (the decoder still sees every
-    token) and the other entries are 0. ``attention_mask`` marks real tokens; position ids count real tokens only,
-    so left- and right-padded rows give the numbers of the unpadded sequence.
+    ``response_mask`` (``[B, L-1]`` bool, default the real next tokens) selects the positions to score; the LM head,
+    the rollout head and the softmax then run on those positions only (the decoder still sees every token) and the
+    other entries are 0. ``attention_mask`` marks real tokens; position ids count real tokens only, so left- and
+    right-padded rows give the numbers of the unpadded sequence.
 
     ``head``: default the attached one. The result does not depend on :func:`rollout_logits_enabled` (the hook is
-    off during the call). Gradients flow to both the base and the head; :func:`set_stage_trainable` decides which of
-    them get any.
-
-    How: for models whose forward takes ``logits_to_keep`` (they end in ``lm_head(hidden[:, slice])``), the LM
-    head's forward is replaced for this one call by a function that picks the scored rows first, so the model's own
-    forward runs, as in the learner's ``token_logprobs`` (wrappers acting on the model's call, such as FSDP2's
-    parameter gathering, see an ordinary call; not yet tested sharded).
-    Other models fall back to full logits plus ``output_hidden_states``. Each call holds the ``[N, vocab]`` fp32
-    logits of the N scored positions twice (base and rollout); chunk the batch for long responses and large
-    vocabularies.
+    off during the call). Gradients flow to both the base and the head through both results;
+    :func:`set_stage_trainable` decides which of them get any.
     """
     if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
         raise ValueError(
@@ -355,54 +344,23 @@ def rollout_token_logprobs(
         raise ValueError(
             f"response_mask must be [B, L-1] = {(batch, length - 1)}, got {tuple(response_mask.shape)}"
         )
-    response_mask = response_mask.bool()
-
-    lm_head = _output_embedding(model)
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    rows, cols = response_mask.nonzero(as_tuple=True)
-    targets = input_ids[:, 1:][rows, cols]
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
-    scored: dict[str, torch.Tensor] = {}
     enabled, head.enabled = head.enabled, False  # the hook must not add the head a second time
     try:
-        if _takes_logits_to_keep(model):
-            base_forward = lm_head.forward  # the class's forward, bound: calling it runs no hooks
-
-            def scored_rows_only(hidden: torch.Tensor) -> torch.Tensor:
-                scored["hidden"] = hidden[:, :-1][
-                    rows, cols
-                ]  # [N, hidden]: positions that score a wanted token
-                scored["lm"] = base_forward(scored["hidden"])
-                return scored["lm"]
-
-            lm_head.forward = (
-                scored_rows_only  # an instance attribute shadows the class's forward for one call
-            )
-            try:
-                model(**kwargs, logits_to_keep=0)
-            finally:
-                del lm_head.forward
-        else:
-            out = model(**kwargs, output_hidden_states=True)
-            scored["hidden"] = out.hidden_states[-1][:, :-1][rows, cols]
-            scored["lm"] = out.logits[:, :-1][rows, cols]
+        rollout, _, base = token_logprobs(
+            model,
+            input_ids,
+            attention_mask,
+            response_mask=response_mask,
+            temperature=temperature,
+            rollout_head=head,
+            with_base=True,
+            base_grad=True,
+            position_ids=positions,
+        )
     finally:
         head.enabled = enabled
-    lm_logits = scored["lm"].float()
-    roll_logits = lm_logits + head(scored["hidden"]).float()
-
-    def score(logits: torch.Tensor) -> torch.Tensor:
-        logits = logits / temperature
-        # logit[target] - logsumexp keeps no full log-softmax copy of the [N, vocab] logits for the backward.
-        picked_logit = logits.gather(-1, targets[:, None]).squeeze(-1)
-        out = torch.zeros((batch, length - 1), dtype=torch.float32, device=input_ids.device)
-        return out.index_put((rows, cols), picked_logit - torch.logsumexp(logits, dim=-1))
-
-    return score(roll_logits), score(lm_logits)
-
-
-def _takes_logits_to_keep(model: nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    return rollout, base
 
 
 # -- files: the head beside an HF folder --------------------------------------------------------------------------

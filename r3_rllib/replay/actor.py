@@ -8,30 +8,25 @@ an actor asking for resources its trial's placement group does not hold waits fo
 a time, which is what the pure-Python buffer needs.
 
 Every method is batched (lists in, lists out) so one round trip serves a whole batch of groups: a Ray call costs far
-more than a buffer operation. Samples travel in the columnar form of
-:func:`~r3_rllib.replay.buffer.to_columns` when asked (``add`` accepts it; ``packed=True`` on the sampling
-methods returns it), which is about ten times cheaper to serialise than a list of dataclasses;
-:class:`ReplayBufferClient` does this packing for the caller.
+more than a buffer operation. Both classes take their methods from one declaration, :data:`r3_rllib.replay.api.
+REPLAY_API`: samples travel in the columnar form of :func:`~r3_rllib.replay.buffer.to_columns` when asked (``add``
+accepts it; ``packed=True`` on the sampling methods returns it), which is about ten times cheaper to serialise than
+a list of dataclasses; :class:`ReplayBufferClient` does this packing for the caller.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
+import numpy as np
 import ray
 
-from r3_rllib.replay.buffer import (
-    QueryReplayBuffer,
-    QueryStats,
-    ReplayConfig,
-    ReplaySample,
-    SampleRequest,
-    from_columns,
-    to_columns,
-)
+from r3_rllib.replay.api import REPLAY_API, RemoteMethod
+from r3_rllib.replay.buffer import QueryReplayBuffer, ReplayConfig
+
+C = TypeVar("C", bound=type)
 
 
 def _as_config(config: ReplayConfig | dict[str, Any] | None) -> ReplayConfig:
@@ -42,9 +37,46 @@ def _as_config(config: ReplayConfig | dict[str, Any] | None) -> ReplayConfig:
     return ReplayConfig(**config)
 
 
+def _with_methods(make: Callable[[RemoteMethod], Callable[..., Any]]) -> Callable[[C], C]:
+    """Class decorator adding ``make(method)`` (a function carrying its ``__signature__``: Ray checks a call's
+    arguments against it) for every method of :data:`REPLAY_API`, named and documented as the buffer's."""
+
+    def deco(cls: C) -> C:
+        for method in REPLAY_API:
+            fn = make(method)
+            fn.__name__ = method.name
+            fn.__qualname__ = f"{cls.__qualname__}.{method.name}"
+            fn.__module__ = cls.__module__
+            fn.__doc__ = method.call.__doc__
+            setattr(cls, method.name, fn)
+        return cls
+
+    return deco
+
+
+def _served(method: RemoteMethod) -> Callable[..., Any]:
+    """The actor's side of ``method``: unpack a packed first argument, run it on the buffer, pack the result when
+    asked (``packed=True``)."""
+    sig = method.signature("packed") if method.packed_result is not None else method.signature()
+    first = list(sig.parameters)[1] if method.packed_arg is not None else None
+
+    def serve(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(self, *args, **kwargs)
+        packed = bound.arguments.pop("packed", False)
+        if first is not None and isinstance(bound.arguments.get(first), dict):
+            bound.arguments[first] = method.packed_arg.unpack(bound.arguments[first])  # type: ignore[union-attr]
+        out = method.call(self._buffer, *bound.args[1:], **bound.kwargs)
+        return method.packed_result.pack(out) if packed else out  # type: ignore[union-attr]
+
+    serve.__signature__ = sig  # type: ignore[attr-defined]
+    return serve
+
+
 @ray.remote(num_cpus=0)
+@_with_methods(_served)
 class ReplayBufferActor:
-    """A :class:`~r3_rllib.replay.buffer.QueryReplayBuffer` behind a Ray actor (same methods, batched)."""
+    """A :class:`~r3_rllib.replay.buffer.QueryReplayBuffer` behind a Ray actor (the methods of
+    :data:`~r3_rllib.replay.api.REPLAY_API`, batched), plus ``ping`` and ``incarnation``."""
 
     def __init__(self, config: ReplayConfig | dict[str, Any] | None = None) -> None:
         self._buffer = QueryReplayBuffer(_as_config(config))
@@ -56,68 +88,6 @@ class ReplayBufferActor:
 
     def incarnation(self) -> str:
         return self._incarnation
-
-    def config(self) -> dict[str, Any]:
-        return asdict(self._buffer.config)
-
-    def add(self, samples: Sequence[ReplaySample] | dict[str, Any]) -> int:
-        """Store a list of samples or their :func:`to_columns` form; returns how many were stored."""
-        return self._buffer.add(from_columns(samples) if isinstance(samples, dict) else samples)
-
-    def sample_opposite(
-        self, query_id: str, *, want_correct: bool, k: int, current_version: int
-    ) -> list[ReplaySample]:
-        return self._buffer.sample_opposite(
-            query_id, want_correct=want_correct, k=k, current_version=current_version
-        )
-
-    def sample_batch(
-        self, requests: Sequence[SampleRequest | tuple], *, packed: bool = False
-    ) -> list[list[ReplaySample]] | dict[str, Any]:
-        """Per request a list of samples; with ``packed``: ``{"samples": to_columns(all), "counts": [...]}``."""
-        groups = self._buffer.sample_batch(requests)
-        if not packed:
-            return groups
-        return {"samples": to_columns([s for g in groups for s in g]), "counts": [len(g) for g in groups]}
-
-    def sample_wrong_answer(self, query_id: str, current_version: int) -> ReplaySample | None:
-        return self._buffer.sample_wrong_answer(query_id, current_version)
-
-    def sample_wrong_answers(
-        self, query_ids: Sequence[str], current_version: int, *, packed: bool = False
-    ) -> list[ReplaySample | None] | dict[str, Any]:
-        """Per query a sample or None; with ``packed``: ``{"samples": to_columns(found), "found": [bool...]}``."""
-        found = self._buffer.sample_wrong_answers(query_ids, current_version)
-        if not packed:
-            return found
-        return {
-            "samples": to_columns([s for s in found if s is not None]),
-            "found": [s is not None for s in found],
-        }
-
-    def query_stats(self, query_ids: Sequence[str]) -> dict[str, QueryStats]:
-        return self._buffer.query_stats(query_ids)
-
-    def mean_past_rewards(self, query_ids: Sequence[str] | None = None) -> dict[str, float]:
-        return self._buffer.mean_past_rewards(query_ids)
-
-    def evict_stale(self, current_version: int) -> int:
-        return self._buffer.evict_stale(current_version)
-
-    def size(self) -> int:
-        return len(self._buffer)
-
-    def nbytes(self) -> int:
-        return self._buffer.nbytes()
-
-    def metrics(self) -> dict[str, float]:
-        return self._buffer.metrics()
-
-    def get_state(self) -> dict[str, Any]:
-        return self._buffer.get_state()
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._buffer.set_state(state)
 
 
 def create_replay_actor(
@@ -141,54 +111,47 @@ def create_replay_actor(
     return ReplayBufferActor.options(**options).remote(_as_config(config))
 
 
+def _shippable(value: Any) -> Any:
+    """Iterators, views and sets become lists: some do not pickle (generators, dict views) and the actor takes
+    sequences."""
+    if isinstance(value, (str, bytes, list, tuple, dict, np.ndarray)) or not isinstance(value, Iterable):
+        return value
+    return list(value)
+
+
+def _forwarded(method: RemoteMethod) -> Callable[..., Any]:
+    """The client's side of ``method``: pack what travels packed, call the actor and wait for the result
+    (``block=False``: return the ObjectRef of the result as the actor sends it, packed where it packs)."""
+    sig = method.signature("block")
+    first = list(sig.parameters)[1] if method.packed_arg is not None else None
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(self, *args, **kwargs)
+        block = bound.arguments.pop("block", True)
+        if first is not None and first in bound.arguments:
+            bound.arguments[first] = method.packed_arg.pack(bound.arguments[first])  # type: ignore[union-attr]
+        call_args = [_shippable(a) for a in bound.args[1:]]
+        call_kwargs = {k: _shippable(v) for k, v in bound.kwargs.items()}
+        if method.packed_result is not None:
+            call_kwargs["packed"] = True
+        ref = getattr(self.handle, method.name).remote(*call_args, **call_kwargs)
+        if not block:
+            return ref
+        out = ray.get(ref)
+        return method.packed_result.unpack(out) if method.packed_result is not None else out
+
+    forward.__signature__ = sig  # type: ignore[attr-defined]
+    return forward
+
+
+@_with_methods(_forwarded)
 class ReplayBufferClient:
-    """Synchronous convenience wrapper around a :class:`ReplayBufferActor` handle that ships samples packed.
+    """Synchronous wrapper around a :class:`ReplayBufferActor` handle with the methods of
+    :data:`~r3_rllib.replay.api.REPLAY_API`, shipping samples packed; each also takes ``block=False`` to return
+    the result's ObjectRef instead of waiting.
 
     Cheap to construct and picklable (it only holds the handle): pass it to env runners and learners.
     """
 
     def __init__(self, handle: ray.actor.ActorHandle) -> None:
         self.handle = handle
-
-    def add(self, samples: Sequence[ReplaySample], *, block: bool = True) -> int | ray.ObjectRef:
-        """Store samples; with ``block=False`` return the ObjectRef of the count instead of waiting."""
-        ref = self.handle.add.remote(to_columns(samples))
-        return ray.get(ref) if block else ref
-
-    def sample_batch(self, requests: Sequence[SampleRequest | tuple]) -> list[list[ReplaySample]]:
-        out = ray.get(self.handle.sample_batch.remote(list(requests), packed=True))
-        flat = from_columns(out["samples"])
-        groups, i = [], 0
-        for n in out["counts"]:
-            groups.append(flat[i : i + n])
-            i += n
-        return groups
-
-    def sample_wrong_answers(
-        self, query_ids: Sequence[str], current_version: int
-    ) -> list[ReplaySample | None]:
-        out = ray.get(self.handle.sample_wrong_answers.remote(list(query_ids), current_version, packed=True))
-        it = iter(from_columns(out["samples"]))
-        return [next(it) if f else None for f in out["found"]]
-
-    def query_stats(self, query_ids: Sequence[str]) -> dict[str, QueryStats]:
-        return ray.get(self.handle.query_stats.remote(list(query_ids)))
-
-    def mean_past_rewards(self, query_ids: Sequence[str] | None = None) -> dict[str, float]:
-        return ray.get(self.handle.mean_past_rewards.remote(None if query_ids is None else list(query_ids)))
-
-    def evict_stale(self, current_version: int) -> int:
-        return ray.get(self.handle.evict_stale.remote(current_version))
-
-    def metrics(self) -> dict[str, float]:
-        return ray.get(self.handle.metrics.remote())
-
-    def config(self) -> dict[str, Any]:
-        """The actor's ReplayConfig as a dict (what it was started with)."""
-        return ray.get(self.handle.config.remote())
-
-    def get_state(self) -> dict[str, Any]:
-        return ray.get(self.handle.get_state.remote())
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        ray.get(self.handle.set_state.remote(state))

@@ -50,6 +50,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from r3_rllib.core.registry import Registry
+
 _PER_SAMPLE_OVERHEAD = 400  # bytes: dataclass, dict slots, index entries, small Python objects (approximate)
 _INT32 = np.dtype(np.int32)
 _FLOAT32 = np.dtype(np.float32)
@@ -227,7 +229,7 @@ class ReplayConfig:
 PriorityFn = Callable[[Sequence[ReplaySample], int, bool, ReplayConfig], list[float]]
 
 #: Name -> ``fn(candidates, current_version, want_correct, config) -> weights`` (one float >= 0 per candidate).
-PRIORITY_FNS: dict[str, PriorityFn] = {}
+PRIORITY_FNS = Registry("priority")
 
 
 def register_priority(name: str) -> Callable[[PriorityFn], PriorityFn]:
@@ -235,14 +237,7 @@ def register_priority(name: str) -> Callable[[PriorityFn], PriorityFn]:
 
     Register it in a module that the replay actor's process imports too: the actor resolves the name itself.
     """
-
-    def deco(fn: PriorityFn) -> PriorityFn:
-        if name in PRIORITY_FNS:
-            raise ValueError(f"priority {name!r} is already registered")
-        PRIORITY_FNS[name] = fn
-        return fn
-
-    return deco
+    return PRIORITY_FNS.register(name)
 
 
 @register_priority("uniform")

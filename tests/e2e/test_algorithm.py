@@ -50,7 +50,7 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
         assert result["training_iteration"] == 2
         # The synchronous loop samples every batch with the newest weights and leaves nothing in flight.
         assert [r["rollout"]["policy_lag"] for r in results] == [0.0, 0.0]
-        assert not algo._rollout_in_flight
+        assert not algo.coordinator.in_flight
         rollout = result["rollout"]
         for key in (
             "accuracy",

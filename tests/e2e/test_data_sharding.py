@@ -10,7 +10,7 @@ import time
 import pytest
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3.env_runner import env_accepts_shard, runner_env_config
+from r3_rllib.algorithms.r3.runner_env import env_accepts_shard, runner_env_config
 from r3_rllib.algorithms.r3.schedule import schedule_for_config
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 from r3_rllib.envs.data import MathProblem, QueryOrder, Shard, runner_shards
@@ -23,7 +23,7 @@ def _draw(order: QueryOrder, n: int) -> list[int]:
 
 def test_runner_shards_tile_each_step():
     assert runner_shards(32, 4) == [Shard(32, 0, 8), Shard(32, 8, 8), Shard(32, 16, 8), Shard(32, 24, 8)]
-    # 10 over 4: the first 10 % 4 = 2 runners take one more, as R3._request_rollout splits a rollout.
+    # 10 over 4: the first 10 % 4 = 2 runners take one more, as the rollout coordinator splits a rollout (coordinator.query_shares).
     assert [(s.start, s.count) for s in runner_shards(10, 4)] == [(0, 3), (3, 3), (6, 2), (8, 2)]
     with pytest.raises(ValueError, match="cannot share steps of 3 queries"):
         runner_shards(3, 4)

@@ -30,7 +30,7 @@ def custom_env_module(monkeypatch):
     """The custom-env example, imported with the registry restored afterwards (importing it registers its env)."""
     from r3_rllib.envs import registry
 
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
     module = _load_example("custom_text_env")
     assert registry.get_text_env_factory("digit_sort") is module.DigitSortEnv
     return module
@@ -101,7 +101,7 @@ def test_deepscaler_run_file_builds_the_paper_setting(no_hub):
 
 
 def test_grpo_baseline_is_the_same_setting_with_r3_off(no_hub):
-    from r3_rllib.algorithms.r3.config import R3_FIELDS
+    from r3_rllib.config import R3_FIELDS
     from r3_rllib.train_config import load_run_file
 
     r3, grpo = load_run_file(R3_YAML), load_run_file(GRPO_YAML)

@@ -1,4 +1,4 @@
-"""The gridworld warm start (r3_rllib/models/gridworld_sft.py): a partial policy that leaves HGPO room to learn.
+"""The gridworld warm start (r3_rllib/warmstart/gridworld.py): a partial policy that leaves HGPO room to learn.
 
 One build (~30 s of single-threaded SFT) serves every check; the success ranges are the module docstring's measured
 rates with slack for the smaller evaluation here.
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from r3_rllib.algorithms.r3.multistep import episode_stats, rollout_multistep
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv
-from r3_rllib.models.gridworld_sft import (
+from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
+from r3_rllib.warmstart.gridworld import (
     WARM_START_PRESET,
     build_warm_start,
     evaluate_gridworld,

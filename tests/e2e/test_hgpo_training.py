@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from r3_rllib.algorithms.r3.multistep import episode_stats, rollout_multistep
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv
+from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -1,12 +1,12 @@
-"""Lockstep multi-step rollouts (r3_rllib/algorithms/r3/multistep.py) with the HF engine and the gridworld."""
+"""Lockstep multi-step rollouts (r3_rllib/rollout/multistep.py) with the HF engine and the gridworld."""
 
 import numpy as np
 import pytest
 
-from r3_rllib.algorithms.r3.multistep import episode_stats, rollout_multistep
 from r3_rllib.core.hgpo import hgpo_advantages_by_query
 from r3_rllib.engines.base import Completion, SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv, solve
+from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
 
 
 class ScriptedEngine:

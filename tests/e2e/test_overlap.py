@@ -12,8 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def _query_ids(rollout) -> list[str]:
-    groups, _ = rollout
-    return [g.query_id for g in groups]
+    return [g.query_id for g in rollout.groups]
 
 
 def test_overlap_trains_one_update_old_and_checkpoints_the_batch_in_flight(
@@ -27,30 +26,30 @@ def test_overlap_trains_one_update_old_and_checkpoints_the_batch_in_flight(
         results = [algo.train() for _ in range(3)]
         # The first batch is sampled on the spot; each later one was requested before the previous update.
         assert [r["rollout"]["policy_lag"] for r in results] == [0.0, 1.0, 1.0]
-        assert algo._rollout_in_flight  # batch 4 is being generated now
+        assert algo.coordinator.in_flight  # batch 4 is being generated now
         assert results[-1]["learner"]["optimizer_steps"] == 1.0
         assert "is_weight_mean" in results[-1]["learner"]
         # The queued weight load ran after the rollout in flight: a call made now sees the newest weights.
         assert_runner_scores_like_learner(algo, tiny_random_model, atol=1e-4)
 
         checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
-        pending = _query_ids(algo._ready_rollout)
+        pending = _query_ids(algo.coordinator.ready)
         assert len(pending) == 8
         after_save = algo.train()  # trains on exactly that batch
         assert after_save["rollout"]["policy_lag"] == 1.0
-        next_ids = _query_ids(algo._gather_rollout())
+        next_ids = _query_ids(algo.coordinator.gather())
     finally:
         algo.stop()
 
     restored = tiny_config(tiny_random_model, overlap_generation=True).build_algo()
     try:
         restored.restore(checkpoint)
-        assert _query_ids(restored._ready_rollout) == pending
+        assert _query_ids(restored.coordinator.ready) == pending
         result = restored.train()
         assert result["rollout"]["policy_lag"] == 1.0
         assert result["rollout"]["policy_version"] == 4.0  # three updates before the save, one after
         # Same env order after the restore: the next batch asks for the same queries as the uninterrupted run.
-        assert _query_ids(restored._gather_rollout()) == next_ids
+        assert _query_ids(restored.coordinator.gather()) == next_ids
     finally:
         restored.stop()
 

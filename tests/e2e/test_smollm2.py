@@ -216,9 +216,10 @@ def test_gridworld_episodes_through_a_bpe_tokenizer_at_temperature(model_dir, to
     the HF engine at T = 0.6. Each step's prompt ids are the BPE encoding of the env's prompt (which ends at the
     current observation), its behaviour log-probs are softmax(logits / T) of the model, and the steps group into one
     HGPO group per layout."""
-    from r3_rllib.algorithms.r3.multistep import rollout_multistep, step_groups
+    from r3_rllib.algorithms.r3.multistep import step_groups
     from r3_rllib.engines import make_engine
     from r3_rllib.envs.gridworld import GridWorldEnv
+    from r3_rllib.rollout.multistep import rollout_multistep
 
     env = GridWorldEnv(preset="hgpo", num_queries=2)
     engine = make_engine("hf", model_dir, tokenizer)
@@ -426,7 +427,7 @@ def test_rollout_head_on_a_tied_embedding_model(model_dir, tokenizer, hf_model):
     numbers, and with the head off the engine is the base model again (the tied embedding is not touched)."""
     import copy
 
-    from r3_rllib.algorithms.r3.learner import token_logprobs
+    from r3_rllib.core.logprobs import token_logprobs
     from r3_rllib.engines.rollout_head_sampling import RolloutHeadHFEngine
     from r3_rllib.models.rollout_head import RolloutHead
 

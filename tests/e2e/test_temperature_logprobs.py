@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from r3_rllib.algorithms.r3.groups import Sample
-from r3_rllib.algorithms.r3.learner import pack_samples, token_logprobs
+from r3_rllib.algorithms.r3.rl_module import pack_samples
+from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import truncated_importance_weights
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.engines.hf_engine import HFEngine

@@ -2,7 +2,7 @@
 
 from repo_paths import REPO
 
-from r3_rllib.algorithms.r3.config import R3_FIELDS
+from r3_rllib.config import R3_FIELDS
 from r3_rllib.config_reference import BEGIN, END, field_docs, render
 
 README = REPO / "README.md"

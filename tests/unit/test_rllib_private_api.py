@@ -7,12 +7,12 @@ and examples/ use none):
 ==  =======================================================  ==============================================================
 #   name                                                     used in
 ==  =======================================================  ==============================================================
-1   ``EnvRunnerGroup._worker_manager``                       r3.py ``_restart_hung_runners``, startup.py
+1   ``EnvRunnerGroup._worker_manager``                       coordinator.py ``_restart_hung_runners``, startup.py
     (a ``FaultTolerantActorManager``: ``actors()``,          ``runner_startup_error``: no public call marks a hung runner
     ``set_actor_state(actor_id, healthy)``)                  unhealthy or lists the handles of unhealthy runners
 2   ``TorchLearner._make_modules_ddp_if_necessary``          learner.py: overridden to a no-op so RLlib's DDP does not wrap
                                                              the policy that R3Learner shards with FSDP2 itself
-3   ``ray.tune.registry._global_registry``                   env_runner.py ``_text_env_factory``: envs registered in the
+3   ``ray.tune.registry._global_registry``                   runner_env.py ``_text_env_factory``: envs registered in the
     (``contains``, ``get``)                                  driver reach remote runners; Tune has no public lookup
 4   ``Algorithm._counters``                                  r3.py ``restore_env_runners``: counts restored runners as
                                                              RLlib's own restore does
@@ -22,7 +22,7 @@ and examples/ use none):
 7   ``Learner._device``                                      without calling it, so it sets the attributes the base
 8   ``Learner._module``                                      class's other methods read)
 9   ``TorchLearner._make_module``                            learner.py ``R3Learner.build``: builds the RLModule
-10  ``RLModule._forward``                                    learner.py ``CausalLMModule``: the forward hook RLlib's
+10  ``RLModule._forward``                                    rl_module.py ``CausalLMModule``: the forward hook RLlib's
                                                              docstrings tell subclasses to override
 ==  =======================================================  ==============================================================
 """
@@ -44,7 +44,7 @@ def _params(fn) -> list[str]:
 
 
 def test_env_runner_group_keeps_a_fault_tolerant_manager_that_can_mark_actors_unhealthy():
-    # 1. r3.py `_restart_hung_runners` and startup.py `runner_startup_error`.
+    # 1. coordinator.py `_restart_hung_runners` and startup.py `runner_startup_error`.
     from ray.rllib.env.env_runner_group import EnvRunnerGroup
     from ray.rllib.utils.actor_manager import FaultTolerantActorManager
 
@@ -66,7 +66,7 @@ def test_torch_learner_wraps_modules_through_an_overridable_ddp_hook():
 
 
 def test_tune_global_registry_resolves_env_creators():
-    # 3. env_runner.py `_text_env_factory`.
+    # 3. runner_env.py `_text_env_factory`.
     from ray.tune.registry import ENV_CREATOR, _global_registry, register_env
 
     register_env("r3_private_api_probe", lambda cfg: cfg)
@@ -111,7 +111,7 @@ def test_learner_build_state_lives_in_the_attributes_r3_learner_sets():
 
 
 def test_rl_module_forward_methods_call_the_forward_hook():
-    # 10. learner.py `CausalLMModule._forward`.
+    # 10. rl_module.py `CausalLMModule._forward`.
     from ray.rllib.core.rl_module.rl_module import RLModule
 
     assert _params(RLModule._forward) == ["self", "batch", "kwargs"]

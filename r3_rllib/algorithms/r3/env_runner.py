@@ -2,16 +2,17 @@
 
 One `sample()` call: take the next queries from the runner's TextEnv, add R^3 reflection prompts for hard queries
 (asking the replay actor for their history), generate G responses per prompt in one engine call, score every
-response with the env, and return `Group`s carrying token ids, behaviour log-probs and entropies.
+response with the env, and return a `RolloutResult` (rollout_types.py): `Group`s carrying token ids, behaviour
+log-probs and entropies, with the runner's data epoch, timings, totals and state. A multi-step env is rolled out as
+trajectories of step samples instead; which of the two is decided once, when the runner is built. How the env is
+built and sharded is in runner_env.py.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Collection
-from typing import Any
 
 import numpy as np
 import ray
@@ -24,13 +25,9 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
-from r3_rllib.algorithms.r3.multistep import (
-    episode_stats,
-    episode_totals,
-    rollout_multistep,
-    step_groups,
-    supports_episodes,
-)
+from r3_rllib.algorithms.r3.multistep import step_groups
+from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
+from r3_rllib.algorithms.r3.runner_env import build_env, env_accepts_shard, runner_env_config, runner_seed
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
 from r3_rllib.engines import make_engine
@@ -38,6 +35,12 @@ from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.models.dtypes import dtype_name
 from r3_rllib.models.hub import policy_path
+from r3_rllib.rollout.multistep import (
+    episode_stats,
+    episode_totals,
+    rollout_multistep,
+    supports_episodes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,38 +49,6 @@ def load_policy_tokenizer(config):
     from r3_rllib.models.tiny import load_tokenizer
 
     return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
-
-
-def _text_env_factory(name: str):
-    # Private: Tune's cluster-wide registry has no public lookup (tests/unit/test_rllib_private_api.py guards it).
-    from ray.tune.registry import ENV_CREATOR, _global_registry
-
-    from r3_rllib.envs.registry import get_text_env_factory
-
-    try:
-        return get_text_env_factory(name)
-    except ValueError:
-        if _global_registry.contains(ENV_CREATOR, name):
-            return _global_registry.get(ENV_CREATOR, name)
-        raise
-
-
-def build_env(name, env_config: dict, tokenizer) -> TextEnv:
-    """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
-    cfg = dict(env_config)
-    # The env class/factory itself (it reaches remote runners by pickling), or a name registered in this process
-    # (entry points) or in Ray Tune's cluster-wide registry (names the driver registered, see R3Config.environment).
-    factory = name if callable(name) else _text_env_factory(name)
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "tokenizer" in params and cfg.get("tokenizer") is None:
-        cfg["tokenizer"] = tokenizer
-    env = factory(**cfg)
-    if not isinstance(env, TextEnv):
-        raise TypeError(f"text env {name!r} built a {type(env).__name__}, not a TextEnv")
-    return env
 
 
 def check_estimator_fits_env(config, multistep: bool) -> None:
@@ -101,49 +72,6 @@ def check_estimator_fits_env(config, multistep: bool) -> None:
         )
 
 
-def runner_seed(config, worker_index: int | None) -> int:
-    """Each runner's sampling seed: its engine's samples differ from the other runners' but are reproducible."""
-    return int(config.seed or 0) + 1000 * int(worker_index or 0)
-
-
-def env_accepts_shard(name) -> bool:
-    """Whether the TextEnv factory names a ``shard`` parameter (the shipped envs do; see ``envs/data.py``). A factory
-    taking only ``**kwargs`` counts as not shardable: it may hand them to an env that does not know the key."""
-    factory = name if callable(name) else _text_env_factory(name)
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    return "shard" in params
-
-
-def runner_env_config(config, worker_index: int | None, *, shardable: bool = True) -> dict:
-    """The env_config runner `worker_index` builds its TextEnv with.
-
-    Shardable envs get one data order for all runners (the env's seed plus the global `config.seed`, the same on
-    every runner) and runner `worker_index`'s `shard` of it: positions of each iteration's `queries_per_iteration`
-    global batch, split as the algorithm splits a rollout (see `envs.data.runner_shards`). Together the runners
-    walk one permutation per epoch, each query at most once per epoch and never twice in one iteration; the last
-    `len(data) % queries_per_iteration` queries of each epoch's permutation are skipped that epoch (different ones
-    every epoch). A local runner (worker_index 0, no remote runners) takes the whole batch.
-
-    Envs without a `shard` keyword keep the older scheme: each runner walks the whole data in its own order (the
-    env's seed offset by the runner's), so runners may serve one query in the same iteration.
-    """
-    from r3_rllib.envs.data import runner_shards
-
-    env_config = dict(config.env_config)
-    if not shardable:
-        return {**env_config, "seed": env_config.get("seed", 0) + runner_seed(config, worker_index)}
-    num_runners = int(config.num_env_runners or 0)
-    batch = int(config.queries_per_iteration)
-    if num_runners < 1 or not worker_index:
-        shard = runner_shards(batch, 1)[0]
-    else:
-        shard = runner_shards(batch, num_runners)[int(worker_index) - 1]
-    return {**env_config, "seed": env_config.get("seed", 0) + int(config.seed or 0), "shard": shard.as_dict()}
-
-
 class LLMEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of responses from a TextEnv with a GenerationEngine (see module docstring)."""
 
@@ -159,9 +87,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.tokenizer,
         )
         self._eval_env: TextEnv | None = None
-        # A multi-step env (episode(query_id)) is rolled out as trajectories of step samples (multistep.py).
+        # Decided once, here: a multi-step env (episode(query_id)) is rolled out and evaluated as trajectories of
+        # step samples (multistep.py), a single-step one as G responses per prompt.
         self.multistep = supports_episodes(self.env)
         check_estimator_fits_env(self.config, self.multistep)
+        self._rollout = self._sample_episodes if self.multistep else self._sample_responses
+        self._evaluate_part = self._evaluate_episodes if self.multistep else self._evaluate_responses
         self.engine = make_engine(
             self.config.engine,
             policy_path(self.config.model_path),
@@ -222,13 +153,29 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(EnvRunner)
     def sample(
         self, *, num_queries: int = 1, reflection: ReflectionSettings | None = None, **kwargs
-    ) -> dict[str, Any]:
+    ) -> RolloutResult:
         """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given)."""
         t0 = time.perf_counter()
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
-        if self.multistep:
-            return self._sample_episodes(num_queries, t0)
+        groups, timings, tokens, totals = self._rollout(num_queries, reflection)
+        return RolloutResult(
+            worker_id=int(self.worker_index or 0),
+            groups=tuple(groups),
+            env_epoch=int(getattr(self.env, "epoch", 0)),
+            timings=RolloutTimings(*timings, sample_s=time.perf_counter() - t0),
+            generated_tokens=int(tokens),
+            # This rollout's statistics as sums, merged over runners by the algorithm.
+            totals=totals,
+            # Where this runner stands in its data after these draws: a restarted runner resumes from here.
+            runner_state=self.runner_state(),
+        )
+
+    def _sample_responses(
+        self, num_queries: int, reflection: ReflectionSettings | None
+    ) -> tuple[list[Group], tuple[float, float], int, dict[str, float]]:
+        """Single-step rollout: G responses to each of the next `num_queries` prompts (and reflection prompts) in
+        one engine call, each graded by the env. (groups, (generate_s, grade_s), generated tokens, totals)."""
         prompts: list[tuple[str, str | None, str]] = []  # (query_id, user_content or None, prompt text)
         query_texts: dict[str, str] = {}
         for _ in range(num_queries):
@@ -271,20 +218,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             groups.append(Group(query_id=qid, samples=samples, is_reflection=user_content is not None))
         grade_s = time.perf_counter() - t_grade
         gen_tokens = sum(len(c.token_ids) for comps in completions for c in comps)
-        return {
-            "groups": groups,
-            "env_epoch": int(getattr(self.env, "epoch", 0)),
-            "timing": {"generate_s": gen_s, "grade_s": grade_s, "sample_s": time.perf_counter() - t0},
-            "generated_tokens": gen_tokens,
-            # This rollout's statistics as sums, merged over runners by the algorithm.
-            "totals": rollout_totals(groups),
-            # Where this runner stands in its data after these draws: a restarted runner resumes from here.
-            "runner_state": self.get_state(),
-        }
+        return groups, (gen_s, grade_s), gen_tokens, rollout_totals(groups)
 
-    def _sample_episodes(self, num_queries: int, t0: float) -> dict[str, Any]:
+    def _sample_episodes(
+        self, num_queries: int, reflection: ReflectionSettings | None
+    ) -> tuple[list[Group], tuple[float, float], int, dict[str, float]]:
         """Multi-step rollout: G trajectories of each of the next `num_queries` queries, stepped in lockstep with one
-        engine call per step; one group of step samples per query."""
+        engine call per step; one group of step samples per query (no reflection prompts: they are single-step)."""
         query_ids = [self.env.reset()[1]["query_id"] for _ in range(num_queries)]
         t_gen = time.perf_counter()
         records = rollout_multistep(
@@ -301,14 +241,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if self.config.sleep_between_rollouts:
             self.engine.sleep()
         groups = step_groups(records, self.engine.version)
-        return {
-            "groups": groups,
-            "env_epoch": int(getattr(self.env, "epoch", 0)),
-            "timing": {"generate_s": gen_s, "grade_s": 0.0, "sample_s": time.perf_counter() - t0},
-            "generated_tokens": sum(len(r.response_ids) for r in records),
-            "totals": {**rollout_totals(groups), **episode_totals(records)},
-            "runner_state": self.get_state(),
-        }
+        tokens = sum(len(r.response_ids) for r in records)
+        return groups, (gen_s, 0.0), tokens, {**rollout_totals(groups), **episode_totals(records)}
 
     def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool]:
         options = {"query_id": query_id}
@@ -401,8 +335,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         per_query = max(1, samples)
         params = self.sampling_params(greedy=samples < 1, seed=eval_seed(self.config.seed or 0, shard[0]))
         first = [env.reset() for _ in range(part.stop)][part.start :]
-        if self.multistep:
-            return self._evaluate_episodes(env, [info["query_id"] for _, info in first], per_query, params)
+        return self._evaluate_part(env, first, per_query, params)
+
+    def _evaluate_responses(
+        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
+    ) -> dict[str, float]:
+        """Correct responses to the prompts `first` ((observation, info) of env.reset()), `per_query` each."""
         prompts = [self.tokenizer(obs, add_special_tokens=False)["input_ids"] for obs, _ in first]
         qids = [info["query_id"] for _, info in first]
         comps = self.engine.generate(prompts, per_query, params) if prompts else []
@@ -419,10 +357,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         }
 
     def _evaluate_episodes(
-        self, env: TextEnv, query_ids: list[str], per_query: int, params: SamplingParams
+        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
     ) -> dict[str, float]:
-        """Successes, trajectory lengths and steps of the successful trajectories on `query_ids`, `per_query`
-        trajectories each."""
+        """Successes, trajectory lengths and steps of the successful trajectories on the queries of `first`
+        ((observation, info) of env.reset()), `per_query` trajectories each."""
+        query_ids = [info["query_id"] for _, info in first]
         counts = {"queries": float(len(query_ids)), "samples": 0.0, "correct": 0.0}
         counts |= {"length_sum": 0.0, "goal_steps_sum": 0.0}
         if not query_ids:
@@ -468,20 +407,21 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         **kwargs,
     ) -> dict:
         # Weights live in the learner's checkpoint; a runner's state is its position in the data and its sampling
-        # seed.
-        return {
-            "env": self.env.state(),
-            "sample_seed": self._sample_seed,
-            "policy_version": self.engine.version if self.engine else 0,
-        }
+        # seed (RunnerState, as the versioned dict RLlib's Checkpointable API passes around).
+        return self.runner_state().to_dict()
+
+    def runner_state(self) -> RunnerState:
+        """Where this runner stands in its data, and its sampling seed."""
+        return RunnerState(env=self.env.state(), sample_seed=self._sample_seed)
 
     @override(Checkpointable)
     def set_state(self, state: dict) -> None:
         if not state or COMPONENT_RL_MODULE in state and len(state) <= 2:
             return  # RLlib's post-setup weight broadcast: our weights arrive through update_weights().
         if "env" in state:
-            self.env.set_state(state["env"])
-            self._sample_seed = state["sample_seed"]
+            restored = RunnerState.from_dict(state, source=f"EnvRunner {self.worker_index} state")
+            self.env.set_state(restored.env)
+            self._sample_seed = restored.sample_seed
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):

@@ -250,16 +250,7 @@ def build_training_batch(
     }
     replayed: dict[int, list[Sample]] = {}  # id(group) -> its replayed samples
     if settings.replay and fetch_replay is not None:
-        requests = replay_requests(groups, settings.replay_k)
-        if requests:
-            by_query = {g.query_id: g for g in fresh}
-            for (qid, _want, _k), got in zip(requests, fetch_replay(requests), strict=True):
-                replayed[id(by_query[qid])] = [replace(s, is_replay=True) for s in got]
-            hits = [len(replayed[id(by_query[qid])]) for qid, _, _ in requests]
-            metrics["replay_requests"] = float(len(requests))
-            metrics["replay_hits"] = float(sum(n > 0 for n in hits))
-            metrics["replay_samples"] = float(sum(hits))
-
+        replayed = _fetch_replayed(groups, fresh, settings.replay_k, fetch_replay, metrics)
     ranked: dict[int, np.ndarray] = {}  # id(group) -> its fresh samples' ranking rewards
     if settings.ranking:
         for g in groups:
@@ -267,28 +258,7 @@ def build_training_batch(
                 ranked[id(g)] = ranking_rewards(g, p=settings.ranking_p, r_max=settings.ranking_r_max)
     metrics["ranked_groups"] = float(len(ranked))
     metrics["ranked_reward_spread"] = float(np.mean([np.ptp(r) for r in ranked.values()])) if ranked else 0.0
-
-    scored = []  # (group, members, rewards, advantages) of every group, before any is left out
-    for g in groups:
-        own = g.samples
-        if id(g) in ranked:
-            own = [replace(s, reward=float(r)) for s, r in zip(g.samples, ranked[id(g)], strict=True)]
-        members = own + replayed.get(id(g), [])
-        rewards = shaped_rewards(members, settings.overlong)
-        inputs = _sample_inputs(settings.advantage_estimator, members)
-        advantages = compute_group_advantages(
-            settings.advantage_estimator, rewards, **settings.advantage_params, **inputs
-        )
-        scored.append((g, members, rewards, advantages))
-    if settings.batch_step is not None and scored:
-        # The estimator's batch step (e.g. reinforce_pp's batch std) over every member of every group: replayed
-        # and ranked samples are trained on, so they count; zero-advantage groups count too (as zeros, as in
-        # verl's whole-batch statistics), so the scale does not depend on whether a KL term keeps them.
-        flat = apply_batch_step(
-            settings.batch_step, np.concatenate([a for *_, a in scored]), **settings.batch_step_params
-        )
-        bounds = np.cumsum([len(a) for *_, a in scored])[:-1]
-        scored = [(g, m, r, a) for (g, m, r, _), a in zip(scored, np.split(flat, bounds), strict=True)]
+    scored = _score_groups(groups, ranked, replayed, settings)
 
     batch: list[Sample] = []
     zero_after = []
@@ -316,6 +286,62 @@ def build_training_batch(
     metrics["train_replayed"] = float(sum(s.is_replay for s in batch))
     metrics["train_reflected"] = float(sum(s.is_reflection for s in batch))
     return batch, metrics
+
+
+def _fetch_replayed(
+    groups: Sequence[Group],
+    fresh: Sequence[Group],
+    k: int,
+    fetch_replay: Callable[[list[tuple[str, bool, int]]], list[list[Sample]]],
+    metrics: dict[str, float],
+) -> dict[int, list[Sample]]:
+    """``id(group) -> replayed samples`` for the collapsed fresh groups (see :func:`replay_requests`); counts the
+    requests, hits and samples into ``metrics``."""
+    replayed: dict[int, list[Sample]] = {}
+    requests = replay_requests(groups, k)
+    if not requests:
+        return replayed
+    by_query = {g.query_id: g for g in fresh}
+    for (qid, _want, _k), got in zip(requests, fetch_replay(requests), strict=True):
+        replayed[id(by_query[qid])] = [replace(s, is_replay=True) for s in got]
+    hits = [len(replayed[id(by_query[qid])]) for qid, _, _ in requests]
+    metrics["replay_requests"] = float(len(requests))
+    metrics["replay_hits"] = float(sum(n > 0 for n in hits))
+    metrics["replay_samples"] = float(sum(hits))
+    return replayed
+
+
+def _score_groups(
+    groups: Sequence[Group],
+    ranked: dict[int, np.ndarray],
+    replayed: dict[int, list[Sample]],
+    settings: IterationSettings,
+) -> list[tuple[Group, list[Sample], np.ndarray, np.ndarray]]:
+    """``(group, members, rewards, advantages)`` of every group, before any is left out: members are its own
+    samples (with their ranking rewards when ranked) then its replayed ones; advantages after the estimator's
+    batch step when it has one."""
+    scored = []
+    for g in groups:
+        own = g.samples
+        if id(g) in ranked:
+            own = [replace(s, reward=float(r)) for s, r in zip(g.samples, ranked[id(g)], strict=True)]
+        members = own + replayed.get(id(g), [])
+        rewards = shaped_rewards(members, settings.overlong)
+        inputs = _sample_inputs(settings.advantage_estimator, members)
+        advantages = compute_group_advantages(
+            settings.advantage_estimator, rewards, **settings.advantage_params, **inputs
+        )
+        scored.append((g, members, rewards, advantages))
+    if settings.batch_step is not None and scored:
+        # The estimator's batch step (e.g. reinforce_pp's batch std) over every member of every group: replayed
+        # and ranked samples are trained on, so they count; zero-advantage groups count too (as zeros, as in
+        # verl's whole-batch statistics), so the scale does not depend on whether a KL term keeps them.
+        flat = apply_batch_step(
+            settings.batch_step, np.concatenate([a for *_, a in scored]), **settings.batch_step_params
+        )
+        bounds = np.cumsum([len(a) for *_, a in scored])[:-1]
+        scored = [(g, m, r, a) for (g, m, r, _), a in zip(scored, np.split(flat, bounds), strict=True)]
+    return scored
 
 
 #: Rollout totals that combine by taking the larger value (the others add up).

@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from r3_rllib.algorithms.r3.settings import FIRST_STAGES as FIRST_STAGES  # the stage is a settings field now
 from r3_rllib.algorithms.r3.settings import IterationSettings, estimator_settings
+from r3_rllib.algorithms.r3.settings import iteration_stage as iteration_stage
 from r3_rllib.core.advantages import compute_group_advantages, register_advantage
 from r3_rllib.core.rarity import skip_flat_group
-from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, Stage, active_stage
+from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, Stage
 
-#: Config value of ``rollout_head_first_stage`` -> the schedule's stage name.
-FIRST_STAGES: dict[str, Stage] = {"head": HEAD_STAGE, "base": BASE_STAGE}
 #: Values of ``rollout_head_stage_b_weight``.
 STAGE_B_WEIGHTS = ("truncated_is", "none")
 #: Internal estimator name of stage B's skip wrapper (refused as a user's ``advantage_estimator``).
@@ -63,18 +63,6 @@ def stage_b_advantages(
     return compute_group_advantages(base, r, **base_params, **inputs)
 
 
-def iteration_stage(config: Any, iteration: int) -> Stage | None:
-    """The R^2PO stage of 0-based training ``iteration`` (None when ``config.rollout_head`` is off)."""
-    if not config.rollout_head:
-        return None
-    return active_stage(
-        iteration,
-        head_iters=config.rollout_head_head_iters,
-        base_iters=config.rollout_head_base_iters,
-        first=FIRST_STAGES[config.rollout_head_first_stage],
-    )
-
-
 def stage_settings(settings: IterationSettings, stage: Stage | None, config: Any) -> IterationSettings:
     """The batch settings of an iteration in ``stage`` (``settings`` unchanged when ``stage`` is None).
 
@@ -87,6 +75,7 @@ def stage_settings(settings: IterationSettings, stage: Stage | None, config: Any
         name = config.rollout_head_advantage
         return dataclasses.replace(
             settings,
+            stage=HEAD_STAGE,
             replay=False,
             ranking=False,
             **estimator_settings(name, config),
@@ -95,6 +84,7 @@ def stage_settings(settings: IterationSettings, stage: Stage | None, config: Any
     if stage == BASE_STAGE:
         return dataclasses.replace(
             settings,
+            stage=BASE_STAGE,
             # The base's batch step (settings.batch_step) is kept: it runs on the wrapper's outputs, skipped groups
             # included as zeros.
             advantage_estimator=STAGE_B_ESTIMATOR,

@@ -117,6 +117,57 @@ def revisit_kept_fraction(steps_per_epoch: int, staleness: int | None, *, extra_
     return kept / (t * t)
 
 
+def _part_schedules(
+    settings: dict[str, tuple[bool, int]],
+    t: int,
+    dataset_size: int,
+    queries_per_iteration: int,
+    stop_iteration: int | None,
+) -> tuple[dict[str, PartSchedule], list[str]]:
+    """Each part's first iteration (``name -> (enabled, start epoch)``, ``t`` iterations per epoch), and a warning
+    for each enabled part that would switch on only after ``stop_iteration``."""
+    parts: dict[str, PartSchedule] = {}
+    warnings: list[str] = []
+    for name, (enabled, start) in settings.items():
+        if start < 0:
+            raise ValueError(f"{name}_start_epoch must be >= 0, got {start}")
+        first = start * t + 1 if enabled else None
+        parts[name] = PartSchedule(name, bool(enabled), int(start), first)
+        if enabled and stop_iteration is not None and first > stop_iteration:
+            warnings.append(
+                f"{name} never switches on: {name}_start_epoch={start} begins at iteration {first} "
+                f"({dataset_size} queries / {queries_per_iteration} per iteration = {t} iterations per epoch), "
+                f"after the stop at iteration {stop_iteration}"
+            )
+    return parts, warnings
+
+
+def _check_history(
+    staleness: int,
+    staleness_derived: bool,
+    t: int,
+    extra_lag: int,
+    kept: float,
+    errors: list[str],
+    warnings: list[str],
+) -> None:
+    """With replay or reflection on: an error when no revisit can find its past samples within ``staleness``,
+    a warning when only some can (``kept`` of them)."""
+    revisit_max = 2 * t - 1 + extra_lag
+    if kept == 0.0:
+        errors.append(
+            f"replay_max_staleness={staleness} is shorter than the shortest gap between two visits of a "
+            f"query ({1 + extra_lag} update(s)): replay and reflection can never use a past sample"
+        )
+    elif staleness < revisit_max:
+        source = "the derived default" if staleness_derived else f"replay_max_staleness={staleness}"
+        warnings.append(
+            f"{source} is shorter than the longest gap between two visits of a query ({revisit_max} updates; "
+            f"{t} on average): only {kept:.1%} of revisits find the previous visit's samples. Leave "
+            f"replay_max_staleness unset (None) for two epochs of history ({DEFAULT_STALENESS_EPOCHS * t} updates)"
+        )
+
+
 def compute_schedule(
     *,
     dataset_size: int,
@@ -148,44 +199,18 @@ def compute_schedule(
         "reflection": (reflection, reflection_start_epoch),
         "ranking": (ranking, ranking_start_epoch),
     }
-    parts: dict[str, PartSchedule] = {}
-    errors: list[str] = []
-    warnings: list[str] = []
-    for name, (enabled, start) in settings.items():
-        if start < 0:
-            raise ValueError(f"{name}_start_epoch must be >= 0, got {start}")
-        first = start * t + 1 if enabled else None
-        parts[name] = PartSchedule(name, bool(enabled), int(start), first)
-        if enabled and stop_iteration is not None and first > stop_iteration:
-            warnings.append(
-                f"{name} never switches on: {name}_start_epoch={start} begins at iteration {first} "
-                f"({dataset_size} queries / {queries_per_iteration} per iteration = {t} iterations per epoch), "
-                f"after the stop at iteration {stop_iteration}"
-            )
-
+    parts, warnings = _part_schedules(settings, t, dataset_size, queries_per_iteration, stop_iteration)
     extra_lag = 1 if overlap_generation else 0
     revisit_max = 2 * t - 1 + extra_lag
     kept = revisit_kept_fraction(t, replay_max_staleness, extra_lag=extra_lag)
-    history = replay or reflection
+    errors: list[str] = []
     if replay and dynamic_sampling:
         errors.append(
             "replay with dynamic_sampling: dynamic sampling drops the all-equal groups that replay would mix "
             "past samples into, so replay would never act; turn one of them off"
         )
-    if history and replay_max_staleness is not None and kept == 0.0:
-        errors.append(
-            f"replay_max_staleness={replay_max_staleness} is shorter than the shortest gap between two visits of a "
-            f"query ({1 + extra_lag} update(s)): replay and reflection can never use a past sample"
-        )
-    elif history and replay_max_staleness is not None and replay_max_staleness < revisit_max:
-        source = (
-            "the derived default" if staleness_derived else f"replay_max_staleness={replay_max_staleness}"
-        )
-        warnings.append(
-            f"{source} is shorter than the longest gap between two visits of a query ({revisit_max} updates; "
-            f"{t} on average): only {kept:.1%} of revisits find the previous visit's samples. Leave "
-            f"replay_max_staleness unset (None) for two epochs of history ({DEFAULT_STALENESS_EPOCHS * t} updates)"
-        )
+    if (replay or reflection) and replay_max_staleness is not None:
+        _check_history(replay_max_staleness, staleness_derived, t, extra_lag, kept, errors, warnings)
     late_parts = [p for p in parts.values() if p.enabled and p.start_epoch > 0]
     if dynamic_sampling and late_parts:
         warnings.append(

@@ -15,6 +15,10 @@ from typing import Any
 from r3_rllib.core.advantages import ADVANTAGE_FNS, has_batch_step
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.core.reward_shaping import OverlongShaping
+from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, Stage, active_stage
+
+#: Config value of ``rollout_head_first_stage`` -> the schedule's stage.
+FIRST_STAGES: dict[str, Stage] = {"head": HEAD_STAGE, "base": BASE_STAGE}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class IterationSettings:
     gradient; see groups.py)."""
     overlong: OverlongShaping | None = None
     """DAPO's soft overlong penalty added to every trained sample's reward before advantages; None while off."""
+    stage: Stage | None = None
+    """The R^2PO stage of the iteration (what the learner trains: head or base); None without a rollout head."""
 
     @property
     def active_parts(self) -> tuple[str, ...]:
@@ -51,11 +57,14 @@ class IterationSettings:
         return tuple(name for name, active in on.items() if active)
 
 
-def iteration_settings(config: Any, *, dataset_epoch: int, policy_version: int) -> IterationSettings:
+def iteration_settings(
+    config: Any, *, dataset_epoch: int, policy_version: int, iteration: int | None = None
+) -> IterationSettings:
     """The settings of an iteration that samples in data epoch ``dataset_epoch`` with policy ``policy_version``.
 
     ``config`` is an :class:`~r3_rllib.algorithms.r3.config.R3Config` (any object with its fields). A part is on
-    when its switch is set and ``dataset_epoch`` has reached its ``*_start_epoch``."""
+    when its switch is set and ``dataset_epoch`` has reached its ``*_start_epoch``. ``iteration`` (0-based) sets
+    the R^2PO stage (:func:`iteration_stage`); None leaves it unset."""
     reflection = None
     if config.reflection and dataset_epoch >= config.reflection_start_epoch:
         reflection = ReflectionSettings(
@@ -78,6 +87,20 @@ def iteration_settings(config: Any, *, dataset_epoch: int, policy_version: int) 
         **estimator_settings(config.advantage_estimator, config),
         keep_zero_advantage=config.kl_coef > 0,
         overlong=overlong_shaping(config),
+        stage=iteration_stage(config, iteration) if iteration is not None else None,
+    )
+
+
+def iteration_stage(config: Any, iteration: int) -> Stage | None:
+    """The R^2PO stage of 0-based training ``iteration`` (None when ``config.rollout_head`` is off). A function of
+    the iteration count alone, so a restored run resumes in its stage."""
+    if not config.rollout_head:
+        return None
+    return active_stage(
+        iteration,
+        head_iters=config.rollout_head_head_iters,
+        base_iters=config.rollout_head_base_iters,
+        first=FIRST_STAGES[config.rollout_head_first_stage],
     )
 
 

@@ -98,3 +98,40 @@ def find_startup_error(exc: BaseException | None) -> EnvRunnerStartupError | Non
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+#: How long an iteration waits for Ray to bring a crashed replay actor back.
+REPLAY_RESTART_TIMEOUT_S = 60.0
+
+
+def replay_config(config, max_staleness: int | None):
+    """The replay buffer's typed configuration (``replay.ReplayConfig``), built once in the driver from the
+    algorithm config; ``max_staleness`` is the schedule's bound (two epochs of updates when the config leaves it
+    None, schedule.py)."""
+    from r3_rllib.replay import ReplayConfig
+
+    return ReplayConfig(
+        max_per_query=config.replay_max_per_query,
+        max_total_samples=config.replay_max_total,
+        priority=config.replay_priority,
+        recency_decay=config.replay_recency_decay,
+        correct_length_power=config.replay_correct_length_power,
+        truncated_priority=config.replay_truncated_priority,
+        max_staleness=max_staleness,
+        seed=config.seed,
+    )
+
+
+def start_replay(config, schedule):
+    """The replay actor of a run that needs one (``config.needs_replay_actor``), behind the supervisor that waits
+    for Ray to restart it after a crash and refills it (replay/supervisor.py); None otherwise."""
+    if not config.needs_replay_actor:
+        return None
+    from r3_rllib.replay import ReplayBufferClient, create_replay_actor
+    from r3_rllib.replay.supervisor import ReplaySupervisor
+
+    staleness = schedule.staleness if schedule else config.replay_max_staleness
+    client = ReplayBufferClient(create_replay_actor(replay_config(config, staleness), max_restarts=-1))
+    supervisor = ReplaySupervisor(client, restart_timeout_s=REPLAY_RESTART_TIMEOUT_S)
+    supervisor.check()
+    return supervisor

@@ -75,3 +75,45 @@ def named_tensors(weights: PackedWeights | Mapping[str, torch.Tensor]) -> Iterab
     if isinstance(weights, PackedWeights):
         return unpack_weights(weights)
     return weights.items()
+
+
+#: RLlib async-request tag of the weight load queued behind a runner's rollout (overlap_generation).
+WEIGHTS_TAG = "r3_weights"
+
+
+class PolicyWeights:
+    """The driver's one record of the policy version, and the weight broadcast that sets it.
+
+    The learners count updates (their version travels with their checkpoint); each :meth:`sync` puts learner rank
+    0's state dict in the object store once, every runner loads it from there, and :attr:`version` becomes the
+    version of those weights: the one the runners sample with next."""
+
+    def __init__(self, learners, runners) -> None:
+        self.learners = learners
+        self.runners = runners
+        self.version = 0
+
+    def sync(self, remote_worker_ids: list[int] | None = None, block: bool = True) -> None:
+        """Send the learners' weights to the runners (all, or ``remote_worker_ids``).
+
+        ``block=False`` queues the load behind the rollout a runner is generating (overlap_generation): the driver
+        goes on, and the runner's next call runs with the new weights."""
+        results = self.learners.foreach_learner(lambda learner: learner.weights_ref())
+        refs = []
+        for r in results:
+            if not r.ok:
+                raise r.get()
+            if r.get()[0] is not None:
+                refs.append(r.get())
+        weights_ref, version = refs[0]
+        self.version = version
+
+        def load(r, _w=weights_ref, _v=version):
+            return r.update_weights(_w, _v)
+
+        if block:
+            self.runners.foreach_env_runner(load, local_env_runner=False, remote_worker_ids=remote_worker_ids)
+        else:
+            # RLlib allows one request in flight per runner and tag: collect the previous (long finished) load.
+            self.runners.fetch_ready_async_reqs(tags=WEIGHTS_TAG, timeout_seconds=None)
+            self.runners.foreach_env_runner_async(load, tag=WEIGHTS_TAG, remote_worker_ids=remote_worker_ids)

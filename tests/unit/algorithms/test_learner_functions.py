@@ -7,11 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from r3_rllib.algorithms.r3.learner import (
-    token_budget_chunks,
-    token_logprobs,
-    use_gradient_checkpointing,
-)
+from r3_rllib.algorithms.r3.learner_memory import use_gradient_checkpointing
+from r3_rllib.core.batching import token_budget_chunks
+from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import entropy_from_logits
 
 
@@ -114,7 +112,7 @@ def test_gradient_checkpointing_defaults_on_for_pretrained_models():
 
 PEAK_CHECK = """
 import torch
-from r3_rllib.algorithms.r3.learner import PeakMemory
+from r3_rllib.algorithms.r3.learner_memory import PeakMemory
 
 peak = PeakMemory("cpu")
 peak.reset()
@@ -165,7 +163,11 @@ def test_config_rejects_a_non_positive_token_budget():
 
 def test_token_budget_auto_is_on_for_pretrained_models_only():
     from r3_rllib import R3Config
-    from r3_rllib.algorithms.r3.learner import AUTO_TOKENS_PER_PASS, learner_memory_error, tokens_per_pass
+    from r3_rllib.algorithms.r3.learner_memory import (
+        AUTO_TOKENS_PER_PASS,
+        learner_memory_error,
+        tokens_per_pass,
+    )
 
     assert tokens_per_pass("auto", "some/model") == AUTO_TOKENS_PER_PASS == 16384
     assert tokens_per_pass("auto", None) is None  # the shipped tiny model: micro_batch_size rows
@@ -181,7 +183,7 @@ def test_learner_memory_error_names_the_process_and_the_settings():
     from ray.exceptions import OutOfMemoryError, RayActorError
 
     from r3_rllib import R3Config
-    from r3_rllib.algorithms.r3.learner import learner_memory_error
+    from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 
     cfg = R3Config().training(micro_batch_size=8, max_new_tokens=48, micro_batch_max_tokens=None)
     cfg.model_path = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -11,7 +11,9 @@ import torch
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.groups import Sample
-from r3_rllib.algorithms.r3.learner import R3Learner, minibatch_plan
+from r3_rllib.algorithms.r3.learner import R3Learner
+from r3_rllib.core.batching import minibatch_plan
+from r3_rllib.types import TrainingBatch
 
 torch.set_num_threads(1)
 
@@ -103,7 +105,7 @@ def test_a_single_optimizer_step_recomputes_nothing(tiny_random_model):
 
 
 def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_base(tiny_random_model):
-    from r3_rllib.algorithms.r3.learner import pack_samples
+    from r3_rllib.algorithms.r3.rl_module import pack_samples
     from r3_rllib.models.rollout_head import rollout_token_logprobs
 
     beta = 0.04
@@ -154,7 +156,9 @@ def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_base(tiny_rand
 def _response_logprob_sums(learner: R3Learner, samples: list[Sample]) -> np.ndarray:
     """Sum of each response's token log-probs under the learner's current policy."""
     with torch.no_grad():
-        old, _ = learner._recompute_old_logprobs(samples, [np.arange(len(samples))])
+        old, _ = learner._recompute_old_logprobs(
+            TrainingBatch.from_samples(samples), [np.arange(len(samples))]
+        )
     return np.array([float(old[i].sum()) for i in range(len(samples))])  # rows are 0 off the response
 
 

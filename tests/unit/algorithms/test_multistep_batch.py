@@ -12,11 +12,12 @@ from r3_rllib.algorithms.r3.groups import (
     rollout_means,
     rollout_totals,
 )
-from r3_rllib.algorithms.r3.multistep import StepRecord, episode_totals, step_groups, supports_episodes
+from r3_rllib.algorithms.r3.multistep import step_groups
 from r3_rllib.algorithms.r3.settings import iteration_settings
 from r3_rllib.core.hgpo import hgpo_advantages
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 from r3_rllib.envs.gridworld import GridWorldEnv
+from r3_rllib.rollout.multistep import StepRecord, episode_totals, supports_episodes
 
 
 def _record(qid, traj, step, key, reward, *, terminated=False, truncated=False, finish="stop"):

@@ -11,7 +11,7 @@ import torch
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch
-from r3_rllib.algorithms.r3.learner import _param_groups, token_logprobs
+from r3_rllib.algorithms.r3.learner import _param_groups
 from r3_rllib.algorithms.r3.r2po import (
     STAGE_B_ESTIMATOR,
     iteration_stage,
@@ -22,6 +22,7 @@ from r3_rllib.algorithms.r3.r2po import (
 )
 from r3_rllib.algorithms.r3.settings import iteration_settings
 from r3_rllib.core.advantages import grpo_advantages
+from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.rollout_head_sampling import RolloutHeadHFEngine
 from r3_rllib.engines.vllm_engine import model_weight_folder
@@ -185,10 +186,10 @@ def test_stage_a_alone_has_the_head_kl_term():
 
 @pytest.mark.parametrize("head_swap", [True, False])
 def test_learner_rollout_logprobs_match_the_head_module(tok, monkeypatch, head_swap):
-    import r3_rllib.algorithms.r3.learner as learner_module
+    import r3_rllib.core.logprobs as logprobs_module
 
     if not head_swap:  # the full-logits path of models whose forward post-processes the logits
-        monkeypatch.setattr(learner_module, "_head_swap_supported", lambda model: False)
+        monkeypatch.setattr(logprobs_module, "_head_swap_supported", lambda model: False)
     model, head = _model_with_head(tok)
     ids, attn, resp = _batch()
     with torch.no_grad():

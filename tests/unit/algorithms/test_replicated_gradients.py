@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import r3_rllib.algorithms.r3.learner as learner_module
-from r3_rllib.algorithms.r3.learner import _buckets, average_gradients
+import r3_rllib.algorithms.r3.distributed as distributed_module
+from r3_rllib.algorithms.r3.distributed import _buckets, average_gradients
 
 
 def test_buckets_split_at_the_element_budget():
@@ -32,7 +32,7 @@ def _other_rank(monkeypatch, bounds: list[int]) -> list[torch.Tensor]:
             t.mul_(3.0)  # ours + the other rank's (2 x ours)
 
     monkeypatch.setattr(
-        learner_module, "dist", SimpleNamespace(all_reduce=all_reduce, ReduceOp=dist.ReduceOp)
+        distributed_module, "dist", SimpleNamespace(all_reduce=all_reduce, ReduceOp=dist.ReduceOp)
     )
     return sent
 

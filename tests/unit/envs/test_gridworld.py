@@ -249,8 +249,8 @@ def test_registered_as_text_env():
 
 
 def test_sft_pairs_encoding_masks_the_move_and_eos():
-    from r3_rllib.models.gridworld_sft import encode_pairs
     from r3_rllib.models.tiny import build_tiny_tokenizer
+    from r3_rllib.warmstart.gridworld import encode_pairs
 
     tok = build_tiny_tokenizer()
     ids, attn, mask = encode_pairs([("ab:", "up"), ("a:", "left")], tok)
@@ -300,7 +300,7 @@ def test_bad_preset():
 
 def test_warm_start_config_is_cheap_and_checked():
     # The builder's config (no training here): settings resolved from the preset, unknown env keys refused.
-    from r3_rllib.models.gridworld_sft import WARM_START_PRESET, _config_hash, warm_start_config
+    from r3_rllib.warmstart.gridworld import WARM_START_PRESET, _config_hash, warm_start_config
 
     cfg = warm_start_config(seed=3)
     assert cfg["preset"] == WARM_START_PRESET and cfg["env"]["size"] == PRESETS[WARM_START_PRESET]["size"]
@@ -316,7 +316,7 @@ def test_runner_shards_split_one_global_layout_order():
     """Two runners' shards of one 8-layout batch serve disjoint layouts that together are the whole batch, and
     the EnvRunner config gives the gridworld a shard as it gives the arithmetic env one."""
     from r3_rllib.algorithms.r3.config import R3Config
-    from r3_rllib.algorithms.r3.env_runner import env_accepts_shard, runner_env_config
+    from r3_rllib.algorithms.r3.runner_env import env_accepts_shard, runner_env_config
 
     cfg = R3Config().environment("gridworld", env_config={"num_queries": 16}).env_runners(num_env_runners=2)
     cfg.training(queries_per_iteration=8)

@@ -20,7 +20,7 @@ from r3_rllib.envs.registry import (
 
 @pytest.fixture(autouse=True)
 def clean_registry(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_REGISTRY", registry.new_text_env_registry())
 
 
 def tiny_arithmetic(**config):

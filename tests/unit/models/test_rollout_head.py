@@ -117,10 +117,10 @@ def test_head_changes_rollout_logits_not_inference_logits(tok):
     "scored_rows_only", [True, False], ids=["lm-head-on-scored-rows", "full-logits-fallback"]
 )
 def test_token_logprobs_match_full_softmax(tok, monkeypatch, scored_rows_only):
-    import r3_rllib.models.rollout_head as rh
+    import r3_rllib.core.logprobs as logprobs_module
 
     if not scored_rows_only:  # a model whose forward takes no logits_to_keep
-        monkeypatch.setattr(rh, "_takes_logits_to_keep", lambda model: False)
+        monkeypatch.setattr(logprobs_module, "_head_swap_supported", lambda model: False)
     model = _model(tok)
     head = attach_rollout_head(model, seed=1)
     head.reset_parameters(0.3, seed=2)
@@ -141,7 +141,8 @@ def test_token_logprobs_match_full_softmax(tok, monkeypatch, scored_rows_only):
         h.remove()
     n = int(resp.sum())
     assert seen == [n]  # the rollout head ran on the 8 scored positions, not on B * L
-    assert lm_out == ([(n, len(tok))] if scored_rows_only else [(*ids.shape, len(tok))])
+    # One LM head call: on the scored rows only, which it turns into their log-probs, or the full logits.
+    assert lm_out == ([(n,)] if scored_rows_only else [(*ids.shape, len(tok))])
     kw = dict(input_ids=ids, attention_mask=mask, position_ids=_positions(mask))
     with torch.no_grad():
         full_base = model(**kw).logits[:, :-1]

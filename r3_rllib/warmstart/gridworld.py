@@ -10,7 +10,7 @@ The default warm start (:func:`build_warm_start`) is deliberately short: 100 Ada
 2,000 expert episodes whose rollouts take a random move 30 % of the time (labels are always the expert's move; no
 label noise). Measured on a 2-core CPU, single-threaded, with::
 
-    python -m r3_rllib.models.gridworld_sft --seed 0      # and --seed 1
+    python -m r3_rllib.warmstart.gridworld --seed 0      # and --seed 1
 
 ==== ===== ============== ================================== =============================
 seed  SFT   greedy,        sampled (temperature 1), 100       successful episodes' length
@@ -31,8 +31,8 @@ different prompts, and 17 groups mix successes and failures.
 For comparison, 600 steps of 64 pairs on the plain 5x5 defaults (3..8-move paths) reach ~0.95 greedy
 (``--preset none --steps 600 --batch-size 64``): nothing left for RL.
 
-    python -m r3_rllib.models.gridworld_sft --out runs/tiny_gridworld         # train, evaluate, save
-    python -c "from r3_rllib.models.gridworld_sft import build_warm_start; build_warm_start('runs/gw', seed=0)"
+    python -m r3_rllib.warmstart.gridworld --out runs/tiny_gridworld         # train, evaluate, save
+    python -c "from r3_rllib.warmstart.gridworld import build_warm_start; build_warm_start('runs/gw', seed=0)"
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from r3_rllib.envs.gridworld import DEFAULTS, GridWorldEnv, expert_sft_pairs
-from r3_rllib.models.sft import encode_prompt_answer_pairs, sft_loss
+from r3_rllib.warmstart.arithmetic import encode_prompt_answer_pairs, sft_loss
 
 #: The env preset the warm start is made for (see :data:`r3_rllib.envs.gridworld.PRESETS`).
 WARM_START_PRESET = "hgpo"
@@ -74,7 +74,7 @@ def encode_pairs(
     pairs: Sequence[tuple[str, str]], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and a ``loss_mask`` on the move tokens and the eos (position
-    ``t`` predicts token ``t + 1``), the layout :func:`r3_rllib.models.sft.sft_loss` takes."""
+    ``t`` predicts token ``t + 1``), the layout :func:`r3_rllib.warmstart.arithmetic.sft_loss` takes."""
     if not pairs:
         raise ValueError("encode_pairs needs at least one (prompt, move) pair")
     return encode_prompt_answer_pairs(pairs, tokenizer)
@@ -138,9 +138,9 @@ def evaluate_gridworld(
     max_new_tokens: int = 8,
 ) -> dict[str, float]:
     """Success rate and steps to goal of the model on every layout of ``env`` (lockstep rollouts)."""
-    from r3_rllib.algorithms.r3.multistep import episode_stats, rollout_multistep
     from r3_rllib.engines.base import SamplingParams
     from r3_rllib.engines.hf_engine import HFEngine
+    from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
 
     was_training = model.training
     engine = HFEngine(model, tokenizer, max_batch_size=512)

@@ -1,0 +1,240 @@
+"""`RolloutCoordinator`: every decision about when and from which runners R3 gets its rollouts.
+
+- **Request / gather.** A rollout of ``num_queries`` is split over the healthy runners (the first
+  ``num_queries % n`` take one more, as ``envs.data.runner_shards`` assumes) and asked for without waiting; gathering
+  waits at most ``rollout_timeout_s`` and merges the answers in worker-id order (:func:`rollout_types.merge_results`).
+- **Timeouts and restarts.** A runner that crashed is skipped for the iteration (RLlib marks it unhealthy); one
+  that has not answered in time is marked unhealthy and killed, and Ray restarts it. ``R3.restore_env_runners``
+  brings either back, at the data position of its last delivered rollout (:attr:`runner_states`).
+- **Overlap** (``overlap_generation``): the next rollout is requested before the learner trains on this one; a
+  checkpoint drains it (:meth:`drain`) so that its samples, whose queries the runners' data order has already
+  consumed, are saved rather than lost.
+- **Dynamic sampling** (DAPO): more rounds until enough informative groups, then trimmed.
+- **The data epoch** (:class:`DataEpoch`) every runner's shard has completed, from the runners' last rollouts.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+import ray
+
+from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
+from r3_rllib.algorithms.r3.groups import Group, select_dynamic_groups
+from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, RunnerState, merge_results
+from r3_rllib.algorithms.r3.settings import overlong_shaping
+from r3_rllib.core.reflection import ReflectionSettings
+
+#: RLlib async-request tag of the rollout a runner generates (ahead of the learner with overlap_generation).
+ROLLOUT_TAG = "r3_rollout"
+
+logger = logging.getLogger(__name__)
+
+
+class DataEpoch:
+    """The data epoch of the run: the epoch of the slowest runner's last delivered rollout (runners that missed the
+    latest one included). All shards move in step, so this is the global epoch; a runner restored after a crash
+    redraws the queries it lost and is one step behind the others from then on, and the epoch waits for it."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.runner_epochs: dict[int, int] = {}
+
+    def update(self, epochs: Mapping[int, int]) -> None:
+        """Record runners' epochs (worker id -> the epoch their env reached); no-op without any."""
+        if epochs:
+            self.runner_epochs.update({int(w): int(e) for w, e in epochs.items()})
+            self.value = min(self.runner_epochs.values())
+
+    def restore(self, value: int, runner_epochs: Mapping[int, int]) -> None:
+        self.value = int(value)
+        self.runner_epochs = dict(runner_epochs)
+
+
+class RolloutCoordinator:
+    """Requests, gathers and merges the runners' rollouts for R3 (see the module docstring).
+
+    ``runners`` is the algorithm's EnvRunnerGroup, ``metrics`` its MetricsLogger (rollout/... values are logged
+    here)."""
+
+    def __init__(self, runners, config, metrics) -> None:
+        self.runners = runners
+        self.config = config
+        self.metrics = metrics
+        self.epoch = DataEpoch()
+        self.in_flight = False  # a rollout request is out on the runners
+        self._asked: list[int] = []  # the runners asked for the rollout in flight
+        self.ready: Rollout | None = None  # gathered ahead of its iteration (drained or restored)
+        # Each runner's state after its last rollout that reached the driver (a restarted runner resumes there).
+        self.runner_states: dict[int, RunnerState] = {}
+
+    # -- one iteration's rollout ------------------------------------------------------------------------------
+    def rollout(
+        self,
+        reflection: ReflectionSettings | None,
+        next_reflection: Callable[[], ReflectionSettings | None],
+        policy_version: int,
+    ) -> tuple[list[Group], Rollout]:
+        """(groups to train on, the rollout over every group sampled). With overlap_generation the batch was
+        requested in the previous iteration, before its update, and the next one is requested here with the
+        reflection settings ``next_reflection()`` gives after this rollout's data epoch."""
+        cfg = self.config
+        rollout = self._next(cfg.queries_per_iteration, reflection)
+        groups = list(rollout.groups)
+        if cfg.dynamic_sampling:
+            groups, rollout = self._dynamic_sampling(rollout, reflection)
+        if cfg.overlap_generation:
+            # The runners generate the next batch with the current weights while the learner trains on this one;
+            # the weights of this update reach them after that rollout (a runner runs its calls in order).
+            self.request(cfg.queries_per_iteration, next_reflection())
+        fresh_versions = [s.policy_version for g in rollout.groups if not g.is_reflection for s in g.samples]
+        if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
+            lag = policy_version - float(np.mean(fresh_versions))
+            self._log("policy_lag", lag)
+        return groups, rollout
+
+    def _dynamic_sampling(
+        self, rollout: Rollout, reflection: ReflectionSettings | None
+    ) -> tuple[list[Group], Rollout]:
+        """DAPO: sample until enough informative groups (or out of rounds), then trim to queries_per_iteration."""
+        cfg = self.config
+        select = functools.partial(
+            select_dynamic_groups,
+            target=cfg.queries_per_iteration,
+            metric=cfg.dynamic_sampling_metric,
+            overlong=overlong_shaping(cfg),
+        )
+        groups, passed = select(rollout.groups)
+        rounds = 0
+        while passed < cfg.queries_per_iteration and rounds < cfg.dynamic_sampling_max_rounds:
+            rollout = rollout.merge(self.sample(cfg.queries_per_iteration, reflection))
+            groups, passed = select(rollout.groups)
+            rounds += 1
+        self._log("dynamic_sampling_rounds", rounds)
+        # Fresh groups that passed the filter, before the trim to queries_per_iteration.
+        self._log("dynamic_sampling_passed", passed)
+        return groups, rollout
+
+    def _next(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
+        """The batch to train on: one gathered ahead (drained or restored), the request in flight, or a fresh
+        synchronous rollout."""
+        if self.ready is not None:
+            ready, self.ready = self.ready, None
+            return ready
+        if self.in_flight:
+            return self.gather()
+        return self.sample(num_queries, reflection)
+
+    def sample(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
+        """A synchronous rollout: request and gather."""
+        self.request(num_queries, reflection)
+        return self.gather()
+
+    # -- request / gather -------------------------------------------------------------------------------------
+    def request(self, num_queries: int, reflection: ReflectionSettings | None) -> None:
+        """Split ``num_queries`` over the healthy runners and ask each for its share, without waiting."""
+        ids = sorted(self.runners.healthy_worker_ids())
+        if not ids:
+            raise RuntimeError("no healthy EnvRunner left to sample from")
+        share = query_shares(num_queries, ids)
+
+        def sample(runner, _share=share, _refl=reflection):
+            n = _share.get(runner.worker_index, 0)
+            return runner.sample(num_queries=n, reflection=_refl) if n > 0 else None
+
+        self._asked = list(ids)
+        self.runners.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=ids)
+        self.in_flight = True
+
+    def gather(self) -> Rollout:
+        """Wait for the requested rollout. A runner that crashed is skipped for this iteration (RLlib marks it
+        unhealthy), and so is one that has not answered within rollout_timeout_s (it is restarted here)."""
+        # In runner order, not arrival order: the batch must not depend on which runner finished first.
+        answers = sorted(
+            self.runners.fetch_ready_async_reqs(
+                tags=ROLLOUT_TAG, timeout_seconds=self.config.rollout_timeout_s
+            ),
+            key=lambda answer: answer[0],
+        )
+        self.in_flight = False
+        answered = {wid for wid, _ in answers}
+        healthy = set(self.runners.healthy_worker_ids())
+        late = [wid for wid in self._asked if wid in healthy and wid not in answered]
+        self._restart_hung_runners(late)
+        results: list[RolloutResult] = [out for _, out in answers if out is not None]
+        self.runner_states.update({r.worker_id: r.runner_state for r in results})
+        self._log("runners_failed", len(self._asked) - len(answers))
+        self._log("runners_timed_out", len(late))
+        self.epoch.update({r.worker_id: r.env_epoch for r in results})
+        return merge_results(results)
+
+    def drain(self) -> None:
+        """Gather the request in flight into :attr:`ready` (a checkpoint keeps its samples: their queries are
+        already consumed from the runners' data order)."""
+        if self.in_flight:
+            self.ready = self.gather()
+
+    def discard(self) -> None:
+        """Drop the request in flight (a restore replaces the policy that generates it)."""
+        if self.in_flight:
+            self.gather()
+
+    def _restart_hung_runners(self, ids: list[int]) -> None:
+        """Take runners that missed the rollout timeout out of service (RLlib drops their requests in flight) and
+        kill their processes; Ray restarts them and ``R3.restore_env_runners`` brings them back."""
+        if not ids:
+            return
+        # Private: RLlib exposes no public way to mark an actor unhealthy (tests/unit/test_rllib_private_api.py).
+        manager = self.runners._worker_manager
+        handles = manager.actors()
+        for wid in ids:
+            logger.warning(
+                "EnvRunner %d gave no rollout within %.0f s: restarting it",
+                wid,
+                self.config.rollout_timeout_s,
+            )
+            manager.set_actor_state(wid, healthy=False)
+            ray.kill(handles[wid], no_restart=False)
+
+    # -- runner state ------------------------------------------------------------------------------------------
+    def restore(self, state: AlgorithmState) -> None:
+        """Take the rollout state of a checkpoint: the data epoch, the rollout gathered ahead, every runner's
+        state (pushed to the healthy runners now; the others get theirs when they come back)."""
+        self.discard()  # generated by the policy being replaced
+        self.epoch.restore(state.dataset_epoch, state.runner_epochs)
+        self.ready = Rollout.from_legacy(state.ready_rollout)
+        self.runner_states = {
+            wid: RunnerState.from_dict(runner, source=f"checkpoint state of runner {wid}")
+            for wid, runner in state.runners.items()
+        }
+        self.push_runner_states(self.runners.healthy_worker_ids())
+
+    def push_runner_states(self, worker_ids: Iterable[int]) -> None:
+        """Put runners at their last known data position and RNG state (those without one are left as they are)."""
+        for wid in worker_ids:
+            if wid in self.runner_states:
+                self.runners.foreach_env_runner(
+                    lambda r, _s=self.runner_states[wid]: r.set_state(_s.to_dict()),
+                    remote_worker_ids=[wid],
+                    local_env_runner=False,
+                )
+
+    def current_runner_states(self) -> dict[int, RunnerState]:
+        """Every runner's state, keyed by worker id: asked from the healthy ones, the last known for the others
+        (a runner down at save time resumes, after a restore, where its last rollout left it)."""
+        asked = self.runners.foreach_env_runner(
+            lambda r: (r.worker_index, r.runner_state()), local_env_runner=False
+        )
+        return {**self.runner_states, **dict(asked)}
+
+    def _log(self, name: str, value: float) -> None:
+        self.metrics.log_value(("rollout", name), value, reduce="mean", window=1)
+
+
+def query_shares(num_queries: int, worker_ids: list[int]) -> dict[int, int]:
+    """Each runner's number of queries: an even split, the first ``num_queries % n`` runners one more."""
+    n = len(worker_ids)
+    return {wid: num_queries // n + (i < num_queries % n) for i, wid in enumerate(worker_ids)}

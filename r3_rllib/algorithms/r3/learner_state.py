@@ -1,0 +1,168 @@
+"""The learner's policy state outside the update: the full weights for the EnvRunners, the Hugging Face export,
+DCP checkpoints and the checksums tests compare.
+
+Checkpoints use torch.distributed.checkpoint (DCP): every rank writes its own shard of model and optimizer state,
+and a run restored with the same number of learners gets back the same weights and optimizer state (checked to
+rel 1e-9 after a restore in a new process: tests/e2e/test_distributed_and_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import ray
+import torch
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
+
+from r3_rllib.algorithms.r3.distributed import global_sum, local_tensor
+from r3_rllib.algorithms.r3.weight_sync import pack_weights
+
+
+class PolicyStateMixin:
+    """Weights, export, checkpoints (DCP, and RLlib's learner state) and checksums of `R3Learner` (the collective
+    methods: call them on every rank).
+
+    Reads the learner's ``policy``, ``_optimizer``, ``_rank``, ``_world``, ``config.use_fsdp``, ``_rollout_head``
+    and ``_policy_version``.
+    """
+
+    # -- weights for the EnvRunners -----------------------------------------------------------------------------
+    def full_state_dict(self, *, copy: bool = True) -> dict[str, torch.Tensor] | None:
+        """Full (unsharded) CPU state dict on rank 0, None elsewhere. Collective: call on every rank (FSDP2 gathers
+        the shards; replicated learners hand out rank 0's copy).
+
+        ``copy=False`` lets an unsharded CPU policy hand out its own parameter memory (read it before the next
+        optimizer step)."""
+        policy = self.policy
+        if self._world > 1 and self.config.use_fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(
+                policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        elif self._rank != 0:
+            return None  # replicated learners: rank 0's copy is the one sent (all copies are equal)
+        else:
+            sd = {k: v.detach().to("cpu", copy=copy) for k, v in policy.state_dict().items()}
+        if self._rank != 0:
+            return None
+        # vLLM needs the tied output embedding under its own name (without it, reloads silently go wrong).
+        if getattr(policy.config, "tie_word_embeddings", False) and "lm_head.weight" not in sd:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        return sd
+
+    def weights_ref(self) -> tuple[Any, int]:
+        """(ObjectRef of the full state dict as `PackedWeights`, or None on ranks != 0; policy version).
+        Collective. `ray.put` copies the parameters' memory straight into the object store (see weight_sync.py)."""
+        sd = self.full_state_dict(copy=False)
+        return (ray.put(pack_weights(sd)) if sd is not None else None), self._policy_version
+
+    def export_hf(self, path: str, *, with_head: bool = False) -> str | None:
+        """Write a Hugging Face folder of the current policy (rank 0). Collective.
+
+        R^2PO: the folder holds the inference policy only (base logits, no `rollout_head.*` tensors), so it loads
+        with AutoModelForCausalLM and serves as any policy; `with_head` also writes the head's files beside it
+        (rollout_head.safetensors / .json, which from_pretrained ignores)."""
+        from r3_rllib.models.rollout_head import RolloutHead, save_rollout_head, split_rollout_head_state
+
+        if with_head and self._rollout_head is None:
+            raise ValueError(
+                "export_hf(with_head=True) but the policy has no rollout head (rollout_head=False)"
+            )
+        sd = self.full_state_dict()
+        if self._rank != 0:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        sd, head_sd = split_rollout_head_state(sd)
+        model = AutoModelForCausalLM.from_config(self.policy.config)
+        model.load_state_dict(sd, strict=False)
+        model.save_pretrained(path)
+        if with_head:
+            head = RolloutHead(
+                self._rollout_head.hidden_size, self._rollout_head.vocab_size, self._rollout_head.init_std
+            )
+            head.load_state_dict(head_sd)
+            save_rollout_head(head, path)
+        return path
+
+    # -- checkpoints (DCP) --------------------------------------------------------------------------------------
+    def _dcp_state(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.policy, self._optimizer)
+        return {"model": msd, "optim": osd}
+
+    def save_dcp(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._dcp_state(), checkpoint_id=path)
+        rng = {"torch": torch.get_rng_state(), "version": self._policy_version}
+        torch.save(rng, os.path.join(path, f"rank{self._rank}_extra.pt"))
+
+    def load_dcp(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._dcp_state()
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(
+            self.policy, self._optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        extra = torch.load(os.path.join(path, f"rank{self._rank}_extra.pt"), weights_only=False)
+        torch.set_rng_state(extra["torch"])
+        self._policy_version = int(extra["version"])
+
+    # -- RLlib's learner state: the policy version only ---------------------------------------------------------
+    @override(TorchLearner)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        # Weights and optimizer state are saved with DCP (save_dcp), not through RLlib's pickled state.
+        return {"policy_version": getattr(self, "_policy_version", 0)}
+
+    @override(TorchLearner)
+    def set_state(self, state: dict) -> None:
+        if "policy_version" in state:
+            self._policy_version = int(state["policy_version"])
+
+    @override(TorchLearner)
+    def get_checkpointable_components(self):
+        return []
+
+    # -- checksums (tests) --------------------------------------------------------------------------------------
+    def parameter_checksum(self) -> float:
+        """Sum of all parameters (global, collective): cheap fingerprint for tests."""
+        return self._global_sum(
+            local_tensor(p).detach().double().sum().cpu() for p in self.policy.parameters()
+        )
+
+    def optimizer_checksum(self) -> float:
+        """Sum of AdamW's moment estimates (global, collective): shows optimizer state survived a restore."""
+        parts = []
+        for state in self._optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    parts.append(local_tensor(state[key]).detach().double().sum().cpu())
+        return self._global_sum(parts)
+
+    def rollout_head_norm(self) -> float:
+        """L2 norm of the rollout head's parameters (global, collective); 0 without a head."""
+        if self._rollout_head is None:
+            return 0.0
+        sq = self._global_sum(
+            local_tensor(p).detach().double().pow(2).sum().cpu() for p in self._rollout_head.parameters()
+        )
+        return math.sqrt(sq)
+
+    def head_checksum(self) -> float:
+        """Sum of the rollout head's parameters (global, collective): tests check stage B leaves it unchanged."""
+        if self._rollout_head is None:
+            return 0.0
+        return self._global_sum(
+            local_tensor(p).detach().double().sum().cpu() for p in self._rollout_head.parameters()
+        )
+
+    def _global_sum(self, parts) -> float:
+        return global_sum(parts, sharded=self._world > 1 and self.config.use_fsdp)

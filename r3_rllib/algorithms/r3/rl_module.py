@@ -1,0 +1,57 @@
+"""The learners' RLModule (the policy: a transformers causal LM) and the packing of training rows into its input."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
+from r3_rllib.models.hub import policy_path
+from r3_rllib.types import TrainableSample, TrainingBatch
+
+
+class CausalLMModule(TorchRLModule):
+    """RLModule holding the policy: a transformers causal LM loaded from `model_config["model_path"]`."""
+
+    def setup(self):
+        from transformers import AutoModelForCausalLM
+
+        path = policy_path(self.model_config.get("model_path"))
+        kwargs = {}
+        if self.model_config.get("attn_implementation"):
+            kwargs["attn_implementation"] = self.model_config["attn_implementation"]
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+        if self.model_config.get("rollout_head"):
+            # R^2PO: the head is a submodule of the policy from the start, so the optimizer, FSDP2 sharding, DCP
+            # checkpoints and the weight sync carry it (as rollout_head.*) with no code of their own. Seeded: every
+            # learner rank builds the same head (FSDP2 then shards identical values).
+            from r3_rllib.models.rollout_head import RolloutHead, attach_rollout_head
+
+            head = RolloutHead.for_model(
+                self.model,
+                float(self.model_config.get("rollout_head_init_std", 1e-6)),
+                seed=int(self.model_config.get("rollout_head_seed", 0)),
+            )
+            attach_rollout_head(self.model, head)
+
+    def _forward(self, batch, **kwargs):
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
+        return {"logits": out.logits}
+
+
+def pack_batch(
+    batch: TrainingBatch, rows: Sequence[int] | np.ndarray, pad_id: int, device
+) -> dict[str, torch.Tensor]:
+    """Rows `rows` of `batch` right-padded into tensors on `device` (see `TrainingBatch.padded`).
+
+    `response_mask[b, t]` marks positions t of `logprobs[b, t]`, which scores token `input_ids[b, t + 1]`.
+    """
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.padded(rows, pad_id).items()}
+
+
+def pack_samples(samples: Sequence[TrainableSample], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """`pack_batch` of all of `samples` (tests and benchmarks that start from sample objects)."""
+    batch = TrainingBatch.from_samples(samples)
+    return pack_batch(batch, np.arange(len(batch)), pad_id, device)

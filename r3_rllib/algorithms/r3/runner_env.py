@@ -1,0 +1,84 @@
+"""How an EnvRunner builds its TextEnv: the env factory (by class, entry-point name or Tune-registered name), the
+policy tokenizer handed to envs that take one, and each runner's share of the data order (its ``shard``) and seed.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from r3_rllib.envs.base import TextEnv
+
+
+def _text_env_factory(name: str):
+    # Private: Tune's cluster-wide registry has no public lookup (tests/unit/test_rllib_private_api.py guards it).
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    from r3_rllib.envs.registry import get_text_env_factory
+
+    try:
+        return get_text_env_factory(name)
+    except ValueError:
+        if _global_registry.contains(ENV_CREATOR, name):
+            return _global_registry.get(ENV_CREATOR, name)
+        raise
+
+
+def build_env(name, env_config: dict, tokenizer) -> TextEnv:
+    """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
+    cfg = dict(env_config)
+    # The env class/factory itself (it reaches remote runners by pickling), or a name registered in this process
+    # (entry points) or in Ray Tune's cluster-wide registry (names the driver registered, see R3Config.environment).
+    factory = name if callable(name) else _text_env_factory(name)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "tokenizer" in params and cfg.get("tokenizer") is None:
+        cfg["tokenizer"] = tokenizer
+    env = factory(**cfg)
+    if not isinstance(env, TextEnv):
+        raise TypeError(f"text env {name!r} built a {type(env).__name__}, not a TextEnv")
+    return env
+
+
+def runner_seed(config, worker_index: int | None) -> int:
+    """Each runner's sampling seed: its engine's samples differ from the other runners' but are reproducible."""
+    return int(config.seed or 0) + 1000 * int(worker_index or 0)
+
+
+def env_accepts_shard(name) -> bool:
+    """Whether the TextEnv factory names a ``shard`` parameter (the shipped envs do; see ``envs/data.py``). A factory
+    taking only ``**kwargs`` counts as not shardable: it may hand them to an env that does not know the key."""
+    factory = name if callable(name) else _text_env_factory(name)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "shard" in params
+
+
+def runner_env_config(config, worker_index: int | None, *, shardable: bool = True) -> dict:
+    """The env_config runner `worker_index` builds its TextEnv with.
+
+    Shardable envs get one data order for all runners (the env's seed plus the global `config.seed`, the same on
+    every runner) and runner `worker_index`'s `shard` of it: positions of each iteration's `queries_per_iteration`
+    global batch, split as the algorithm splits a rollout (see `envs.data.runner_shards`). Together the runners
+    walk one permutation per epoch, each query at most once per epoch and never twice in one iteration; the last
+    `len(data) % queries_per_iteration` queries of each epoch's permutation are skipped that epoch (different ones
+    every epoch). A local runner (worker_index 0, no remote runners) takes the whole batch.
+
+    Envs without a `shard` keyword keep the older scheme: each runner walks the whole data in its own order (the
+    env's seed offset by the runner's), so runners may serve one query in the same iteration.
+    """
+    from r3_rllib.envs.data import runner_shards
+
+    env_config = dict(config.env_config)
+    if not shardable:
+        return {**env_config, "seed": env_config.get("seed", 0) + runner_seed(config, worker_index)}
+    num_runners = int(config.num_env_runners or 0)
+    batch = int(config.queries_per_iteration)
+    if num_runners < 1 or not worker_index:
+        shard = runner_shards(batch, 1)[0]
+    else:
+        shard = runner_shards(batch, num_runners)[int(worker_index) - 1]
+    return {**env_config, "seed": env_config.get("seed", 0) + int(config.seed or 0), "shard": shard.as_dict()}

@@ -1,0 +1,28 @@
+"""The run's settings without Ray: the fields of `R3Config` with their rules, and the check of a whole config.
+
+- :mod:`r3_rllib.config.field`: a field's own rule (choices, range, int-ness) declared beside it, one check loop;
+- :mod:`r3_rllib.config.settings`: :class:`R3Settings`, every field with its default, rule and documentation;
+- :mod:`r3_rllib.config.rules`: the rules between fields, one named function each, and :func:`check_config`.
+
+The RLlib builder (`R3Config`, in :mod:`r3_rllib.algorithms.r3.config`) holds these fields as attributes and
+validates with :func:`check_config`; nothing here imports Ray, transformers or vLLM.
+"""
+
+from r3_rllib.config.field import Rule, field_errors, field_rule, setting
+from r3_rllib.config.rules import CROSS_FIELD_RULES, ConfigRule, check_config, config_errors
+from r3_rllib.config.settings import R3_FIELDS, RANKING_ENTROPY_SOURCES, R3Settings, default_values
+
+__all__ = [
+    "CROSS_FIELD_RULES",
+    "R3_FIELDS",
+    "RANKING_ENTROPY_SOURCES",
+    "ConfigRule",
+    "R3Settings",
+    "Rule",
+    "check_config",
+    "config_errors",
+    "default_values",
+    "field_errors",
+    "field_rule",
+    "setting",
+]

@@ -1,0 +1,165 @@
+"""A settings field with its own rule (choices, range, type) declared beside it, and the one loop that checks them.
+
+A field is declared as ``group_size: int = setting(8, range=">= 2", integer=True)``: the rule travels in the
+dataclass field's metadata, :func:`field_errors` reads it back for every field of a settings class and names each
+value that breaks its rule. Rules that relate two fields are not written here (see :mod:`r3_rllib.config.rules`).
+
+Choices are the owners' own containers (a registry, a tuple of a core module), read at check time, so a name
+registered after the settings class was defined (``register_loss``, ``register_priority``) is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import re
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+_INTERVAL = re.compile(r"^([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])$")
+_BOUND = re.compile(r"^(>=|>)\s*(\S+)$")
+
+
+def _parse_range(text: str) -> tuple[float, bool, float, bool]:
+    """``"[0, 1)"`` or ``">= 2"`` -> (low, low included, high, high included)."""
+    interval = _INTERVAL.match(text.strip())
+    if interval:
+        left, low, high, right = interval.groups()
+        return float(low), left == "[", float(high), right == "]"
+    bound = _BOUND.match(text.strip())
+    if bound:
+        return float(bound.group(2)), bound.group(1) == ">=", math.inf, True
+    raise ValueError(f"range {text!r}: write an interval like '[0, 1)' or a bound like '>= 2'")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one field accepts. Every part is optional; a value passes when it passes all parts that are given."""
+
+    choices: Collection[Any] | Callable[[], Collection[Any]] | None = None
+    """The allowed values: a container of the owner module (a registry, a tuple), or a function returning one."""
+    range: str | None = None
+    """Allowed numbers: an interval ``"[0, 1)"``, ``"(0, 1]"`` or a lower bound ``">= 2"``, ``"> 0"``."""
+    integer: bool = False
+    """The value must be an int (a bool is not one)."""
+    finite: bool = False
+    """The value must be finite (for a range with no upper bound)."""
+    none_ok: bool = False
+    """None is accepted (it means "off" or "derive it")."""
+    also: tuple[Any, ...] = ()
+    """Literal values accepted besides the range (e.g. ``"auto"``)."""
+    expect: str | None = None
+    """What the error message says the value must be; None: written from the parts above."""
+    note: str = ""
+    """Why, appended to the expectation in the error message."""
+
+    def __post_init__(self) -> None:
+        if self.range is not None:
+            _parse_range(self.range)  # a typo in a declaration fails at import, not at validation
+
+    def pool(self) -> Collection[Any] | None:
+        """The allowed values now (a function given as ``choices`` is called)."""
+        return self.choices() if callable(self.choices) else self.choices
+
+    def expectation(self) -> str:
+        """What a valid value is, in words: ``"finite and > 0 or None"``, ``"one of ['hf', 'vllm']"``."""
+        if self.expect is not None:
+            return self.expect
+        parts = []
+        if self.choices is not None:
+            parts.append(f"one of {_shown(self.pool())}")
+        if self.range is not None:
+            text = self.range if _BOUND.match(self.range.strip()) else f"in {self.range}"
+            parts.append(("finite and " if self.finite else "") + text)
+        alternatives = (
+            [" and ".join(parts)] + [repr(a) for a in self.also] + (["None"] if self.none_ok else [])
+        )
+        if len(alternatives) == 1:
+            return alternatives[0]
+        return ", ".join(alternatives[:-1]) + " or " + alternatives[-1]
+
+    def error(self, name: str, value: Any) -> str | None:
+        """The message naming ``name`` when ``value`` breaks the rule, else None."""
+        if (value is None and self.none_ok) or any(_same(value, a) for a in self.also):
+            return None
+        if self.choices is not None and not _member(value, self.pool()):
+            return self._message(name, value)
+        if self.range is None and not self.integer:
+            return None
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return f"{name} must be a number ({self.expectation()}), got {value!r}"
+        if self.integer and not isinstance(value, numbers.Integral):
+            return f"{name} must be an int, got {value!r}"
+        if self.range is not None and not _within(value, self.range, self.finite):
+            return self._message(name, value)
+        return None
+
+    def _message(self, name: str, value: Any) -> str:
+        note = f" ({self.note})" if self.note else ""
+        return f"{name} must be {self.expectation()}{note}, got {value!r}"
+
+
+def _same(value: Any, literal: Any) -> bool:
+    return type(value) is type(literal) and value == literal
+
+
+def _names(pool: Collection[Any]) -> Collection[Any] | None:
+    """A registry's known names, its entry points' included (None for a plain container)."""
+    names = getattr(pool, "names", None)
+    return names() if callable(names) else None
+
+
+def _shown(pool: Collection[Any]) -> list[Any]:
+    names = _names(pool)
+    if names is not None:
+        return list(names)
+    return sorted(pool) if isinstance(pool, Mapping) else list(pool)
+
+
+def _member(value: Any, pool: Collection[Any]) -> bool:
+    try:
+        return value in pool or value in (_names(pool) or ())
+    except TypeError:  # an unhashable value (a list) is not a name in a registry
+        return False
+
+
+def _within(value: float, text: str, finite: bool) -> bool:
+    low, low_in, high, high_in = _parse_range(text)
+    # Written as "inside" tests so that NaN, which compares False with everything, is outside.
+    above = value >= low if low_in else value > low
+    below = value <= high if high_in else value < high
+    return above and below and (not finite or math.isfinite(value))
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Callable[[], Any] | None = None,
+    **rule: Any,
+) -> Any:
+    """A dataclass field with ``default`` (or ``default_factory``) and the :class:`Rule` given by the keywords."""
+    metadata = {"rule": Rule(**rule)} if rule else {}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_rule(field: dataclasses.Field) -> Rule | None:
+    """The rule declared with ``field`` (None: any value)."""
+    return field.metadata.get("rule")
+
+
+def field_errors(settings_class: type, values: Any, rules: Mapping[str, Rule] | None = None) -> list[str]:
+    """One message per field of the dataclass ``settings_class`` whose value on ``values`` breaks its rule.
+
+    ``rules`` (field name -> rule) gives fields a rule where the field cannot name its owner's choices itself
+    (a constant of a layer below the settings)."""
+    errors = []
+    for field in dataclasses.fields(settings_class):
+        rule = (rules or {}).get(field.name) or field_rule(field)
+        if rule is not None:
+            message = rule.error(field.name, getattr(values, field.name))
+            if message is not None:
+                errors.append(message)
+    return errors

