@@ -99,11 +99,13 @@ def run_one(
     model_path: str,
     out_dir: Path,
     start: dict[str, float] | None = None,
+    make_config=None,
 ) -> dict[str, Any]:
     """One training run. `start`: the held-out evaluation of the warm start for this seed, when an earlier run
-    of the seed made it (every setting starts from the same weights and evaluates with the same seeds)."""
+    of the seed made it (every setting starts from the same weights and evaluates with the same seeds).
+    `make_config(setting, args, seed, model_path)`: the run's R3Config (default: this bench's gridworld one)."""
     t0 = time.perf_counter()
-    algo = method_config(setting, args, seed, model_path).build_algo()
+    algo = (make_config or method_config)(setting, args, seed, model_path).build_algo()
     build_s = time.perf_counter() - t0
     rows: list[dict[str, float]] = []
     try:

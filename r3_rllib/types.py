@@ -12,7 +12,7 @@ import numpy as np
 # TrainingBatch: what the driver sends to the learners
 # ----------------------------------------------------------------------------------------------------------------
 #: Format of :class:`TrainingBatch`; a learner refuses a batch of another format.
-TRAINING_BATCH_FORMAT = 1
+TRAINING_BATCH_FORMAT = 2  # 2: optional loss_mask (multi-turn tool use)
 
 
 class TrainableSample(Protocol):
@@ -23,6 +23,7 @@ class TrainableSample(Protocol):
     behavior_logprobs: Sequence[float]
     advantage: float
     policy_version: int
+    loss_mask: Sequence[bool] | None  # None: every response token is the model's
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,9 @@ class TrainingBatch:
     Row ``i``'s prompt is ``prompt_ids[prompt_offsets[i]:prompt_offsets[i + 1]]``, its response (and the behaviour
     policy's log-prob of each response token) ``response_ids`` / ``behavior_logprobs`` between
     ``response_offsets[i]`` and ``response_offsets[i + 1]``. Flat arrays pickle as a few buffers, whatever the
-    number of rows, and a learner slices them without any per-sample Python object.
+    number of rows, and a learner slices them without any per-sample Python object. ``loss_mask`` (multi-turn tool
+    use), aligned with ``response_ids``: False on tokens a tool wrote, which get no loss and no importance weight;
+    None when every response token was sampled by the model.
     """
 
     prompt_ids: np.ndarray  # int32 [sum of prompt lengths]
@@ -42,6 +45,7 @@ class TrainingBatch:
     behavior_logprobs: np.ndarray  # float32, aligned with response_ids
     advantages: np.ndarray  # float32 [n]
     policy_versions: np.ndarray  # int64 [n]: the policy that sampled each row
+    loss_mask: np.ndarray | None = None  # bool, aligned with response_ids
     format: int = TRAINING_BATCH_FORMAT
 
     def __post_init__(self) -> None:
@@ -60,6 +64,8 @@ class TrainingBatch:
                 raise ValueError(f"{name}_offsets must not decrease")
         if self.behavior_logprobs.shape != self.response_ids.shape:
             raise ValueError("behavior_logprobs must hold one entry per response token")
+        if self.loss_mask is not None and self.loss_mask.shape != self.response_ids.shape:
+            raise ValueError("loss_mask must hold one entry per response token")
         if self.policy_versions.shape != (n,):
             raise ValueError(f"policy_versions must hold one entry per row ({n})")
         if n and int(self.prompt_lengths.min()) < 1:
@@ -97,6 +103,16 @@ class TrainingBatch:
                     f"a sample has {len(response)} response tokens but {len(logprobs)} behaviour log-probs"
                 )
             behaviour.append(logprobs[: len(response)])
+        masks = [getattr(s, "loss_mask", None) for s in samples]
+        loss_mask = None
+        if any(m is not None for m in masks):
+            loss_mask = _concat(
+                [
+                    np.ones(len(r), bool) if m is None else np.asarray(m, bool)
+                    for m, r in zip(masks, responses, strict=True)
+                ],
+                bool,
+            )
         return cls(
             prompt_ids=_concat(prompts, np.int32),
             prompt_offsets=_offsets(prompts),
@@ -105,7 +121,16 @@ class TrainingBatch:
             behavior_logprobs=_concat(behaviour, np.float32),
             advantages=np.asarray([s.advantage for s in samples], dtype=np.float32),
             policy_versions=np.asarray([s.policy_version for s in samples], dtype=np.int64),
+            loss_mask=loss_mask,
         )
+
+    @property
+    def trained_tokens(self) -> np.ndarray:
+        """Tokens per row that carry the loss: the response's, less any tool output."""
+        if self.loss_mask is None:
+            return self.response_lengths
+        counted = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.loss_mask, dtype=np.int64)])
+        return counted[self.response_offsets[1:]] - counted[self.response_offsets[:-1]]
 
     def take(self, rows: Sequence[int] | np.ndarray) -> TrainingBatch:
         """The batch of rows `rows`, in that order."""
@@ -120,6 +145,7 @@ class TrainingBatch:
             behavior_logprobs=self.behavior_logprobs[response_index],
             advantages=self.advantages[rows],
             policy_versions=self.policy_versions[rows],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[response_index],
         )
 
     def padded(self, rows: Sequence[int] | np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
@@ -139,7 +165,10 @@ class TrainingBatch:
         ids[prompt_row, prompt_col] = prompt
         ids[response_row, response_col] = response
         response_mask = np.zeros((len(rows), width - 1), dtype=bool)
-        response_mask[response_row, response_col - 1] = True  # scored at the position before the token
+        # Scored at the position before the token; tool tokens (loss_mask False) are not scored.
+        response_mask[response_row, response_col - 1] = (
+            True if self.loss_mask is None else self.loss_mask[response_index]
+        )
         behaviour = np.zeros((len(rows), width - 1), dtype=np.float32)
         behaviour[response_row, response_col - 1] = self.behavior_logprobs[response_index]
         return {

@@ -183,6 +183,11 @@ class R3Settings:
     # stepped in lockstep; every step is a training sample. It needs a step-level advantage estimator ('hgpo').
     max_episode_steps: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
     """Cap on the steps of one episode of a multi-step env (None: the env's own horizon)."""
+    max_tool_turns: int = setting(4, range=">= 1", integer=True)
+    """Multi-turn tool envs (``tool_episode``): model turns per trajectory; a tool call in the last one ends it."""
+    max_trajectory_tokens: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """Multi-turn tool envs: response tokens per trajectory, model and tool output together (None: max_tool_turns
+    x max_new_tokens); each model turn gets at most max_new_tokens of what remains."""
     step_gamma: float = setting(0.95, range="[0, 1]")
     """Discount of step rewards into step returns (multi-step envs; read by the 'hgpo' estimator)."""
     hgpo_setting: str = setting("hgpo", choices=HGPO_SETTINGS)

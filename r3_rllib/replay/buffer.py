@@ -78,6 +78,9 @@ class ReplaySample:
     policy_version: int
     truncated: bool = False
     response_text: str = ""  # decoded response, for reflection prompts
+    # Multi-turn tool use: which response tokens the model sampled (True) and which a tool wrote (False); None: all
+    # sampled by the model.
+    loss_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids = _as_array(self.prompt_ids, _INT32)
@@ -88,6 +91,10 @@ class ReplaySample:
                 f"query {self.query_id!r}: behavior_logprobs {self.behavior_logprobs.shape} must match "
                 f"response_ids {self.response_ids.shape} (one log-prob per response token)"
             )
+        if self.loss_mask is not None:
+            self.loss_mask = np.asarray(self.loss_mask, dtype=bool).reshape(-1)
+            if self.loss_mask.shape != self.response_ids.shape:
+                raise ValueError(f"query {self.query_id!r}: loss_mask must hold one entry per response token")
 
     def nbytes(self) -> int:
         """Approximate memory of this sample (arrays + text + fixed overhead), prompt included."""
@@ -109,7 +116,7 @@ def to_columns(samples: Sequence[ReplaySample]) -> dict[str, Any]:
     by_id: dict[int, int] = {}  # id(prompt array) -> index: samples from the buffer share prompt objects
     by_bytes: dict[bytes, int] = {}
     prompts: list[np.ndarray] = []
-    p_idx, qids, texts, resp, lps = [], [], [], [], []
+    p_idx, qids, texts, resp, lps, masks = [], [], [], [], [], []
     rewards, correct, versions, truncated = [], [], [], []
     for s in samples:
         p = s.prompt_ids
@@ -126,6 +133,7 @@ def to_columns(samples: Sequence[ReplaySample]) -> dict[str, Any]:
         texts.append(s.response_text)
         resp.append(s.response_ids)
         lps.append(s.behavior_logprobs)
+        masks.append(np.ones(s.response_ids.size, dtype=bool) if s.loss_mask is None else s.loss_mask)
         rewards.append(s.reward)
         correct.append(s.correct)
         versions.append(s.policy_version)
@@ -143,6 +151,8 @@ def to_columns(samples: Sequence[ReplaySample]) -> dict[str, Any]:
         "policy_version": np.array(versions, dtype=np.int64),
         "truncated": np.array(truncated, dtype=bool),
         "response_text": texts,
+        # Only when some sample has tool tokens: the packed form of single-turn samples stays as it was.
+        "loss_mask": _concat(masks, bool) if any(s.loss_mask is not None for s in samples) else None,
     }
 
 
@@ -152,7 +162,7 @@ def from_columns(packed: dict[str, Any]) -> list[ReplaySample]:
     p_off = np.concatenate([[0], np.cumsum(packed["prompt_lens"])])
     prompts = [packed["prompts"][p_off[j] : p_off[j + 1]].copy() for j in range(len(packed["prompt_lens"]))]
     r_off = np.concatenate([[0], np.cumsum(packed["response_lens"])]).tolist()
-    ids, lps = packed["response_ids"], packed["behavior_logprobs"]
+    ids, lps, masks = packed["response_ids"], packed["behavior_logprobs"], packed.get("loss_mask")
     rewards = packed["reward"].tolist()
     correct = packed["correct"].tolist()
     versions = packed["policy_version"].tolist()
@@ -172,6 +182,7 @@ def from_columns(packed: dict[str, Any]) -> list[ReplaySample]:
                 policy_version=versions[i],
                 truncated=truncated[i],
                 response_text=packed["response_text"][i],
+                loss_mask=None if masks is None else masks[a:b].copy(),
             )
         )
     return out

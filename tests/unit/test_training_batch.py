@@ -89,8 +89,8 @@ def test_take_keeps_each_row_whole_and_the_batch_pickles_as_arrays():
 def test_unknown_formats_and_inconsistent_arrays_are_refused():
     batch = TrainingBatch.from_samples(_samples(3))
     fields = {k: getattr(batch, k) for k in batch.__dataclass_fields__}
-    with pytest.raises(ValueError, match="format 2"):
-        TrainingBatch(**{**fields, "format": 2})
+    with pytest.raises(ValueError, match="format 3"):
+        TrainingBatch(**{**fields, "format": 3})
     with pytest.raises(ValueError, match="response_offsets"):
         TrainingBatch(**{**fields, "response_offsets": fields["response_offsets"][:-1]})
     short = SimpleNamespace(
@@ -102,3 +102,27 @@ def test_unknown_formats_and_inconsistent_arrays_are_refused():
         TrainingBatch.from_samples(
             [SimpleNamespace(**{**vars(short), "prompt_ids": [], "behavior_logprobs": [0.0, 0.0]})]
         )
+
+
+def test_loss_mask_follows_rows_and_leaves_tool_tokens_unscored():
+    samples = _samples(7, seed=3)
+    rng = np.random.default_rng(4)
+    for i, s in enumerate(samples):
+        s.loss_mask = None if i % 3 == 0 else rng.random(len(s.response_ids)) < 0.6
+    batch = TrainingBatch.from_samples(samples)
+    rows = np.array([5, 1, 3])
+    packed = batch.padded(rows, pad_id=0)
+    by_hand = _pack_by_hand([samples[r] for r in rows], pad_id=0)["response_mask"].numpy()
+    for b, r in enumerate(rows):  # the unmasked response positions, less the tool tokens
+        s = samples[r]
+        mask = np.ones(len(s.response_ids), bool) if s.loss_mask is None else s.loss_mask
+        start = len(s.prompt_ids) - 1
+        expected = by_hand[b].copy()
+        expected[start : start + len(mask)] &= mask
+        assert (packed["response_mask"][b] == expected).all()
+    sub = batch.take(rows)
+    assert (sub.padded(np.arange(3), pad_id=0)["response_mask"] == packed["response_mask"]).all()
+    expected_trained = [int(np.sum(samples[r].loss_mask)) if samples[r].loss_mask is not None
+                        else len(samples[r].response_ids) for r in range(7)]  # fmt: skip
+    assert batch.trained_tokens.tolist() == expected_trained
+    assert TrainingBatch.from_samples(_samples(3)).loss_mask is None  # single-turn batches carry no mask

@@ -28,6 +28,7 @@ from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.multistep import step_groups
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
 from r3_rllib.algorithms.r3.runner_env import build_env, env_accepts_shard, runner_env_config, runner_seed
+from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
 from r3_rllib.engines import make_engine
@@ -41,6 +42,7 @@ from r3_rllib.rollout.multistep import (
     rollout_multistep,
     supports_episodes,
 )
+from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes, tool_use_totals
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +90,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )
         self._eval_env: TextEnv | None = None
         # Decided once, here: a multi-step env (episode(query_id)) is rolled out and evaluated as trajectories of
-        # step samples (multistep.py), a single-step one as G responses per prompt.
-        self.multistep = supports_episodes(self.env)
+        # step samples (multistep.py), a tool env (tool_episode(query_id)) as multi-turn trajectories of one sample
+        # each (tool_use.py), a single-step one as G responses per prompt.
+        self.tool_use = supports_tool_episodes(self.env)
+        self.multistep = supports_episodes(self.env) and not self.tool_use
         check_estimator_fits_env(self.config, self.multistep)
-        self._rollout = self._sample_episodes if self.multistep else self._sample_responses
-        self._evaluate_part = self._evaluate_episodes if self.multistep else self._evaluate_responses
+        self._rollout, self._evaluate_part = (
+            (self._sample_tool_episodes, self._evaluate_tool_episodes)
+            if self.tool_use
+            else (self._sample_episodes, self._evaluate_episodes)
+            if self.multistep
+            else (self._sample_responses, self._evaluate_responses)
+        )
         self.engine = make_engine(
             self.config.engine,
             policy_path(self.config.model_path),
@@ -244,6 +253,40 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         tokens = sum(len(r.response_ids) for r in records)
         return groups, (gen_s, 0.0), tokens, {**rollout_totals(groups), **episode_totals(records)}
 
+    def _sample_tool_episodes(
+        self, num_queries: int, reflection: ReflectionSettings | None
+    ) -> tuple[list[Group], tuple[float, float], int, dict[str, float]]:
+        """Multi-turn tool use: G trajectories of each of the next `num_queries` queries (and of this rollout's
+        reflection prompts), rounds of one engine call each; one sample per trajectory, one group per query."""
+        infos = [self.env.reset()[1] for _ in range(num_queries)]
+        fresh = [info["query_id"] for info in infos]
+        reflect: list[tuple[str, str, str]] = []
+        if reflection and self._replay is not None:
+            texts = {info["query_id"]: info.get("query_text", "") for info in infos}
+            reflect = self._reflection_prompts(fresh, texts, reflection)
+        t_gen, version = time.perf_counter(), self.engine.version
+        trajs = self._tool_rollout(fresh, self.env.tool_episode, self.sampling_params())
+        groups = trajectory_groups(trajs, version)
+        if reflect:
+            contents = {qid: content for qid, content, _ in reflect}
+            extra = self._tool_rollout(
+                list(contents), lambda q: self.env.tool_episode(q, contents[q]), self.sampling_params()
+            )
+            trajs, groups = trajs + extra, groups + trajectory_groups(extra, version, is_reflection=True)
+        gen_s = time.perf_counter() - t_gen  # tool calls included
+        if self.config.sleep_between_rollouts:
+            self.engine.sleep()
+        tokens = sum(sum(t.loss_mask) for t in trajs)
+        return groups, (gen_s, 0.0), tokens, {**rollout_totals(groups), **tool_use_totals(trajs)}
+
+    def _tool_rollout(self, query_ids, make_episode, params: SamplingParams, group_size: int | None = None):
+        c = self.config
+        budget = c.max_trajectory_tokens or c.max_tool_turns * c.max_new_tokens
+        return rollout_tool_use(
+            self.engine, self.tokenizer, make_episode, query_ids, group_size or c.group_size, params,
+            max_turns=c.max_tool_turns, max_total_tokens=budget,
+        )  # fmt: skip
+
     def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool]:
         options = {"query_id": query_id}
         if user_content is not None:
@@ -383,6 +426,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         counts["length_sum"] = stats["mean_length"] * stats["trajectories"]
         counts["goal_steps_sum"] = stats["steps_to_goal"] * wins if wins else 0.0
         return counts
+
+    def _evaluate_tool_episodes(
+        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
+    ) -> dict[str, float]:
+        """Correct trajectories of a multi-turn tool env on the queries of `first`, `per_query` each."""
+        query_ids = [info["query_id"] for _, info in first]
+        trajs = self._tool_rollout(query_ids, env.tool_episode, params, per_query) if query_ids else []
+        return {
+            "queries": float(len(query_ids)),
+            "samples": float(len(trajs)),
+            "correct": float(sum(t.correct for t in trajs)),
+        }
 
     # -- weights ------------------------------------------------------------------------------------------------
     def update_weights(self, weights_ref, version: int) -> float:

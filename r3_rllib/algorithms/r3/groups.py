@@ -61,6 +61,9 @@ class Sample:
     trajectory_id: str | None = None
     step_index: int = 0
     obs_key: Hashable | None = None
+    # Multi-turn tool use: True on the response tokens the model sampled, False on tool output (no loss, no
+    # importance weight); None: every response token is the model's.
+    loss_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.env_reward is None:
@@ -79,6 +82,7 @@ class Sample:
             policy_version=int(self.policy_version),
             truncated=bool(self.truncated),
             response_text=self.response_text,
+            loss_mask=self.loss_mask,
         )
 
     @classmethod
@@ -96,6 +100,7 @@ class Sample:
             policy_version=int(stored.policy_version),
             response_text=stored.response_text,
             is_replay=True,
+            loss_mask=None if stored.loss_mask is None else np.asarray(stored.loss_mask, dtype=bool),
         )
 
 
@@ -408,6 +413,17 @@ def rollout_means(totals: dict[str, float]) -> dict[str, float]:
                 "episode_len_mean": ratio("episode_steps", "episodes"),
             }
             if totals.get("episodes")
+            else {}
+        ),
+        # Multi-turn tool use (rollout/tool_use.tool_use_totals): per trajectory.
+        **(
+            {
+                "tool_calls_mean": ratio("tool_calls", "tool_trajectories"),
+                "tool_turns_mean": ratio("tool_turns", "tool_trajectories"),
+                "tool_token_frac": ratio("tool_tokens", "response_tokens"),
+                "tool_finish_answer_frac": ratio("tool_finish_answer", "tool_trajectories"),
+            }
+            if totals.get("tool_trajectories")
             else {}
         ),
     }

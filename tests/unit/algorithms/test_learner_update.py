@@ -185,3 +185,42 @@ def test_each_registered_policy_loss_updates_the_policy_through_the_learner(
     assert np.isfinite(metrics["pg_loss"]), metrics
     positive = np.array([s.advantage > 0 for s in samples])
     assert moved[positive].mean() > 0 > moved[~positive].mean(), (loss, moved)
+
+
+def _with_tool_tokens(samples: list[Sample], tool_logprob: float) -> list[Sample]:
+    """Each sample's response as model tokens, three tool tokens, model tokens; the tool tokens' behaviour
+    log-prob set to `tool_logprob` (the engine reports none for them: they were not sampled)."""
+    out = []
+    for s in samples:
+        head, tail = s.response_ids[:1], s.response_ids[1:] or [7]
+        response = head + [11, 12, 13] + tail
+        mask = np.array([True] * len(head) + [False] * 3 + [True] * len(tail))
+        lp = np.full(len(response), -3.0, dtype=np.float32)
+        lp[~mask] = tool_logprob
+        out.append(
+            Sample(**{**s.__dict__, "response_ids": response, "behavior_logprobs": lp, "loss_mask": mask})
+        )
+    return out
+
+
+def test_tool_tokens_carry_no_loss_and_do_not_count_as_trained(tiny_random_model):
+    """Multi-turn tool use: tokens a tool wrote (loss_mask False) neither enter the loss nor its token count, so
+    the update does not depend on anything about them but their place in the context."""
+    settings = dict(num_minibatches=1, num_epochs=1, off_policy_correction=True, is_cap=2.0)
+    base = _samples(6)
+    updates, trained = [], []
+    for tool_logprob in (0.0, -40.0):
+        learner = _learner(tiny_random_model, **settings)
+        metrics = learner.update_from_samples(_with_tool_tokens(base, tool_logprob), seed=0)
+        updates.append(_params(learner))
+        trained.append(metrics["trained_tokens"])
+    for a, b in zip(*updates, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    batch = TrainingBatch.from_samples(_with_tool_tokens(base, 0.0))
+    model_tokens = int(batch.loss_mask.sum())
+    assert trained == [model_tokens, model_tokens] and model_tokens == len(batch.response_ids) - 3 * len(base)
+    # Without the mask the same tokens would be trained on (the check above can fail).
+    unmasked = [Sample(**{**s.__dict__, "loss_mask": None}) for s in _with_tool_tokens(base, -40.0)]
+    learner = _learner(tiny_random_model, **settings)
+    learner.update_from_samples(unmasked, seed=0)
+    assert any((a - b).abs().max() > 1e-6 for a, b in zip(_params(learner), updates[0], strict=True))

@@ -312,6 +312,19 @@ def test_columns_round_trip():
             assert getattr(y, f).dtype == getattr(x, f).dtype
     assert out[0].prompt_ids is out[1].prompt_ids
     assert from_columns(to_columns([])) == []
+    assert all(y.loss_mask is None for y in out)  # single-turn samples stay without a mask
+
+
+def test_tool_token_masks_survive_the_columns_and_are_checked():
+    from dataclasses import replace
+
+    plain, tool = make(qid="a", length=4), make(qid="b", length=5)
+    tool = replace(tool, loss_mask=[True, False, False, True, True])
+    out = from_columns(pickle.loads(pickle.dumps(to_columns([plain, tool]))))
+    assert out[0].loss_mask.tolist() == [True] * 4  # a batch with any mask carries one for every sample
+    assert out[1].loss_mask.tolist() == [True, False, False, True, True]
+    with pytest.raises(ValueError, match="loss_mask"):
+        replace(tool, loss_mask=[True])
 
 
 def test_state_round_trip_is_exact():
