@@ -417,6 +417,13 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
+        "--reasoning-gym",
+        default=None,
+        help="comma-separated reasoning-gym tasks to evaluate instead of the math benchmarks (their held-out "
+        "problems, graded by each task's verifier; needs the [envs] extra); --max-problems problems each "
+        "(default 100)",
+    )
+    parser.add_argument(
         "--with-head",
         action="store_true",
         help="R^2PO: sample with the rollout head saved beside the model (rollout_head.safetensors) switched on; "
@@ -468,6 +475,15 @@ def _check_head(args: argparse.Namespace, model_path: Path) -> None:
         )
 
 
+def _reasoning_gym_report(engine: GenerationEngine, tokenizer, args: argparse.Namespace) -> EvalReport:
+    from r3_rllib.eval.reasoning_gym_eval import evaluate_reasoning_gym
+
+    return evaluate_reasoning_gym(
+        engine, tokenizer, _split_names(args.reasoning_gym), n=args.n, num_problems=args.max_problems or 100,
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+    )  # fmt: skip
+
+
 def run_eval(
     args: argparse.Namespace, *, engine_factory: Callable[..., GenerationEngine] | None = None
 ) -> int:
@@ -499,21 +515,25 @@ def run_eval(
         engine_factory = make_engine
     engine = engine_factory(kind, model_path, tokenizer, **_engine_kwargs(kind, args, model_path))
     try:
-        report = evaluate(
-            engine,
-            tokenizer,
-            names,
-            n=args.n,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-            data_dir=args.data_dir,
-            max_problems=args.max_problems,
-            prompt_template=args.prompt_template,
-            apply_chat_template=not args.no_chat_template,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            progress=not args.quiet,
+        report = (
+            _reasoning_gym_report(engine, tokenizer, args)
+            if args.reasoning_gym
+            else evaluate(
+                engine,
+                tokenizer,
+                names,
+                n=args.n,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                max_new_tokens=args.max_new_tokens,
+                data_dir=args.data_dir,
+                max_problems=args.max_problems,
+                prompt_template=args.prompt_template,
+                apply_chat_template=not args.no_chat_template,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                progress=not args.quiet,
+            )
         )
     except (OSError, ValueError) as e:
         print(f"r3 eval: error: {e}", file=sys.stderr)
