@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Collection
 
 import numpy as np
@@ -205,10 +206,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         t_grade = time.perf_counter()
         groups = []
         version = self.engine.version
+        reasons: Counter[str] = (
+            Counter()
+        )  # the env's grade reasons (info["grade_reason"]), counted in the metrics
         for (qid, user_content, _), ids, comps in zip(prompts, prompt_ids, completions, strict=True):
             samples = []
             for c in comps:
-                reward, correct = self._score(qid, user_content, c.text)
+                reward, correct, reason = self._score(qid, user_content, c.text)
+                if reason is not None and user_content is None:
+                    reasons[reason] += 1
                 samples.append(
                     Sample(
                         query_id=qid,
@@ -227,7 +233,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             groups.append(Group(query_id=qid, samples=samples, is_reflection=user_content is not None))
         grade_s = time.perf_counter() - t_grade
         gen_tokens = sum(len(c.token_ids) for comps in completions for c in comps)
-        return groups, (gen_s, grade_s), gen_tokens, rollout_totals(groups)
+        totals = rollout_totals(groups) | {f"grade_reason/{r}": float(n) for r, n in reasons.items()}
+        return groups, (gen_s, grade_s), gen_tokens, totals
 
     def _sample_episodes(
         self, num_queries: int, reflection: ReflectionSettings | None
@@ -287,7 +294,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             max_turns=c.max_tool_turns, max_total_tokens=budget,
         )  # fmt: skip
 
-    def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool]:
+    def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool, str | None]:
         options = {"query_id": query_id}
         if user_content is not None:
             options["user_content"] = user_content
@@ -299,7 +306,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 "(rollout_head_rarity_count='outcome') counts the graded outcome; report it, or set "
                 "rollout_head_rarity_count='reward' for an env whose reward values are its outcomes"
             )
-        return float(reward), bool(info.get("correct", reward > 0))
+        return float(reward), bool(info.get("correct", reward > 0)), info.get("grade_reason")
 
     def _rarity_counts_outcomes(self) -> bool:
         c = self.config

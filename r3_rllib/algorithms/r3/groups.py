@@ -415,6 +415,8 @@ def rollout_means(totals: dict[str, float]) -> dict[str, float]:
             if totals.get("episodes")
             else {}
         ),
+        # The envs' grade reasons (e.g. a verifier that raised, a grader that timed out), as fractions of samples.
+        **{f"{k}_frac": ratio(k, "samples") for k in sorted(totals) if k.startswith("grade_reason/")},
         # Multi-turn tool use (rollout/tool_use.tool_use_totals): per trajectory.
         **(
             {
