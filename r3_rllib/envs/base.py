@@ -83,3 +83,49 @@ class PooledTextEnv(TextEnv):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._order.set_state(state)
+
+
+class EpisodicTextEnv(PooledTextEnv):
+    """A pooled multi-step env: ``reset`` starts :meth:`episode` on the next query of the order (or on
+    ``options["query_id"]``) and ``step`` advances it. Subclasses give ``query_ids``, :meth:`episode` (fresh,
+    independent episodes, what lockstep rollouts use) and, optionally, :meth:`reset_info`."""
+
+    _episode: Any = None
+
+    @property
+    def query_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    def episode(self, query_id: str) -> Any:
+        raise NotImplementedError
+
+    def reset_info(self, query_id: str) -> dict[str, Any]:
+        """Extra entries of ``reset``'s info for the episode just started on `query_id`."""
+        return {}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode on the next query of the order (``seed`` restarts the order with it), or on
+        ``options["query_id"]``'s. Multi-step envs build their own prompts: ``user_content`` is refused."""
+        from r3_rllib.envs.data import parse_reset_options  # data's loaders are not needed to import the API
+
+        super().reset(seed=seed)
+        if seed is not None:
+            self._order.restart(seed)
+        query_id, user_content = parse_reset_options(options)
+        if user_content is not None:
+            raise ValueError(
+                f"{type(self).__name__} builds its own prompts; reset option 'user_content' is not supported"
+            )
+        if query_id is None:
+            query_id = self.query_ids[self._order.next()]
+        self._episode = self.episode(query_id)
+        prompt = self._episode.prompt
+        info = {"query_id": query_id, "query_text": prompt, "obs_key": self._episode.obs_key}
+        return prompt, info | self.reset_info(query_id)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._episode is None or self._episode.done:
+            raise RuntimeError("call reset() before step(); the last episode is over")
+        return self._episode.step(action)

@@ -46,8 +46,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from r3_rllib.envs.base import PooledTextEnv
-from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
+from r3_rllib.envs.base import EpisodicTextEnv
+from r3_rllib.envs.data import QueryOrder, Shard
 
 WALL, FREE, GOAL, AGENT = "#", ".", "G", "@"
 #: Move name -> (row delta, column delta); the order is the expert's tie-break among equally good moves.
@@ -353,7 +353,7 @@ def _check_settings(
         raise ValueError(f"instruction must be printable ASCII on one line; bad characters {bad}")
 
 
-class GridWorldEnv(PooledTextEnv):
+class GridWorldEnv(EpisodicTextEnv):
     """Multi-step text gridworld (see the module docstring).
 
     Config:
@@ -485,33 +485,8 @@ class GridWorldEnv(PooledTextEnv):
     def __len__(self) -> int:
         return len(self.layouts)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """Start an episode on the next layout of the shuffled pool (or ``options["query_id"]``'s layout)."""
-        super().reset(seed=seed)
-        if seed is not None:
-            self._order.restart(seed)
-        query_id, user_content = parse_reset_options(options)
-        if user_content is not None:
-            raise ValueError(
-                "the gridworld builds its own prompts; reset option 'user_content' is not supported"
-            )
-        layout = self.layouts[self._order.next()] if query_id is None else self.layout(query_id)
-        self._episode = self.episode(layout.query_id)
-        prompt = self._episode.prompt
-        return prompt, {
-            "query_id": layout.query_id,
-            "query_text": prompt,
-            "obs_key": self._episode.obs_key,
-            "step": 0,
-            "optimal_steps": len(solve(layout)),
-        }
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._episode is None or self._episode.done:
-            raise RuntimeError("call reset() before step(); the last episode is over")
-        return self._episode.step(action)
+    def reset_info(self, query_id: str) -> dict[str, Any]:
+        return {"step": 0, "optimal_steps": len(solve(self.layout(query_id)))}
 
     def state(self) -> dict[str, Any]:
         """The layout order and the episode in progress (so a restore continues it move for move)."""

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from r3_rllib.envs.base import PooledTextEnv
-from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
+from r3_rllib.envs.base import EpisodicTextEnv
+from r3_rllib.envs.data import QueryOrder, Shard
 from r3_rllib.envs.math_env import load_tokenizer
 
 CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-cooking", "tw-simple")
@@ -210,7 +210,7 @@ def _clean(text: str | None) -> str:
     return re.sub(r"\s*\n\s*", " ", text)
 
 
-class TextWorldEnv(PooledTextEnv):
+class TextWorldEnv(EpisodicTextEnv):
     """TextWorld games of one challenge as a multi-step env (see the module docstring).
 
     Config:
@@ -297,26 +297,6 @@ class TextWorldEnv(PooledTextEnv):
     # -- TextEnv ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.games)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """Start an episode on the next game of the order (or ``options["query_id"]``'s game)."""
-        super().reset(seed=seed)
-        if seed is not None:
-            self._order.restart(seed)
-        query_id, user_content = parse_reset_options(options)
-        if user_content is not None:
-            raise ValueError("TextWorld builds its own prompts; reset option 'user_content' is not supported")
-        game = self.games[self._order.next()] if query_id is None else self._by_id[query_id]
-        self._episode = self.episode(game.query_id)
-        prompt = self._episode.prompt
-        return prompt, {"query_id": game.query_id, "query_text": prompt, "obs_key": self._episode.obs_key}
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._episode is None or self._episode.done:
-            raise RuntimeError("call reset() before step(); the last episode is over")
-        return self._episode.step(action)
 
     def state(self) -> dict[str, Any]:
         """The game order and the commands of the episode in progress (a restore replays them: games are
