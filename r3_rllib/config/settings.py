@@ -153,7 +153,9 @@ class R3Settings:
     optimizer step (one policy, as with FSDP2, for a model that fits on one device)."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in backward (cuts the learner's memory by most of the activations, costs about one more
-    forward). None: on for a pretrained model (`model_path` set), off for the shipped tiny model."""
+    forward). None: on for a pretrained model (`model_path` set) of at least 50M parameters, off for the shipped tiny
+    model and smaller models (whose activations are small and whose recompute costs a sixth to a quarter of an
+    update)."""
     learner_entropy: bool = True
     """Log learner/entropy (mean entropy of the policy's next-token distributions over the trained tokens). It costs a
     no-grad softmax over the whole vocabulary at every position: off for large vocabularies, where

@@ -78,7 +78,8 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         self._world = dist.get_world_size() if dist.is_initialized() else 1
         self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device).type)
         policy = self.policy
-        if use_gradient_checkpointing(self.config.gradient_checkpointing, self.config.model_path):
+        num_params = sum(p.numel() for p in policy.parameters())
+        if use_gradient_checkpointing(self.config.gradient_checkpointing, self.config.model_path, num_params):
             # Non-reentrant: the variant that works under FSDP2 and with inputs that need no grad.
             policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The engines sample from softmax(logits / T) and report log-probs of that distribution; the learner scores
@@ -251,7 +252,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             mask = packed["response_mask"]
             flat = entropy[mask].float().cpu().numpy()  # row-major: each row's response positions in order
             for i, row in zip(
-                chunk, np.split(flat, np.cumsum(batch.response_lengths[chunk])[:-1]), strict=True
+                chunk, np.split(flat, np.cumsum(batch.trained_tokens[chunk])[:-1]), strict=True
             ):
                 out[int(i)] = row
         return out
@@ -305,7 +306,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         cfg = self.config
         self._optimizer.zero_grad(set_to_none=True)
         # Global normalisers: the loss of a minibatch must not depend on how it is split over ranks/chunks.
-        n_tokens = int(batch.response_lengths[mb].sum())
+        n_tokens = int(batch.trained_tokens[mb].sum())  # tool output (loss_mask False) is not trained on
         step = _StepContext(
             denom=n_tokens if cfg.loss_agg_mode == "token-mean" else len(mb),
             loss_params=LOSS_FNS.params_from(cfg.policy_loss, cfg),
@@ -315,17 +316,16 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             old_lp=old_lp,
             ref_lp=ref_lp,
         )
-        acc: dict[str, float] = {}
+        acc: dict[str, torch.Tensor | float] = {}
         local_tokens = 0
         for chunk in self._micro_chunks(mb, batch):
             idx, real = _chunk_or_dummy(chunk)
             metrics, weight, tokens = self._micro_batch_backward(batch, idx, real, step)
             local_tokens += tokens
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
-            for k, v in metrics.items():
-                acc[k] = acc.get(k, 0.0) + float(v) * weight
+            _accumulate(acc, metrics, weight)
         grad_norm = self._apply_gradients()
-        reduced = self._all_reduce_sum(acc)
+        reduced = self._all_reduce_sum(_as_floats(acc))
         reduced["grad_norm"] = grad_norm
         return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
 
@@ -367,13 +367,15 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             agg_mode=cfg.loss_agg_mode,
             norm_len=cfg.max_new_tokens,
         )
-        local_count = int(mask.sum()) if cfg.loss_agg_mode == "token-mean" else len(idx)
+        # Counted on the host from the batch's lengths (the mask's sum): no device sync before the backward.
+        tokens = int(batch.trained_tokens[idx].sum())
+        local_count = tokens if cfg.loss_agg_mode == "token-mean" else len(idx)
         # The objective divides by the micro-batch's own count; rescale to the minibatch's global one, times world
         # size because FSDP (and average_gradients for replicated learners) average gradients over ranks.
         weight = (local_count / step.denom) if real else 0.0
         (loss * weight * self._world).backward()
         metrics = self._pass_metrics(loss, metrics, entropy, mask, head_kl=bool(base))
-        return metrics, weight, int(mask.sum()) if real else 0
+        return metrics, weight, tokens if real else 0
 
     def _proximal_logprobs(
         self, logp: torch.Tensor, idx: np.ndarray, real: bool, old_lp: RowCache | None
@@ -456,6 +458,25 @@ def _training_batch(batch: Any) -> TrainingBatch:
     if isinstance(batch, ray.ObjectRef):
         batch = ray.get(batch)
     return batch if isinstance(batch, TrainingBatch) else TrainingBatch.from_samples(batch)
+
+
+def _accumulate(acc: dict[str, torch.Tensor | float], metrics: dict[str, Any], weight: float) -> None:
+    """Add `metrics` times `weight` to `acc` in fp64; tensors stay on their device (read once per step, by
+    `_as_floats`, instead of one host sync per metric and pass)."""
+    for k, v in metrics.items():
+        term = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
+        acc[k] = acc[k] + term if k in acc else term
+
+
+def _as_floats(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """`acc`'s values as Python floats, its tensors read in one transfer."""
+    tensors = [k for k, v in acc.items() if isinstance(v, torch.Tensor)]
+    read: dict[str, float] = {}
+    if tensors:
+        device = acc[tensors[0]].device
+        values = torch.stack([acc[k].to(device) for k in tensors]).tolist()
+        read = dict(zip(tensors, values, strict=True))
+    return {k: read[k] if k in read else float(v) for k, v in acc.items()}
 
 
 def _chunk_or_dummy(chunk: np.ndarray) -> tuple[np.ndarray, bool]:

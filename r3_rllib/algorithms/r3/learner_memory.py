@@ -21,11 +21,22 @@ def tokens_per_pass(setting: int | str | None, model_path: str | None) -> int | 
     return int(setting) if setting else None
 
 
-def use_gradient_checkpointing(setting: bool | None, model_path: str | None) -> bool:
+#: Below this many parameters 'gradient_checkpointing=None' leaves activations stored: the shipped tiny model and
+#: the small test and benchmark models, whose activations are small and where recomputing them costs a sixth to a
+#: quarter of the update. Every pretrained model this package targets (SmolLM2-135M and up) is above it.
+CHECKPOINTING_MIN_PARAMS = 50_000_000
+
+
+def use_gradient_checkpointing(
+    setting: bool | None, model_path: str | None, num_params: int | None = None
+) -> bool:
     """The ``gradient_checkpointing`` config value resolved: None means on for a pretrained model (``model_path``
     set), where activations of every layer are most of the learner's memory, and off for the shipped tiny model,
-    where recomputing them only costs time."""
-    return bool(setting) if setting is not None else model_path is not None
+    where recomputing them only costs time. With ``num_params`` known (the learner's policy), None also means off
+    for a model of fewer than :data:`CHECKPOINTING_MIN_PARAMS` parameters, wherever it was loaded from."""
+    if setting is not None:
+        return bool(setting)
+    return model_path is not None and (num_params is None or num_params >= CHECKPOINTING_MIN_PARAMS)
 
 
 class PeakMemory:
@@ -114,10 +125,15 @@ def learner_memory_error(err: BaseException, config: Any) -> LearnerOutOfMemoryE
             f"micro_batch_size (now {config.micro_batch_size} sequences per forward/backward pass), or set "
             "micro_batch_max_tokens to bound the tokens per pass"
         )
-    checkpointing = use_gradient_checkpointing(config.gradient_checkpointing, config.model_path)
+    # The driver does not know the policy's size, by which 'None' resolves for a model given by path.
+    setting = config.gradient_checkpointing
+    if setting is None:
+        now = "on for models of >= 50M parameters" if config.model_path else "off"
+    else:
+        now = "on" if setting else "off"
     hints = [
         batch,
-        "gradient_checkpointing=True (now on)" if checkpointing else "gradient_checkpointing=True (now off)",
+        f"gradient_checkpointing=True (now {now})",
         f"max_new_tokens (now {config.max_new_tokens}), which bounds the longest sequence in a pass",
     ]
     if getattr(config, "learner_entropy", False):

@@ -108,6 +108,10 @@ def test_gradient_checkpointing_defaults_on_for_pretrained_models():
     assert use_gradient_checkpointing(None, None) is False  # the shipped tiny model
     assert use_gradient_checkpointing(False, "some/model") is False
     assert use_gradient_checkpointing(True, None) is True
+    # A small model loaded from a path (test and benchmark models) keeps its activations; a pretrained one does not.
+    assert use_gradient_checkpointing(None, "some/model", num_params=19_000_000) is False
+    assert use_gradient_checkpointing(None, "some/model", num_params=135_000_000) is True
+    assert use_gradient_checkpointing(True, "some/model", num_params=1_000) is True
 
 
 PEAK_CHECK = """
@@ -195,7 +199,8 @@ def test_learner_memory_error_names_the_process_and_the_settings():
     assert "learner worker process (one of num_learners=2" in text
     assert "killed by Ray's memory monitor" in text
     assert "micro_batch_size (now 8" in text and "max_new_tokens (now 48)" in text
-    assert "gradient_checkpointing=True (now on)" in text  # auto: on for a pretrained model
+    # auto: on for a pretrained model of SmolLM2's size (the driver cannot count its parameters)
+    assert "gradient_checkpointing=True (now on for models of >= 50M parameters)" in text
     assert "Task was killed" in text
 
     cfg.learners(num_learners=0)
