@@ -110,8 +110,7 @@ def _check_schedule(spec) -> bool:
     config = spec.config
     if stop is None or not (config.replay or config.reflection or config.ranking):
         return True
-    from r3_rllib.algorithms.r3.env_runner import load_policy_tokenizer
-    from r3_rllib.algorithms.r3.runner_env import build_env
+    from r3_rllib.algorithms.r3.runner_env import build_env, load_policy_tokenizer
     from r3_rllib.algorithms.r3.schedule import schedule_for_config
     from r3_rllib.warmstart import build_named_models
 

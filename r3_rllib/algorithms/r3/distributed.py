@@ -4,6 +4,7 @@ averaging and the initial broadcast of replicated learners, and metric reduction
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -124,3 +125,22 @@ def global_sum(parts: Iterable[torch.Tensor], sharded: bool) -> float:
     if sharded:
         dist.all_reduce(total)
     return float(total)
+
+
+def accumulate_metrics(acc: dict[str, torch.Tensor | float], metrics: dict[str, Any], weight: float) -> None:
+    """Add `metrics` times `weight` to `acc` in fp64; tensors stay on their device (read once per step, by
+    `metrics_as_floats`, instead of one host sync per metric and pass)."""
+    for k, v in metrics.items():
+        term = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
+        acc[k] = acc[k] + term if k in acc else term
+
+
+def metrics_as_floats(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """`acc`'s values as Python floats, its tensors read in one transfer."""
+    tensors = [k for k, v in acc.items() if isinstance(v, torch.Tensor)]
+    read: dict[str, float] = {}
+    if tensors:
+        device = acc[tensors[0]].device
+        values = torch.stack([acc[k].to(device) for k in tensors]).tolist()
+        read = dict(zip(tensors, values, strict=True))
+    return {k: read[k] if k in read else float(v) for k, v in acc.items()}

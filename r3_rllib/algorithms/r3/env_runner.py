@@ -28,7 +28,14 @@ from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.multistep import step_groups
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
-from r3_rllib.algorithms.r3.runner_env import build_env, env_accepts_shard, runner_env_config, runner_seed
+from r3_rllib.algorithms.r3.runner_env import (
+    build_env,
+    check_estimator_fits_env,
+    env_accepts_shard,
+    load_policy_tokenizer,
+    runner_env_config,
+    runner_seed,
+)
 from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
@@ -46,33 +53,6 @@ from r3_rllib.rollout.multistep import (
 from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes, tool_use_totals
 
 logger = logging.getLogger(__name__)
-
-
-def load_policy_tokenizer(config):
-    from r3_rllib.models.tiny import load_tokenizer
-
-    return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
-
-
-def check_estimator_fits_env(config, multistep: bool) -> None:
-    """A multi-step env needs an estimator that reads step identities (one declaring sample inputs, as 'hgpo'), and
-    a single-step env one that does not: say which, instead of training on meaningless advantages."""
-    from r3_rllib.core.advantages import is_step_level
-
-    name = config.advantage_estimator
-    step_level = is_step_level(name)
-    env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
-    if multistep and not step_level:
-        raise ValueError(
-            f"env {env!r} is multi-step (it hands out episodes); advantage_estimator {name!r} scores single "
-            "responses: use a step-level estimator, e.g. advantage_estimator='hgpo' (hgpo_setting 'hgpo', "
-            "'gigpo' or 'episode_grpo')"
-        )
-    if step_level and not multistep:
-        raise ValueError(
-            f"advantage_estimator {name!r} needs a multi-step env (one with episode(query_id), e.g. "
-            f"'gridworld'); env {env!r} is single-step"
-        )
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):

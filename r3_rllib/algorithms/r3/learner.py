@@ -30,9 +30,11 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.framework import get_device
 
 from r3_rllib.algorithms.r3.distributed import (
+    accumulate_metrics,
     all_reduce_dict,
     average_gradients,
     broadcast_module,
+    metrics_as_floats,
     shard_policy,
 )
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
@@ -323,9 +325,9 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             metrics, weight, tokens = self._micro_batch_backward(batch, idx, real, step)
             local_tokens += tokens
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
-            _accumulate(acc, metrics, weight)
+            accumulate_metrics(acc, metrics, weight)
         grad_norm = self._apply_gradients()
-        reduced = self._all_reduce_sum(_as_floats(acc))
+        reduced = self._all_reduce_sum(metrics_as_floats(acc))
         reduced["grad_norm"] = grad_norm
         return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
 
@@ -458,25 +460,6 @@ def _training_batch(batch: Any) -> TrainingBatch:
     if isinstance(batch, ray.ObjectRef):
         batch = ray.get(batch)
     return batch if isinstance(batch, TrainingBatch) else TrainingBatch.from_samples(batch)
-
-
-def _accumulate(acc: dict[str, torch.Tensor | float], metrics: dict[str, Any], weight: float) -> None:
-    """Add `metrics` times `weight` to `acc` in fp64; tensors stay on their device (read once per step, by
-    `_as_floats`, instead of one host sync per metric and pass)."""
-    for k, v in metrics.items():
-        term = v.detach().double() * weight if isinstance(v, torch.Tensor) else float(v) * weight
-        acc[k] = acc[k] + term if k in acc else term
-
-
-def _as_floats(acc: dict[str, torch.Tensor | float]) -> dict[str, float]:
-    """`acc`'s values as Python floats, its tensors read in one transfer."""
-    tensors = [k for k, v in acc.items() if isinstance(v, torch.Tensor)]
-    read: dict[str, float] = {}
-    if tensors:
-        device = acc[tensors[0]].device
-        values = torch.stack([acc[k].to(device) for k in tensors]).tolist()
-        read = dict(zip(tensors, values, strict=True))
-    return {k: read[k] if k in read else float(v) for k, v in acc.items()}
 
 
 def _chunk_or_dummy(chunk: np.ndarray) -> tuple[np.ndarray, bool]:

@@ -359,7 +359,7 @@ class R3(Algorithm):
             lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
         )
         assert any(r is not None for r in _all_results(results))
-        from r3_rllib.algorithms.r3.env_runner import load_policy_tokenizer
+        from r3_rllib.algorithms.r3.runner_env import load_policy_tokenizer
         from r3_rllib.models.tiny import save_tokenizer
 
         save_tokenizer(load_policy_tokenizer(self.config), path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 
 from r3_rllib.envs.base import TextEnv
+from r3_rllib.models.hub import policy_path
 
 
 def _text_env_factory(name: str):
@@ -82,3 +83,31 @@ def runner_env_config(config, worker_index: int | None, *, shardable: bool = Tru
     else:
         shard = runner_shards(batch, num_runners)[int(worker_index) - 1]
     return {**env_config, "seed": env_config.get("seed", 0) + int(config.seed or 0), "shard": shard.as_dict()}
+
+
+def load_policy_tokenizer(config):
+    """The policy's tokenizer (``tokenizer_path``, else the model's folder)."""
+    from r3_rllib.models.tiny import load_tokenizer
+
+    return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
+
+
+def check_estimator_fits_env(config, multistep: bool) -> None:
+    """A multi-step env needs an estimator that reads step identities (one declaring sample inputs, as 'hgpo'), and
+    a single-step env one that does not: say which, instead of training on meaningless advantages."""
+    from r3_rllib.core.advantages import is_step_level
+
+    name = config.advantage_estimator
+    step_level = is_step_level(name)
+    env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
+    if multistep and not step_level:
+        raise ValueError(
+            f"env {env!r} is multi-step (it hands out episodes); advantage_estimator {name!r} scores single "
+            "responses: use a step-level estimator, e.g. advantage_estimator='hgpo' (hgpo_setting 'hgpo', "
+            "'gigpo' or 'episode_grpo')"
+        )
+    if step_level and not multistep:
+        raise ValueError(
+            f"advantage_estimator {name!r} needs a multi-step env (one with episode(query_id), e.g. "
+            f"'gridworld'); env {env!r} is single-step"
+        )

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from r3_rllib.algorithms.r3.config import R3Config
-from r3_rllib.algorithms.r3.env_runner import check_estimator_fits_env
 from r3_rllib.algorithms.r3.groups import (
     build_training_batch,
     merge_rollout_totals,
@@ -13,6 +12,7 @@ from r3_rllib.algorithms.r3.groups import (
     rollout_totals,
 )
 from r3_rllib.algorithms.r3.multistep import step_groups
+from r3_rllib.algorithms.r3.runner_env import check_estimator_fits_env
 from r3_rllib.algorithms.r3.settings import iteration_settings
 from r3_rllib.core.hgpo import hgpo_advantages
 from r3_rllib.envs.arithmetic import ArithmeticEnv
