@@ -8,8 +8,7 @@ from typing import Any
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
 from r3_rllib.engines.budget import ServingBudget, derive_max_model_len
-
-ENGINE_KINDS = ("hf", "vllm")
+from r3_rllib.engines.options import ENGINE_KINDS, EngineOptions
 
 
 def make_engine(
@@ -66,8 +65,33 @@ def make_engine(
     raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}")
 
 
+def build_engine(
+    options: EngineOptions,
+    tokenizer: Any = None,
+    *,
+    model_path: str | Path,
+    budget: ServingBudget | None = None,
+) -> GenerationEngine:
+    """The engine `options` describe, on the policy folder `model_path` (`options.model_path` resolved on this
+    node), sized for `budget` (see :func:`make_engine`); 'auto' dtype resolved for this node's device."""
+    from r3_rllib.models.dtypes import dtype_name
+
+    return make_engine(
+        options.kind,
+        model_path,
+        tokenizer,
+        budget=budget,
+        rollout_head=options.rollout_head,
+        head_seed=options.head_seed,
+        dtype=dtype_name(options.dtype),
+        **dict(options.backend_kwargs),
+    )
+
+
 __all__ = [
     "ENGINE_KINDS",
+    "EngineOptions",
+    "build_engine",
     "Completion",
     "GenerationEngine",
     "SamplingParams",

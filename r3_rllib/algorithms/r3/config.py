@@ -34,6 +34,7 @@ from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
+from r3_rllib.engines.options import EngineOptions
 
 #: Rules of R3Settings fields whose choices are constants of this package (R^2PO's), checked with the others.
 ALGORITHM_FIELD_RULES = {"rollout_head_stage_b_weight": Rule(choices=STAGE_B_WEIGHTS)}
@@ -240,6 +241,19 @@ class R3Config(AlgorithmConfig):
     @property
     def needs_replay_actor(self) -> bool:
         return bool(self.replay or self.reflection)
+
+    def engine_options(self) -> EngineOptions:
+        """The runners' engine as a typed object. R^2PO: an engine whose model carries the rollout head, sampling
+        with it on; the learner's head replaces this seeded one at the first weight sync, and every sync after
+        carries it."""
+        return EngineOptions(
+            kind=self.engine,
+            model_path=self.model_path,
+            dtype=str(self.dtype),
+            rollout_head=bool(self.rollout_head),
+            head_seed=int(self.seed or 0),
+            backend_kwargs=dict(self.engine_kwargs),
+        )
 
     def serving_budget(self, tokenizer: Any = None) -> ServingBudget:
         """The longest prompt and response the runners ask their engine for

@@ -39,10 +39,9 @@ from r3_rllib.algorithms.r3.runner_env import (
 from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
 from r3_rllib.algorithms.r3.weight_sync import named_tensors
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
-from r3_rllib.engines import make_engine
+from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
-from r3_rllib.models.dtypes import dtype_name
 from r3_rllib.models.hub import policy_path
 from r3_rllib.rollout.multistep import (
     episode_stats,
@@ -83,17 +82,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             if self.multistep
             else (self._sample_responses, self._evaluate_responses)
         )
-        self.engine = make_engine(
-            self.config.engine,
-            policy_path(self.config.model_path),
+        options = self.config.engine_options()
+        self.engine = build_engine(
+            options,
             self.tokenizer,
-            # vLLM's max_model_len unless engine_kwargs set it
-            budget=self.config.serving_budget(self.tokenizer),
-            # R^2PO: an engine whose model carries the rollout head, sampling with it on; the learner's head
-            # replaces this seeded one at the first weight sync (R3.setup), and every sync after carries it.
-            rollout_head=bool(self.config.rollout_head),
-            head_seed=int(self.config.seed or 0),
-            **{"dtype": dtype_name(self.config.dtype), **dict(self.config.engine_kwargs)},
+            model_path=policy_path(options.model_path),
+            budget=self.config.serving_budget(
+                self.tokenizer
+            ),  # vLLM's max_model_len unless engine_kwargs set it
         )
         self._sample_seed = seed
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on

@@ -1,0 +1,47 @@
+"""`EngineOptions`: what builds a runner's generation engine, as one typed, versioned object (not a dict)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+#: Format of :class:`EngineOptions`; a reader refuses another one.
+ENGINE_OPTIONS_FORMAT = 1
+ENGINE_KINDS = ("hf", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine a runner builds: backend, policy (a folder, hub name or named model: each runner resolves it on its
+    own node), dtype, R^2PO's rollout head, and the backend's own keyword arguments (``engine_kwargs``: vLLM's
+    ``gpu_memory_utilization``, ``tensor_parallel_size``, ... or the HF engine's ``max_batch_size``, ``kv_cache``),
+    kept as a read-only mapping because they are the backend's, not ours."""
+
+    kind: str
+    model_path: str | None
+    dtype: str = "auto"  # resolved on the runner's node ('auto': bf16 on GPUs that support it, else fp32)
+    rollout_head: bool = False
+    head_seed: int = 0
+    backend_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    format: int = ENGINE_OPTIONS_FORMAT
+
+    def __post_init__(self) -> None:
+        if self.format != ENGINE_OPTIONS_FORMAT:
+            raise ValueError(
+                f"EngineOptions format {self.format!r} is not {ENGINE_OPTIONS_FORMAT}, the one read here"
+            )
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(f"unknown engine kind {self.kind!r}; expected one of {ENGINE_KINDS}")
+        reserved = {"dtype", "rollout_head", "head_seed", "budget"} & set(self.backend_kwargs)
+        if reserved:
+            raise ValueError(
+                f"engine_kwargs may not set {sorted(reserved)}: they are engine options of their own"
+            )
+        object.__setattr__(self, "backend_kwargs", MappingProxyType(dict(self.backend_kwargs)))
+
+    def __reduce__(self):
+        # MappingProxyType does not pickle; rebuild from a plain dict (options cross to runner processes).
+        fields = (self.kind, self.model_path, self.dtype, self.rollout_head, self.head_seed)
+        return (EngineOptions, (*fields, dict(self.backend_kwargs), self.format))
