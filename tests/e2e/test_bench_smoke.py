@@ -190,6 +190,17 @@ def test_learner_memory_smoke(capsys):
 
 @pytest.mark.bench
 @pytest.mark.slow
+def test_textworld_smoke(ray_session, tmp_path, capsys):
+    pytest.importorskip("textworld")
+    mod = load("bench_textworld")
+    games = '{"cache_dir": "%s"}' % (tmp_path / "games")
+    assert mod.main(["--smoke", "--out", str(tmp_path), "--env", games]) == 0
+    out = capsys.readouterr().out
+    assert "| hgpo |" in out and (tmp_path / "runs" / "hgpo" / "seed0" / "progress.csv").is_file()
+
+
+@pytest.mark.bench
+@pytest.mark.slow
 def test_hgpo_smoke(ray_session, gridworld_warm_start, tmp_path, capsys):
     mod = load("bench_hgpo")
     args = ["--smoke", "--warm-start", gridworld_warm_start, "--out", str(tmp_path)]
