@@ -19,17 +19,10 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 def pytest_collection_modifyitems(config, items):
     """Everything under tests/e2e (Ray sessions, engines, subprocesses) is `slow`: `pytest -m "not slow"` runs
-    the unit tests of tests/unit, which mirror the package.
-
-    Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadgroup`) the e2e tests form one group and the unit
-    tests another: one worker runs the e2e tests one after the other, as without xdist (one Ray session, no two
-    Ray tests at once), while the other runs the unit tier beside them."""
+    the unit tests of tests/unit, which mirror the package."""
     for item in items:
         if E2E in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("e2e"))
-        else:
-            item.add_marker(pytest.mark.xdist_group("unit"))
 
 
 @pytest.fixture(scope="session")
