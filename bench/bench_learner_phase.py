@@ -66,27 +66,7 @@ def generate_rollouts(s: bench_throughput.Setting, seed: int, random_rewards: bo
         problems = [next(stream) for _ in range(s.queries)]
         enc = tok([p for p, _ in problems], add_special_tokens=False, padding=True, return_tensors="pt")
         P = enc["input_ids"].shape[1]
-        with torch.no_grad():
-            out = model.generate(
-                **enc,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=s.max_new_tokens,
-                num_return_sequences=s.group_size,
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-            )
-        comp = out[:, P:]
-        is_eos = comp == tok.eos_token_id
-        first = torch.where(
-            is_eos.any(1),
-            is_eos.int().argmax(1),
-            torch.full_like(is_eos[:, 0], comp.shape[1], dtype=torch.long),
-        )
-        comp_mask = torch.arange(comp.shape[1])[None, :] <= first[:, None]
-        comp_mask &= torch.arange(comp.shape[1])[None, :] < comp.shape[1]
+        out, comp, comp_mask, first = common.floor_generate(model, tok, enc, s.group_size, s.max_new_tokens)
         answers = [a for _, a in problems for _ in range(s.group_size)]
         if random_rewards or attempt == tries - 1:  # a model that never answers right: random rewards
             rewards = torch.from_numpy(rng.random(len(answers)).astype(np.float32))

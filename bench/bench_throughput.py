@@ -145,29 +145,10 @@ class FloorGRPO:
         enc = self.tok([p for p, _ in problems], add_special_tokens=False, padding=True, return_tensors="pt")
         P = enc["input_ids"].shape[1]
         self.model.eval()
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=enc["input_ids"],
-                attention_mask=enc["attention_mask"],
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=self.L,
-                num_return_sequences=self.G,
-                eos_token_id=self.eos,
-                pad_token_id=self.pad,
-            )
+        # Sampling, and the completion masks (microseconds, in the generation phase).
+        out, comp, comp_mask, first = common.floor_generate(self.model, self.tok, enc, self.G, self.L)
         t_gen = time.perf_counter()
 
-        comp = out[:, P:]
-        is_eos = comp == self.eos
-        has_eos = is_eos.any(1)
-        first = torch.where(
-            has_eos, is_eos.int().argmax(1), torch.full_like(has_eos, comp.shape[1], dtype=torch.long)
-        )
-        comp_mask = torch.arange(comp.shape[1])[None, :] <= first[:, None]
-        comp_mask &= torch.arange(comp.shape[1])[None, :] < comp.shape[1]
         lengths = comp_mask.sum(1)
         answers = [a for _, a in problems for _ in range(self.G)]
         texts = [self.tok.decode(comp[i, : int(first[i])].tolist()) for i in range(comp.shape[0])]

@@ -268,6 +268,38 @@ def grpo_config(
     return config
 
 
+def floor_generate(
+    model: Any, tok: Any, enc: Any, group_size: int, max_new_tokens: int
+) -> tuple[Any, Any, Any, Any]:
+    """The plain-PyTorch floor's sampling: ``model.generate`` of `group_size` completions per prompt of `enc`
+    (temperature 1, no top-k/top-p), then each completion's tokens up to its first eos. Returns ``(out, comp,
+    comp_mask, first)``: the full sequences, the completion part, its mask (tokens up to and including the first
+    eos) and the index of the first eos (the completion's width where it has none)."""
+    import torch
+
+    prompt_width = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=group_size,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    comp = out[:, prompt_width:]
+    is_eos = comp == tok.eos_token_id
+    width = torch.full_like(is_eos[:, 0], comp.shape[1], dtype=torch.long)
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), width)
+    comp_mask = torch.arange(comp.shape[1])[None, :] <= first[:, None]
+    comp_mask &= torch.arange(comp.shape[1])[None, :] < comp.shape[1]
+    return out, comp, comp_mask, first
+
+
 def floor_update(
     model: Any,
     optimizer: Any,
