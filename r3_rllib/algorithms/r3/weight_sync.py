@@ -77,6 +77,27 @@ def named_tensors(weights: PackedWeights | Mapping[str, torch.Tensor]) -> Iterab
     return weights.items()
 
 
+@dataclass(frozen=True)
+class LoraAdapterWeights:
+    """A LoRA adapter on its way to the runners (``lora_rank > 0``): only the adapter's tensors travel, the base
+    weights the runners loaded at start never change.
+
+    ``weights`` holds the adapter tensors under peft's names without the adapter name (as
+    ``peft.get_peft_model_state_dict`` returns them, e.g. ``base_model.model.model.layers.0.self_attn.q_proj.lora_A
+    .weight``); ``rank``, ``alpha`` and ``target_modules`` (the module names peft resolved, e.g. ``("q_proj",
+    "v_proj")``) are what an engine needs to rebuild the same adapter (a peft wrapper, a vLLM LoRA request, or a
+    merge ``W + (alpha / rank) * B @ A`` into its base weights)."""
+
+    weights: PackedWeights
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weights.nbytes
+
+
 #: RLlib async-request tag of the weight load queued behind a runner's rollout (overlap_generation).
 WEIGHTS_TAG = "r3_weights"
 
