@@ -1,9 +1,10 @@
 """Learning: GRPO, DAPO-style dynamic sampling and R^3 on an arithmetic task where GRPO groups often collapse, plus
 the R^3 ablation (without replay / reflection / ranking), several seeds each, in one run.
 
-    python bench/bench_learning.py                        # probe + 7 methods x 3 seeds (~15-18 min on 2 CPU cores)
+    python bench/bench_learning.py                        # probe + 11 methods x 3 seeds (~25 min on 2 CPU cores)
     python bench/bench_learning.py --quick                # GRPO, DAPO, R^3; 1 seed; 30 iterations (~3 min)
     python bench/bench_learning.py --methods grpo,r3 --seeds 0,1 --iterations 30
+    python bench/bench_learning.py --methods grpo,rloo,reinforce_pp,gspo,cispo --no-probe   # estimators and losses
     python bench/bench_learning.py --smoke                # CI: R^3, one iteration
     r3 plot runs/bench_learning/runs/r3 runs/bench_learning/runs/grpo   # curves of individual runs
 
@@ -16,7 +17,9 @@ while 40 % of the queries are solvable. Held-out accuracy is greedy, on the env'
 Writes, under ``OUT`` (``--out``, default ``runs/bench_learning``): ``runs/<method>/seed<k>/progress.csv`` (Tune's
 column names, so ``r3 plot`` reads them), ``mean/<method>/progress.csv`` (seed means), ``learning_main.png`` (GRPO,
 DAPO, R^3), ``learning_ablation.png`` (R^3 and its ablations), ``learning_overlap.png`` (GRPO on-policy vs with
-``overlap_generation``, one step off-policy) and ``summary.json``; prints the tables.
+``overlap_generation``, one step off-policy), ``learning_estimators.png`` (GRPO against RLOO, REINFORCE++-baseline,
+GSPO and CISPO: GRPO's preset with the advantage estimator or the policy loss replaced) and ``summary.json``;
+prints the tables.
 """
 
 from __future__ import annotations
@@ -33,10 +36,27 @@ from typing import Any
 
 import common
 
-METHODS = ("grpo", "dapo", "r3", "r3-no-replay", "r3-no-reflection", "r3-no-ranking", "grpo-overlap")
+#: GRPO with one part replaced: the advantage estimator or the policy loss (everything else as GRPO's preset).
+ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
+    "rloo": {"advantage_estimator": "rloo"},
+    "reinforce_pp": {"advantage_estimator": "reinforce_pp"},
+    "gspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
+    "cispo": {"policy_loss": "cispo"},
+}
+METHODS = (
+    "grpo",
+    "dapo",
+    "r3",
+    "r3-no-replay",
+    "r3-no-reflection",
+    "r3-no-ranking",
+    "grpo-overlap",
+    *ESTIMATOR_VARIANTS,
+)
 MAIN_METHODS = ("grpo", "dapo", "r3")
 ABLATION_METHODS = ("r3", "r3-no-replay", "r3-no-reflection", "r3-no-ranking")
 OVERLAP_METHODS = ("grpo", "grpo-overlap")  # on-policy vs one-step off-policy (overlap_generation)
+ESTIMATOR_METHODS = ("grpo", *ESTIMATOR_VARIANTS)
 PROBE_TASKS: tuple[dict[str, Any], ...] = (
     {"digits": 2},
     {"digits": 2, "operators": "+-"},
@@ -112,8 +132,10 @@ def method_config(method: str, args, seed: int):
     from r3_rllib import R3Config
     from r3_rllib.core.reflection import COMPACT_REFLECTION_TEMPLATE
 
-    if method in ("grpo", "grpo-overlap"):
+    variant: dict[str, Any] = {}
+    if method in ("grpo", "grpo-overlap") or method in ESTIMATOR_VARIANTS:
         config = R3Config.grpo_preset()
+        variant = ESTIMATOR_VARIANTS.get(method, {})
     elif method == "dapo":
         config = R3Config.dapo_preset()
     elif method.startswith("r3"):
@@ -143,6 +165,7 @@ def method_config(method: str, args, seed: int):
             eval_env_config={"split": "test"},
             eval_num_queries=args.eval_queries,
             overlap_generation=method.endswith("-overlap"),
+            **variant,
         )
         .r3(
             replay_start_epoch=args.start_epoch,
@@ -271,6 +294,7 @@ def plot(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> list[Pa
         ("learning_main.png", MAIN_METHODS),
         ("learning_ablation.png", ABLATION_METHODS),
         ("learning_overlap.png", OVERLAP_METHODS),
+        ("learning_estimators.png", ESTIMATOR_METHODS),
     ):
         chosen = [m for m in group if means.get(m) is not None]
         if len(chosen) >= 1:

@@ -205,8 +205,9 @@ class TextWorldEpisode:
 
 
 def _clean(text: str | None) -> str:
-    # The game's text carries a prompt marker, a status line and runs of blank lines.
-    text = (text or "").replace(">", " ").strip()
+    # The game's text carries a prompt marker ('>' alone at the start or end of a line) and runs of blank lines;
+    # a '>' inside a sentence is the game's own text and stays.
+    text = re.sub(r"(?m)^[ \t]*>[ \t]*|[ \t]*>[ \t]*$", " ", text or "").strip()
     return re.sub(r"\s*\n\s*", " ", text)
 
 

@@ -99,6 +99,8 @@ class ReplaySample:
     def nbytes(self) -> int:
         """Approximate memory of this sample (arrays + text + fixed overhead), prompt included."""
         n = self.prompt_ids.nbytes + self.response_ids.nbytes + self.behavior_logprobs.nbytes
+        if self.loss_mask is not None:
+            n += self.loss_mask.nbytes
         return n + len(self.response_text) + _PER_SAMPLE_OVERHEAD
 
 

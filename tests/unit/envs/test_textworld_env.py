@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("textworld")
 
 from r3_rllib.engines.base import Completion, SamplingParams  # noqa: E402
-from r3_rllib.envs.textworld_env import TextWorldEnv, parse_command  # noqa: E402
+from r3_rllib.envs.textworld_env import TextWorldEnv, _clean, parse_command  # noqa: E402
 from r3_rllib.rollout.multistep import episode_stats, rollout_multistep  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling a game takes ~2.5 s
@@ -109,3 +109,7 @@ def test_lockstep_rollout_loop_runs_textworld_episodes(env):
     assert all(r.obs_key for r in records) and records[0].obs_key != records[1].obs_key
     stats = episode_stats(records)
     assert stats["success_rate"] == 1.0
+
+
+def test_clean_drops_prompt_markers_but_keeps_the_games_own_text():
+    assert _clean("> \n\n-= Cellar =-\nA sign says -> north.\n>") == "-= Cellar =- A sign says -> north."

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import pickle
 from collections import Counter
@@ -299,6 +300,12 @@ def test_nbytes_accounting():
     assert buf.nbytes() == expected
     buf.evict_stale(1)
     assert len(buf) == 0 and buf.nbytes() == 0
+
+
+def test_nbytes_counts_a_tool_trajectorys_loss_mask():
+    plain = make(length=10)
+    masked = dataclasses.replace(plain, loss_mask=np.ones(10, dtype=bool))
+    assert masked.nbytes() == plain.nbytes() + 10  # one byte per response token
 
 
 def test_columns_round_trip():
