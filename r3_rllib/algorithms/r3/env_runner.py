@@ -31,6 +31,7 @@ from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, 
 from r3_rllib.algorithms.r3.runner_env import (
     build_env,
     check_estimator_fits_env,
+    check_tool_settings_fit_env,
     env_accepts_shard,
     load_policy_tokenizer,
     runner_env_config,
@@ -75,6 +76,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.tool_use = supports_tool_episodes(self.env)
         self.multistep = supports_episodes(self.env) and not self.tool_use
         check_estimator_fits_env(self.config, self.multistep)
+        check_tool_settings_fit_env(self.config, self.tool_use)
         self._rollout, self._evaluate_part = (
             (self._sample_tool_episodes, self._evaluate_tool_episodes)
             if self.tool_use

@@ -92,6 +92,28 @@ def load_policy_tokenizer(config):
     return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
 
 
+def check_tool_settings_fit_env(config, tool_use: bool) -> None:
+    """``max_tool_turns``/``max_trajectory_tokens`` shape multi-turn tool trajectories only: set for an env without
+    ``tool_episode`` they would be silently ignored, so refuse them there."""
+    from r3_rllib.config.settings import R3Settings
+
+    default_turns = R3Settings.max_tool_turns
+    changed = [
+        f"{name}={value!r}"
+        for name, value, default in (
+            ("max_tool_turns", config.max_tool_turns, default_turns),
+            ("max_trajectory_tokens", config.max_trajectory_tokens, None),
+        )
+        if value != default
+    ]
+    if changed and not tool_use:
+        env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
+        raise ValueError(
+            f"{', '.join(changed)} only apply to multi-turn tool envs (ones with tool_episode(query_id), e.g. "
+            f"'python_tool'); env {env!r} has none: leave them at their defaults"
+        )
+
+
 def check_estimator_fits_env(config, multistep: bool) -> None:
     """A multi-step env needs an estimator that reads step identities (one declaring sample inputs, as 'hgpo'), and
     a single-step env one that does not: say which, instead of training on meaningless advantages."""

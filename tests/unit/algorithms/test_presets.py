@@ -132,6 +132,26 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "tool_use", "refused"),
+    [
+        ({"max_tool_turns": 6}, False, "max_tool_turns=6 only apply to multi-turn tool envs"),
+        ({"max_trajectory_tokens": 512}, False, "max_trajectory_tokens=512 only apply"),
+        ({"max_tool_turns": 6, "max_trajectory_tokens": 512}, True, None),
+        ({}, False, None),
+    ],
+)
+def test_tool_settings_are_refused_for_an_env_without_tool_episodes(kwargs, tool_use, refused):
+    from r3_rllib.algorithms.r3.runner_env import check_tool_settings_fit_env
+
+    config = R3Config().environment("arithmetic").training(**kwargs)
+    if refused is None:
+        check_tool_settings_fit_env(config, tool_use=tool_use)
+    else:
+        with pytest.raises(ValueError, match=refused):
+            check_tool_settings_fit_env(config, tool_use=tool_use)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"policy_loss": "gspo"}, "policy_loss 'gspo' needs loss_agg_mode 'seq-mean-token-mean'"),
