@@ -161,6 +161,7 @@ def method_config(method: str, args, seed: int):
             max_new_tokens=args.max_new_tokens,
             lr=args.lr,
             micro_batch_size=512,
+            num_minibatches=args.minibatches,
             eval_interval=args.eval_interval,
             eval_env_config={"split": "test"},
             eval_num_queries=args.eval_queries,
@@ -393,6 +394,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument(
+        "--minibatches",
+        type=int,
+        default=1,
+        help="optimizer steps per batch (> 1: later steps are off-policy)",
+    )
     ap.add_argument("--start-epoch", type=int, default=1, help="dataset epoch from which R^3's parts are on")
     ap.add_argument("--eval-interval", type=int, default=10)
     ap.add_argument("--eval-queries", type=int, default=256)
