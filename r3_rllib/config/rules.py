@@ -137,6 +137,68 @@ def rollout_head_needs_single_step_estimator(config: Any) -> str | None:
     return None
 
 
+def lora_targets_are_module_names(config: Any) -> str | None:
+    """LoRA's target modules are 'all-linear' or a non-empty list of module names (peft's two forms we pass on)."""
+    targets = config.lora_target_modules
+    if targets == "all-linear":
+        return None
+    if isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets):
+        return None
+    return f"lora_target_modules must be 'all-linear' or a non-empty list of module names, got {targets!r}"
+
+
+def lora_excludes_rollout_head(config: Any) -> str | None:
+    """R^2PO trains the head and the whole base in turns (its stages switch requires_grad of every base
+    parameter): that would unfreeze the base LoRA keeps frozen, and the runners' head-and-base sync has no
+    adapter form."""
+    if config.lora_rank > 0 and config.rollout_head:
+        return (
+            "lora_rank > 0 with rollout_head (R^2PO): its stages train the whole base; use one or the other"
+        )
+    return None
+
+
+def rollout_rs_band_is_ordered(config: Any) -> str | None:
+    """Rejection keeps ratios in [lower, upper]: the band must not be empty (defaults resolved: upper is_cap,
+    lower 1 / upper)."""
+    if config.rollout_rs is None:
+        return None
+    upper = config.rollout_rs_threshold if config.rollout_rs_threshold is not None else config.is_cap
+    lower = (
+        config.rollout_rs_threshold_lower if config.rollout_rs_threshold_lower is not None else 1.0 / upper
+    )
+    if not lower < upper:
+        return (
+            f"rollout_rs needs rollout_rs_threshold_lower < rollout_rs_threshold (defaults: is_cap and its "
+            f"reciprocal), got [{lower}, {upper}]"
+        )
+    return None
+
+
+def rollout_rs_thresholds_need_rollout_rs(config: Any) -> str | None:
+    """A rejection bound without a rejection level would be silently ignored."""
+    given = [
+        name
+        for name in ("rollout_rs_threshold", "rollout_rs_threshold_lower")
+        if getattr(config, name) is not None
+    ]
+    if given and config.rollout_rs is None:
+        return f"{'/'.join(given)} given but rollout_rs is None (no rejection): set rollout_rs or drop them"
+    return None
+
+
+def rollout_is_level_needs_a_weight(config: Any) -> str | None:
+    """rollout_is chooses the level of a weight that off_policy_correction (or R^2PO's stage B weight) turns on;
+    a non-default level with no weight anywhere would be silently ignored."""
+    stage_b = config.rollout_head and config.rollout_head_stage_b_weight == "truncated_is"
+    if config.rollout_is != "token" and not (config.off_policy_correction or stage_b):
+        return (
+            f"rollout_is {config.rollout_is!r} with off_policy_correction=False: no importance weight is "
+            "applied; turn off_policy_correction on or leave rollout_is at 'token'"
+        )
+    return None
+
+
 #: Every cross-field rule, in the order their messages are listed.
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
@@ -151,6 +213,11 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     head_schedule_has_a_stage,
     head_advantage_is_single_step,
     rollout_head_needs_single_step_estimator,
+    lora_targets_are_module_names,
+    lora_excludes_rollout_head,
+    rollout_rs_band_is_ordered,
+    rollout_rs_thresholds_need_rollout_rs,
+    rollout_is_level_needs_a_weight,
 )
 
 

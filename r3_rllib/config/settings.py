@@ -25,6 +25,7 @@ from r3_rllib.core.losses import (
     KL_KINDS,
     LOSS_FNS,
 )
+from r3_rllib.core.mismatch import IS_LEVELS, RS_LEVELS
 from r3_rllib.core.rarity import DEFAULT_SKIP_RANGE, RARITY_COUNTS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
 from r3_rllib.core.reward_shaping import FILTER_METRICS
@@ -139,9 +140,26 @@ class R3Settings:
     """'grpo' only: the std's delta degrees of freedom, 0 (population std) or 1 (sample std, as torch.std in verl
     and DeepScaleR). At G = 8, ddof=1 divides advantages by a std sqrt(8/7) = 1.069 times larger."""
     off_policy_correction: bool = True
-    """Weight each token by min(pi_old/pi_behaviour, is_cap): corrects replayed (older-policy) samples."""
-    is_cap: float = 2.0
-    """Truncation of the behaviour importance weight."""
+    """Weight each token by min(pi_old/pi_behaviour, is_cap): corrects replayed (older-policy) samples and the
+    engine/learner mismatch (see rollout_is for the level; its diagnostics are logged as learner/mismatch_*)."""
+    is_cap: float = setting(2.0, range="> 0", finite=True)
+    """Truncation of the behaviour importance weight (verl's rollout_is_threshold). > 0."""
+    rollout_is: str = setting("token", choices=IS_LEVELS)
+    """Level of the importance weight (verl's rollout_is): 'token' (min(r_t, is_cap) per token) or 'sequence'
+    (min(prod_t r_t, is_cap), broadcast over the sequence's tokens), r_t = pi_old(y_t) / pi_behaviour(y_t).
+    Applies when off_policy_correction (or R^2PO stage B's rollout_head_stage_b_weight) asks for the weight."""
+    rollout_rs: str | None = setting(None, choices=RS_LEVELS, none_ok=True)
+    """Rejection sampling (verl's rollout_rs): tokens or sequences whose ratio leaves [rollout_rs_threshold_lower,
+    rollout_rs_threshold] leave the loss and its normalising count. 'token' (r_t), 'sequence' (prod_t r_t),
+    'geometric' (exp(mean_t log r_t): a band like [0.999, 1.001]), 'icepop' (IcePop: out-of-band tokens get
+    weight 0 but stay in the count); None (default): no rejection."""
+    rollout_rs_threshold: float | None = setting(None, range="> 0", finite=True, none_ok=True)
+    """Upper bound of the accepted ratio band; None: is_cap. > 0."""
+    rollout_rs_threshold_lower: float | None = setting(None, range="> 0", finite=True, none_ok=True)
+    """Lower bound of the accepted ratio band; None: 1 / the upper bound. > 0, below the upper bound."""
+    rollout_token_veto_threshold: float | None = setting(None, range="(0, 1)", none_ok=True)
+    """Veto (verl's rollout_token_veto_threshold): a sequence with any token whose ratio r_t is below it leaves
+    the loss whole (e.g. 1e-4); None (default): no veto. In (0, 1)."""
     overlap_generation: bool = False
     """Generate batch k+1 while the learner trains on batch k (one-step off-policy, as in verl's one-step-off-policy
     recipe): the batch trained on was sampled with the weights from one update earlier, corrected by the
@@ -160,6 +178,18 @@ class R3Settings:
     """Log learner/entropy (mean entropy of the policy's next-token distributions over the trained tokens). It costs a
     no-grad softmax over the whole vocabulary at every position: off for large vocabularies, where
     rollout/entropy_mean (the sampled responses' entropies) is the one to watch."""
+    lora_rank: int = setting(0, range=">= 0", integer=True)
+    """LoRA rank (0: off, full fine-tuning). > 0: the learner wraps the policy with peft (the `lora` extra), trains
+    and keeps optimizer state for the adapter only, and ships only the adapter's tensors to the runners; a KL
+    reference (kl_coef > 0) is the base with the adapter switched off. Not with rollout_head."""
+    lora_alpha: float = setting(16.0, range="> 0", finite=True)
+    """LoRA scaling: the adapter adds (lora_alpha / lora_rank) * B @ A to each target weight (verl's default 16)."""
+    lora_dropout: float = setting(0.0, range="[0, 1)")
+    """Dropout on the adapter's input while training (0: off, as usual for RL: a dropout would also randomise the
+    proximal log-probs the learner recomputes)."""
+    lora_target_modules: str | list = "all-linear"
+    """Modules that get an adapter: 'all-linear' (every linear layer of the decoder, not the output head) or a list
+    of module names (e.g. ['q_proj', 'v_proj'])."""
 
     # --- baselines -------------------------------------------------------------------------------------------
     dynamic_sampling: bool = False

@@ -14,6 +14,8 @@ learner (R^3 replays past successes into all-wrong groups; asynchronous rollouts
   ``min(exp(prox - behav), cap)`` (:func:`truncated_importance_weights`), detached so it scales the gradient without
   being optimised. Truncating at ``cap`` bounds the variance one stale token can inject (the weight is unbounded
   above otherwise); tokens the behaviour policy found *more* likely than the current one are down-weighted exactly.
+  :mod:`r3_rllib.core.mismatch` generalises it (sequence-level weights, rejection of tokens or sequences, a veto,
+  diagnostics of the gap), following verl's rollout correction; :func:`rl_objective` applies it.
 
 Clipping against the behaviour policy instead would clip almost every token of an old sample (its ratio is far from
 1 before any update) and so silently drop its gradient, which defeats replay.
@@ -35,6 +37,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from r3_rllib.core.mismatch import PREFIX, RolloutCorrection, rollout_correction
 from r3_rllib.core.registry import Registry
 
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -551,6 +554,7 @@ def rl_objective(
     policy_loss: str = "clipped_pg",
     loss_params: Mapping[str, object] | None = None,
     is_cap: float | None = None,
+    correction: RolloutCorrection | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_type: str = "k3",
@@ -558,18 +562,32 @@ def rl_objective(
     norm_len: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The learner's whole objective on one micro-batch: the policy loss named ``policy_loss`` (from
-    :data:`LOSS_FNS`, with ``loss_params``), weighted per token by the truncated behaviour importance weight when
-    ``is_cap`` is set, plus ``kl_coef`` times the KL to a reference policy when ``ref_logprobs`` is given.
+    :data:`LOSS_FNS`, with ``loss_params``), weighted per token by the behaviour importance weight, plus
+    ``kl_coef`` times the KL to a reference policy when ``ref_logprobs`` is given.
+
+    The behaviour-to-proximal correction is ``correction`` (:mod:`r3_rllib.core.mismatch`: importance weights,
+    rejection, veto; its diagnostics are added to the metrics as ``mismatch_*``), or, the shorthand, ``is_cap``: the
+    token-level weight ``min(pi_old / pi_behaviour, is_cap)``; neither: no correction. Rejected tokens leave both
+    the policy loss and the KL term, numerator and this micro-batch's normaliser (the loss is aggregated over
+    ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept count too
+    (:func:`~r3_rllib.core.mismatch.micro_batch_share`, :func:`~r3_rllib.core.mismatch.normaliser_share`).
 
     The reduction over tokens is the micro-batch's own (``agg_mode``); the caller rescales it to the global token or
     sequence count of the minibatch, which only it knows (ranks and micro-batches split one minibatch). Returns
     ``(loss, metrics)`` with detached scalar metrics: the policy loss's own (``clip_frac_low``, ...), plus
-    ``pg_loss``, ``kl`` and ``is_weight_mean``.
+    ``pg_loss``, ``kl`` and ``is_weight_mean`` (with a weight).
     """
-    is_w = None
+    if is_cap is not None and correction is not None:
+        raise ValueError("give is_cap (token-level truncated weight) or correction, not both")
     if is_cap is not None:
-        is_w = truncated_importance_weights(old_logprobs, behavior_logprobs, is_cap)
-        is_w = torch.where(mask.bool(), is_w, torch.ones_like(is_w))
+        correction = RolloutCorrection(is_level="token", is_threshold=is_cap)
+    is_w, diagnostics = None, {}
+    if correction is not None:
+        w, keep, diag = rollout_correction(old_logprobs, behavior_logprobs, mask, correction)
+        if correction.is_level is not None or correction.rs_level == "icepop":
+            is_w = w
+        mask = mask.bool() & keep
+        diagnostics = {PREFIX + k: v for k, v in diag.items()}
     pg, metrics = get_loss_fn(policy_loss)(
         logprobs, old_logprobs, advantages, mask, is_weights=is_w, **dict(loss_params or {})
     )
@@ -583,4 +601,4 @@ def rl_objective(
     out["kl"] = kl.detach()
     if is_w is not None:
         out["is_weight_mean"] = _masked_mean(is_w, mask.to(is_w.dtype))
-    return loss, out
+    return loss, out | diagnostics

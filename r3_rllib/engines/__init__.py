@@ -21,6 +21,7 @@ def make_engine(
     head: Any = None,
     rollout_logits: bool = True,
     head_seed: int | None = 0,
+    lora_rank: int = 0,
     **kwargs: Any,
 ) -> GenerationEngine:
     """Build an engine: ``"hf"`` (:class:`~r3_rllib.engines.hf_engine.HFEngine`, any machine) or ``"vllm"``
@@ -35,6 +36,10 @@ def make_engine(
     :class:`~r3_rllib.engines.vllm_rollout_head.RolloutHeadVLLMEngine`); ``head`` (a head or a folder holding one;
     None: the one saved with the model, else a fresh one seeded with ``head_seed``) and ``rollout_logits`` (sample
     with the head on) go to it. Without ``rollout_head`` they must keep their defaults.
+
+    ``lora_rank`` > 0 builds a vLLM engine ready for LoRA adapters (:meth:`GenerationEngine.update_adapter`),
+    applied as its ``lora_mode`` keyword says (see :mod:`r3_rllib.engines.vllm_engine`); the HF engine merges
+    adapters into its weights and needs no option.
     """
     head_kwargs: dict[str, Any] = {}
     if rollout_head:
@@ -58,10 +63,17 @@ def make_engine(
         if rollout_head:
             from r3_rllib.engines.vllm_rollout_head import RolloutHeadVLLMEngine
 
-            return RolloutHeadVLLMEngine(model_path, tokenizer, budget=budget, **head_kwargs, **kwargs)
+            return RolloutHeadVLLMEngine(
+                model_path,
+                tokenizer,
+                budget=budget,
+                **head_kwargs,
+                lora_rank=lora_rank,
+                **kwargs,
+            )
         from r3_rllib.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, tokenizer, budget=budget, **kwargs)
+        return VLLMEngine(model_path, tokenizer, budget=budget, lora_rank=lora_rank, **kwargs)
     raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}")
 
 
@@ -83,6 +95,7 @@ def build_engine(
         budget=budget,
         rollout_head=options.rollout_head,
         head_seed=options.head_seed,
+        lora_rank=options.lora_rank,
         dtype=dtype_name(options.dtype),
         **dict(options.backend_kwargs),
     )

@@ -104,7 +104,25 @@ class GenerationEngine(ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new policy weights (HF parameter names, full tensors) and record the policy version."""
 
-    #: Set by :meth:`update_weights`; 0 until the first update.
+    def update_adapter(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        rank: int,
+        alpha: float,
+        target_modules: Sequence[str],
+        version: int,
+    ) -> None:
+        """Sample from now on with the base weights the engine was built with plus this LoRA adapter (LoRA
+        fine-tuning sends only the adapter), and record the policy version.
+
+        ``named_tensors`` are the adapter's ``lora_A``/``lora_B`` weights named as ``peft.get_peft_model_state_dict``
+        returns them (see :mod:`r3_rllib.engines.lora`); ``rank``, ``alpha`` and ``target_modules`` are the
+        adapter's LoRA settings (scale ``alpha / rank``). Each call replaces the previous adapter, never adds to it.
+        Engines that cannot apply adapters raise ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} does not apply LoRA adapters")
+
+    #: Set by :meth:`update_weights` and :meth:`update_adapter`; 0 until the first update.
     _version: int = 0
 
     @property

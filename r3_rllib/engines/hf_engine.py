@@ -27,6 +27,7 @@ from r3_rllib.engines.base import (
     resolve_eos_ids,
 )
 from r3_rllib.engines.kv_cache import preallocated_cache
+from r3_rllib.engines.lora import adapter_pairs, lora_scale, merged_state
 from r3_rllib.models.dtypes import resolve_dtype
 
 KV_CACHES = ("preallocated", "dynamic")
@@ -129,6 +130,8 @@ class HFEngine(GenerationEngine):
         self.eos_token_ids = self._default_eos(eos_token_ids)
         self.pad_token_id = self._default_pad()
         self._version = 0
+        # CPU copies of the base weights the LoRA adapters modify (filled on first use, see update_adapter).
+        self._lora_base: dict[str, torch.Tensor] = {}
 
     # -- setup helpers ------------------------------------------------------------------------------------------
     def _default_eos(self, eos_token_ids: Sequence[int] | None) -> tuple[int, ...]:
@@ -312,4 +315,36 @@ class HFEngine(GenerationEngine):
                         f"{tuple(target.shape)}"
                     )
                 target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+        # Full weights replace any merged adapter: the kept base copies are stale now.
+        self._lora_base = {}
+        self._version = int(version)
+
+    def update_adapter(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        rank: int,
+        alpha: float,
+        target_modules: Sequence[str],
+        version: int,
+    ) -> None:
+        """Merge the LoRA adapter into the adapted modules' weights: ``W = W_base + (alpha / rank) * B @ A``.
+
+        Merging instead of wrapping the model with peft keeps generation as fast as without LoRA (a peft wrapper
+        adds two small matmuls per adapted layer at every decode step) and needs no peft on the runners. A CPU copy
+        of each adapted module's base weight is kept from its first adapter on, so every adapter is merged into
+        the base and replaces the previous one instead of adding to it; a module the previous adapter covered and
+        this one does not goes back to its base weight."""
+        del target_modules  # the adapter's tensor names say which modules it covers
+        pairs = adapter_pairs(named_tensors)
+        params = dict(self.model.named_parameters())
+        for module in pairs:
+            name = f"{module}.weight"
+            if name not in params:
+                raise KeyError(f"update_adapter: the model has no weight {name!r} to adapt")
+            if name not in self._lora_base:
+                self._lora_base[name] = params[name].detach().to("cpu", copy=True)
+        with torch.no_grad():
+            for name, tensor in merged_state(self._lora_base, pairs, lora_scale(rank, alpha)).items():
+                params[name].copy_(tensor.to(params[name].device))
         self._version = int(version)

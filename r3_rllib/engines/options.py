@@ -15,9 +15,11 @@ ENGINE_KINDS = ("hf", "vllm")
 @dataclass(frozen=True)
 class EngineOptions:
     """The engine a runner builds: backend, policy (a folder, hub name or named model: each runner resolves it on its
-    own node), dtype, R^2PO's rollout head, and the backend's own keyword arguments (``engine_kwargs``: vLLM's
-    ``gpu_memory_utilization``, ``tensor_parallel_size``, ... or the HF engine's ``max_batch_size``, ``kv_cache``),
-    kept as a read-only mapping because they are the backend's, not ours."""
+    own node), dtype, R^2PO's rollout head, LoRA (``lora_rank`` > 0: the runners receive adapters, see
+    :meth:`~r3_rllib.engines.base.GenerationEngine.update_adapter`), and the backend's own keyword arguments
+    (``engine_kwargs``: vLLM's ``gpu_memory_utilization``, ``tensor_parallel_size``, ``lora_mode``, ... or the HF
+    engine's ``max_batch_size``, ``kv_cache``), kept as a read-only mapping because they are the backend's, not
+    ours."""
 
     kind: str
     model_path: str | None
@@ -26,6 +28,7 @@ class EngineOptions:
     head_seed: int = 0
     backend_kwargs: Mapping[str, Any] = field(default_factory=dict)
     format: int = ENGINE_OPTIONS_FORMAT
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.format != ENGINE_OPTIONS_FORMAT:
@@ -34,7 +37,9 @@ class EngineOptions:
             )
         if self.kind not in ENGINE_KINDS:
             raise ValueError(f"unknown engine kind {self.kind!r}; expected one of {ENGINE_KINDS}")
-        reserved = {"dtype", "rollout_head", "head_seed", "budget"} & set(self.backend_kwargs)
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
+        reserved = {"dtype", "rollout_head", "head_seed", "budget", "lora_rank"} & set(self.backend_kwargs)
         if reserved:
             raise ValueError(
                 f"engine_kwargs may not set {sorted(reserved)}: they are engine options of their own"
@@ -44,4 +49,4 @@ class EngineOptions:
     def __reduce__(self):
         # MappingProxyType does not pickle; rebuild from a plain dict (options cross to runner processes).
         fields = (self.kind, self.model_path, self.dtype, self.rollout_head, self.head_seed)
-        return (EngineOptions, (*fields, dict(self.backend_kwargs), self.format))
+        return (EngineOptions, (*fields, dict(self.backend_kwargs), self.format, self.lora_rank))

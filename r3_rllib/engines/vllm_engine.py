@@ -20,6 +20,16 @@ Per-token data:
   mass counts as one bucket. It is exact when the reported tokens cover the vocabulary and otherwise a lower bound
   (merging tokens never raises entropy); for peaked LLM distributions and K = 20 it is close.
 
+LoRA (``lora_rank > 0``, :meth:`VLLMEngine.update_adapter`): ``lora_mode="adapter"`` builds the engine with vLLM's
+LoRA support (``enable_lora``) and samples with each received adapter as a ``LoRARequest`` (written to a temporary
+peft adapter folder, a new id per version): the base weights are never touched and an update costs a few small
+files. ``"merge"`` builds a plain engine and reloads the adapted modules with ``W + (alpha / rank) * B @ A``
+computed on the runner from a CPU copy of their base weights: for builds without vLLM LoRA (no punica kernels on
+the platform), ranks above vLLM's 512, or adapters on modules vLLM's LoRA does not cover. ``"auto"``: adapter
+where the platform has vLLM's LoRA kernels (CUDA and the CPU build both do in vLLM 0.32) and the rank fits, else
+merge. Both sample the same distribution up to float rounding; adapter mode adds the LoRA matmuls to each step,
+merge mode runs at the base model's speed but reloads the adapted modules on every update.
+
 vLLM is imported lazily, so ``import r3_rllib.engines`` works without it.
 """
 
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterable, Sequence
@@ -44,6 +55,13 @@ from r3_rllib.engines.base import (
     resolve_eos_ids,
 )
 from r3_rllib.engines.budget import ServingBudget, derive_max_model_len, model_max_positions
+from r3_rllib.engines.lora import (
+    adapter_pairs,
+    lora_scale,
+    merged_state,
+    vllm_max_lora_rank,
+    write_peft_adapter,
+)
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -91,6 +109,37 @@ def model_weight_folder(path: Path) -> tuple[Path, tempfile.TemporaryDirectory |
         if entry.name not in foreign:
             os.symlink(entry.resolve(), Path(tmp.name) / entry.name)
     return Path(tmp.name), tmp
+
+
+#: How the engine applies LoRA adapters (the ``lora_mode`` argument; the HF engine always merges them).
+LORA_MODES = ("auto", "adapter", "merge")
+
+
+def resolve_lora_mode(lora_rank: int, lora_mode: str) -> str | None:
+    """How the engine applies LoRA adapters: None without LoRA (rank 0), else ``"adapter"`` or ``"merge"`` (see
+    the module docstring; ``"auto"`` asks vLLM's platform for LoRA kernels)."""
+    if lora_mode not in LORA_MODES:
+        raise ValueError(f"lora_mode must be one of {LORA_MODES}, got {lora_mode!r}")
+    if lora_rank < 0:
+        raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
+    if lora_rank == 0:
+        return None
+    if lora_mode == "adapter" and vllm_max_lora_rank(lora_rank) is None:
+        raise ValueError(f"vLLM's LoRA takes ranks up to 512, got {lora_rank}: use lora_mode='merge'")
+    if lora_mode != "auto":
+        return lora_mode
+    from vllm.platforms import current_platform
+
+    try:
+        current_platform.get_punica_wrapper()
+    except NotImplementedError:
+        return "merge"
+    return "adapter" if vllm_max_lora_rank(lora_rank) is not None else "merge"
+
+
+def _packed_modules(worker: Any) -> dict[str, list[str]]:
+    """(``collective_rpc``) vLLM's fused modules of the model and the checkpoint modules each is made of."""
+    return {k: list(v) for k, v in getattr(worker.model_runner.model, "packed_modules_mapping", {}).items()}
 
 
 def _on_gpu() -> bool:
@@ -199,6 +248,9 @@ class VLLMEngine(GenerationEngine):
             tokenizer's eos and the model's generation config eos. (With ``skip_tokenizer_init`` vLLM knows no eos
             of its own, so they are always passed as stop ids.)
         llm_kwargs: extra keyword arguments for ``vllm.LLM``.
+        lora_rank: > 0: the engine receives LoRA adapters of at most this rank (:meth:`update_adapter`).
+        lora_mode: ``"adapter"`` (vLLM LoRA requests), ``"merge"`` (merged into the base weights) or ``"auto"``
+            (see the module docstring).
     """
 
     def __init__(
@@ -222,8 +274,11 @@ class VLLMEngine(GenerationEngine):
         eos_token_ids: Sequence[int] | None = None,
         llm_kwargs: dict[str, Any] | None = None,
         budget: ServingBudget | None = None,
+        lora_rank: int = 0,
+        lora_mode: Literal["auto", "adapter", "merge"] = "auto",
     ) -> None:
         path = Path(model_path)
+        lora_llm_kwargs = self._init_lora(lora_rank, lora_mode)
         _check_options(path, logprobs_k=logprobs_k, sleep_level=sleep_level, weight_transfer=weight_transfer)
         self._read_model(path, tokenizer, logprobs_k, eos_token_ids)
         self.on_gpu = _on_gpu()
@@ -262,9 +317,21 @@ class VLLMEngine(GenerationEngine):
             max_num_seqs=max_num_seqs,
             enable_sleep_mode=enable_sleep_mode,
         )
-        kwargs |= llm_kwargs or {}
+        kwargs |= lora_llm_kwargs | (llm_kwargs or {})
         self._vllm = vllm
         self.llm = vllm.LLM(**kwargs)
+
+    def _init_lora(self, lora_rank: int, lora_mode: str) -> dict[str, Any]:
+        """Set up the engine's LoRA state; returns the ``vllm.LLM`` keyword arguments adapter mode needs."""
+        self.lora_mode = resolve_lora_mode(lora_rank, lora_mode)
+        self.lora_rank = int(lora_rank)
+        self._lora_request: Any = None
+        self._lora_dir: tempfile.TemporaryDirectory | None = None
+        self._lora_base: dict[str, torch.Tensor] = {}
+        if self.lora_mode != "adapter":
+            return {}
+        # One adapter at a time: each version replaces the last.
+        return dict(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora_rank), max_loras=1)
 
     def _read_model(
         self, path: Path, tokenizer: Any, logprobs_k: int, eos_token_ids: Sequence[int] | None
@@ -339,7 +406,7 @@ class VLLMEngine(GenerationEngine):
             for seed in seeds
         ]
         token_prompts = [self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts]
-        outputs = self.llm.generate(token_prompts, sampling, use_tqdm=False)
+        outputs = self.llm.generate(token_prompts, sampling, use_tqdm=False, lora_request=self._lora_request)
         return [
             [self._to_completion(prompt, out) for out in sorted(request.outputs, key=lambda o: o.index)]
             for prompt, request in zip(prompts, outputs, strict=True)
@@ -401,7 +468,10 @@ class VLLMEngine(GenerationEngine):
         verified on CPU in-process, the multi-GPU case is not exercised in CI). The prefix cache is reset afterwards
         so no KV entries computed with old weights are reused.
         """
-        weights = self._complete_state(named_tensors)
+        self._reload(self._complete_state(named_tensors), version)
+
+    def _reload(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Reload ``weights`` (HF names, every tensor of each vLLM module they touch) and record ``version``."""
         if self._asleep and not self._weights_awake:
             # Bring back only the weights; the KV cache stays released until wake_up().
             self.llm.wake_up(tags=["weights"])
@@ -423,6 +493,93 @@ class VLLMEngine(GenerationEngine):
         self.llm.reset_prefix_cache()
         self._weights_dropped = False
         self._version = int(version)
+
+    # -- LoRA --------------------------------------------------------------------------------------------------------
+    def update_adapter(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        rank: int,
+        alpha: float,
+        target_modules: Sequence[str],
+        version: int,
+    ) -> None:
+        """Sample with this LoRA adapter from now on (replacing the previous one): as a vLLM LoRA request
+        (``lora_mode`` ``"adapter"``) or merged into the base weights of the model folder the engine was built
+        from (``"merge"``; see the module docstring)."""
+        if self.lora_mode is None:
+            raise RuntimeError("update_adapter needs an engine built with lora_rank > 0")
+        tensors = list(named_tensors)
+        if self.lora_mode == "adapter":
+            self._load_adapter(tensors, rank=rank, alpha=alpha, target_modules=target_modules)
+            self._version = int(version)
+            return
+        pairs = adapter_pairs(tensors)
+        self._keep_base_weights(pairs)
+        merged = merged_state(self._lora_base, pairs, lora_scale(rank, alpha))
+        self._reload(list(merged.items()), version)
+
+    def _load_adapter(
+        self,
+        tensors: list[tuple[str, torch.Tensor]],
+        *,
+        rank: int,
+        alpha: float,
+        target_modules: Sequence[str],
+    ) -> None:
+        """Write the adapter as a peft folder, load it into vLLM under a new id, and drop the previous one."""
+        del target_modules  # read from the tensors' names below
+        from vllm.lora.request import LoRARequest
+
+        if rank > self.lora_rank:
+            raise ValueError(f"adapter rank {rank} exceeds the engine's lora_rank {self.lora_rank}")
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="r3-lora-")
+        previous = self._lora_request
+        lora_id = 1 if previous is None else previous.lora_int_id + 1
+        folder = write_peft_adapter(
+            Path(self._lora_dir.name) / f"adapter-{lora_id}",
+            tensors,
+            rank=rank,
+            alpha=alpha,
+            # The modules the tensors adapt (whatever form the trainer's target list took: names, a regex).
+            target_modules=sorted({m.rpartition(".")[2] for m in adapter_pairs(tensors)}),
+            base_model=str(self.model_path),
+        )
+        request = LoRARequest(f"policy-{lora_id}", lora_id, str(folder))
+        # Loaded now rather than at the next generate: a broken adapter fails the update, not a rollout.
+        self.llm.llm_engine.add_lora(request)
+        self._lora_request = request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def _keep_base_weights(self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Read from the model folder (once per module) the base tensors a merged reload of ``pairs`` needs: every
+        tensor of each vLLM module an adapted module is part of (vLLM reloads a fused module such as ``qkv_proj``
+        whole, so ``q_proj``'s siblings ``k_proj`` and ``v_proj`` go with it, biases included)."""
+        missing = [m for m in pairs if f"{m}.weight" not in self._lora_base]
+        if not missing:
+            return
+        groups = list(self.llm.collective_rpc(_packed_modules)[0].values())
+        prefixes = []
+        for module in missing:
+            parent, _, leaf = module.rpartition(".")
+            siblings = next((g for g in groups if leaf in g), [leaf])
+            prefixes += [f"{parent}.{s}." if parent else f"{s}." for s in siblings]
+        from safetensors import safe_open
+
+        files = [
+            f for f in sorted(self.model_path.glob("*.safetensors")) if f.name not in FOREIGN_SAFETENSORS
+        ]
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                    if name.startswith(tuple(prefixes)) and name not in self._lora_base:
+                        self._lora_base[name] = f.get_tensor(name)
+        absent = sorted(f"{m}.weight" for m in missing if f"{m}.weight" not in self._lora_base)
+        if absent:
+            raise KeyError(f"update_adapter: no base weights {absent} in {self.model_path}")
 
     # -- memory ------------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
@@ -447,6 +604,9 @@ class VLLMEngine(GenerationEngine):
             core.shutdown()
         self.llm = None
         gc.collect()
+        if getattr(self, "_lora_dir", None) is not None:
+            self._lora_dir.cleanup()
+            self._lora_dir = None
         if getattr(self, "_model_link_dir", None) is not None:
             self._model_link_dir.cleanup()
             self._model_link_dir = None

@@ -424,8 +424,22 @@ def load_rollout_head(
 
 def export_policy(model: nn.Module, path: str | Path, *, with_head: bool = False, tokenizer=None) -> Path:
     """Save ``model`` as an HF folder WITHOUT its head (loadable by ``AutoModelForCausalLM``); the head's files
-    beside it when ``with_head`` (and a head is attached). ``tokenizer``: saved too when given."""
+    beside it when ``with_head`` (and a head is attached). ``tokenizer``: saved too when given. A peft LoRA model:
+    the adapter merged into the weights in ``path`` and the adapter alone in ``path/lora_adapter``
+    (r3_rllib/models/lora.py)."""
     path = Path(path)
+    # A LoRA PeftModel: the merged model here, the adapter in lora_adapter/.
+    if hasattr(model, "merge_and_unload"):
+        from r3_rllib.models.lora import save_lora_export
+
+        if with_head:
+            raise ValueError("with_head=True for a LoRA model: LoRA and the rollout head do not combine")
+        save_lora_export(model, path)
+        if tokenizer is not None:
+            from r3_rllib.models.tiny import save_tokenizer
+
+            save_tokenizer(tokenizer, path)
+        return path
     head = get_rollout_head(model)
     if with_head and head is None:
         raise ValueError("with_head=True but the model has no rollout head attached")

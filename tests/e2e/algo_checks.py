@@ -12,12 +12,17 @@ def assert_runner_scores_like_learner(algo, model_path: str, *, atol: float) -> 
     from r3_rllib.models.tiny import load_tiny
 
     state = algo.learner_call(lambda learner: learner.full_state_dict())[0]
+    model, _ = load_tiny(model_path)
+    model.load_state_dict(state, strict=False)
+    assert_runner_scores_like(algo, model, atol=atol)
+
+
+def assert_runner_scores_like(algo, model, *, atol: float) -> None:
+    """The first runner's engine gives a freshly sampled response the log-probs that `model` gives it."""
     prompt = [5, 6, 7]
     out = algo.env_runner_group.foreach_env_runner(
         lambda r: r.engine.generate([prompt], 1, r.sampling_params()), local_env_runner=False
     )[0][0][0]
-    model, _ = load_tiny(model_path)
-    model.load_state_dict(state, strict=False)
     ids = torch.tensor([prompt + list(out.token_ids)])
     with torch.no_grad():
         logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)

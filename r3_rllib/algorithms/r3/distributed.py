@@ -81,7 +81,11 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
-    """The decoder layers of a transformers causal LM (the units FSDP2 shards one by one)."""
+    """The decoder layers of a transformers causal LM (the units FSDP2 shards one by one), also through a peft
+    wrapper (``base_model.model``; a LoRA policy's adapter layers sit inside the decoder layers, sharded with
+    them)."""
+    if hasattr(model, "get_base_model"):  # a PeftModel
+        model = model.get_base_model()
     for attr in ("model.layers", "transformer.h", "gpt_neox.layers"):
         obj = model
         try:

@@ -10,6 +10,7 @@ built and sharded is in runner_env.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -38,7 +39,7 @@ from r3_rllib.algorithms.r3.runner_env import (
     runner_seed,
 )
 from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
-from r3_rllib.algorithms.r3.weight_sync import named_tensors
+from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors, unpack_weights
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
 from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
@@ -84,7 +85,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             if self.multistep
             else (self._sample_responses, self._evaluate_responses)
         )
-        options = self.config.engine_options()
+        # LoRA runs build an engine ready for adapters (the learner then sends adapters only, see update_weights).
+        lora_rank = int(getattr(self.config, "lora_rank", 0) or 0)
+        options = dataclasses.replace(self.config.engine_options(), lora_rank=lora_rank)
         self.engine = build_engine(
             options,
             self.tokenizer,
@@ -427,12 +430,22 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     # -- weights ------------------------------------------------------------------------------------------------
     def update_weights(self, weights_ref, version: int) -> float:
         """Load weights (an ObjectRef of `PackedWeights`, `PackedWeights`, or a dict of full tensors) into the
-        engine; return seconds taken."""
+        engine, or a LoRA adapter (`LoraAdapterWeights`) on top of the base it loaded at start; return seconds
+        taken."""
         t0 = time.perf_counter()
         weights = ray.get(weights_ref) if isinstance(weights_ref, ray.ObjectRef) else weights_ref
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
-        self.engine.update_weights(named_tensors(weights), version)
+        if isinstance(weights, LoraAdapterWeights):
+            self.engine.update_adapter(
+                unpack_weights(weights.weights),
+                rank=weights.rank,
+                alpha=weights.alpha,
+                target_modules=weights.target_modules,
+                version=version,
+            )
+        else:
+            self.engine.update_weights(named_tensors(weights), version)
         if self.config.sleep_between_rollouts:
             self.engine.sleep()
         return time.perf_counter() - t0

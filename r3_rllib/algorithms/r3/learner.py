@@ -39,14 +39,16 @@ from r3_rllib.algorithms.r3.distributed import (
 )
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_state import PolicyStateMixin
-from r3_rllib.algorithms.r3.r2po import HEAD_KL_TYPE, stage_head_kl_coef, stage_is_cap
-from r3_rllib.algorithms.r3.rl_module import pack_batch
+from r3_rllib.algorithms.r3.r2po import HEAD_KL_TYPE, stage_correction, stage_head_kl_coef
+from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
+from r3_rllib.core import mismatch
 from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chunks, token_budget_chunks
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.rollout_schedule import HEAD_STAGE, Stage
 from r3_rllib.models.dtypes import resolve_dtype
 from r3_rllib.models.hub import policy_path
+from r3_rllib.models.lora import AdapterOff
 from r3_rllib.types import TrainingBatch
 
 #: Per-row tensors (a row's log-probs at every position), keyed by the row's index in the batch.
@@ -60,6 +62,7 @@ class _StepContext:
     denom: int  # the minibatch's global token (token-mean) or sequence count: the loss normaliser
     loss_params: dict[str, Any]
     head_kl_coef: float  # R^2PO stage A's KL(rollout || base) weight, 0 otherwise
+    correction: mismatch.RolloutCorrection  # behaviour importance weight, rejection, veto (core/mismatch.py)
     old_lp: RowCache | None  # proximal log-probs of rows scored already (None: one optimizer step only)
     ref_lp: RowCache | None  # reference log-probs likewise
 
@@ -76,6 +79,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         torch.set_num_threads(max(1, int(cpus or 1) if cpus != "auto" else 1))
         self._device = get_device(self.config, self.config.num_gpus_per_learner)
         self._module = self._make_module()
+        self._lora = lora_policy(self._module[DEFAULT_MODULE_ID].model, self.config)  # peft wrapper, or None
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._world = dist.get_world_size() if dist.is_initialized() else 1
         self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device).type)
@@ -127,6 +131,8 @@ class R3Learner(PolicyStateMixin, TorchLearner):
     def _load_reference(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
+        if self._lora is not None:  # LoRA: the base is the policy with its adapter off (no second model)
+            return AdapterOff(self._lora)
         path = policy_path(self.config.model_path)
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
         ref.eval().requires_grad_(False)
@@ -158,6 +164,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         self._set_stage(stage)
         t0 = time.perf_counter()
         self._peak_memory.reset()
+        self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
         self.policy.train()
         # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
         # old log-probs it recomputes once cover every sample it trains on.
@@ -194,7 +201,8 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         metrics["trained_tokens"] = float(trained_tokens)
         metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
         # The largest learner process is the one that meets a memory limit first.
-        metrics |= self._all_reduce_max(self._peak_memory.read())
+        metrics |= self._all_reduce_max(self._peak_memory.read() | self._maxima.read())
+        metrics["weight_sync_bytes"] = float(self.sync_nbytes())  # what one weight sync ships to the runners
         if self._rollout_head is not None:
             metrics["rollout_head_norm"] = self.rollout_head_norm()
         self._policy_version += 1
@@ -315,6 +323,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             # R^2PO stage A: KL(rollout || base) with the base log-probs from the training forward itself (the
             # base is frozen in stage A, so they are exact for every minibatch and need no second model).
             head_kl_coef=stage_head_kl_coef(cfg, self._stage),
+            correction=stage_correction(cfg, self._stage),
             old_lp=old_lp,
             ref_lp=ref_lp,
         )
@@ -326,9 +335,10 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             local_tokens += tokens
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
             accumulate_metrics(acc, metrics, weight)
-        grad_norm = self._apply_gradients()
         reduced = self._all_reduce_sum(metrics_as_floats(acc))
-        reduced["grad_norm"] = grad_norm
+        if step.correction.rejects:  # rejected tokens leave the minibatch's count as they left its loss
+            mismatch.rescale_to_kept(self.policy.parameters(), reduced, cfg.loss_agg_mode)
+        reduced["grad_norm"] = self._apply_gradients()
         return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
 
     def _micro_batch_backward(
@@ -362,7 +372,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             mask,
             policy_loss=cfg.policy_loss,
             loss_params=step.loss_params,
-            is_cap=stage_is_cap(cfg, self._stage),
+            correction=step.correction,
             ref_logprobs=ref,
             kl_coef=kl_coef,
             kl_type=kl_type,
@@ -372,10 +382,12 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         # Counted on the host from the batch's lengths (the mask's sum): no device sync before the backward.
         tokens = int(batch.trained_tokens[idx].sum())
         local_count = tokens if cfg.loss_agg_mode == "token-mean" else len(idx)
-        # The objective divides by the micro-batch's own count; rescale to the minibatch's global one, times world
-        # size because FSDP (and average_gradients for replicated learners) average gradients over ranks.
+        # The objective divides by the micro-batch's own count (of kept tokens: `share` of it); rescale to the
+        # minibatch's, times world size because FSDP (and average_gradients) average gradients over ranks.
         weight = (local_count / step.denom) if real else 0.0
-        (loss * weight * self._world).backward()
+        share = mismatch.micro_batch_share(metrics, cfg.loss_agg_mode) if step.correction.rejects else 1.0
+        (loss * weight * share * self._world).backward()
+        self._maxima.take(metrics, real)
         metrics = self._pass_metrics(loss, metrics, entropy, mask, head_kl=bool(base))
         return metrics, weight, tokens if real else 0
 
@@ -471,8 +483,8 @@ def _param_groups(
     policy: torch.nn.Module, head: torch.nn.Module | None, lr: float, head_lr: float | None
 ) -> list[dict[str, Any]]:
     """AdamW's parameter groups: the base's, and (R^2PO, with a head of its own learning rate) the head's."""
-    if head is None or head_lr is None:
-        return [{"params": list(policy.parameters())}]
+    if head is None or head_lr is None:  # frozen parameters (a LoRA policy's base) get no optimizer state
+        return [{"params": [p for p in policy.parameters() if p.requires_grad]}]
     head_ids = {id(p) for p in head.parameters()}
     base = [p for p in policy.parameters() if id(p) not in head_ids]
     return [{"params": base}, {"params": list(head.parameters()), "lr": float(head_lr)}]

@@ -18,15 +18,20 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from r3_rllib.algorithms.r3.distributed import global_sum, local_tensor
-from r3_rllib.algorithms.r3.weight_sync import pack_weights
+from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, pack_weights
+from r3_rllib.models.lora import target_module_names
 
 
 class PolicyStateMixin:
     """Weights, export, checkpoints (DCP, and RLlib's learner state) and checksums of `R3Learner` (the collective
     methods: call them on every rank).
 
-    Reads the learner's ``policy``, ``_optimizer``, ``_rank``, ``_world``, ``config.use_fsdp``, ``_rollout_head``
-    and ``_policy_version``.
+    Reads the learner's ``policy``, ``_optimizer``, ``_rank``, ``_world``, ``config.use_fsdp``, ``_rollout_head``,
+    ``_policy_version`` and ``_lora`` (the peft wrapper of a LoRA policy, else None).
+
+    LoRA: the runners get the adapter only (:class:`LoraAdapterWeights`), checkpoints hold the adapter and its
+    optimizer state (the base is the pretrained model the run starts from), and an export writes the merged model
+    and the adapter folder (r3_rllib/models/lora.py).
     """
 
     # -- weights for the EnvRunners -----------------------------------------------------------------------------
@@ -54,11 +59,49 @@ class PolicyStateMixin:
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
         return sd
 
+    def adapter_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """LoRA: the adapter's full (unsharded) CPU tensors under peft's names on rank 0, None elsewhere.
+        Collective with FSDP2: every rank gathers the trainable (adapter) parameters one by one, in the same
+        order, and never the frozen base."""
+        if self._rank != 0 and not (self._world > 1 and self.config.use_fsdp):
+            return None  # replicated learners: rank 0's copy is the one sent
+        sd = {}
+        for name, param in self.policy.named_parameters():
+            if param.requires_grad:
+                t = param.detach()
+                sd[name] = (t.full_tensor() if hasattr(t, "full_tensor") else t).to("cpu")
+        if self._rank != 0:
+            return None
+        from r3_rllib.models.lora import adapter_state_dict
+
+        return adapter_state_dict(self._lora, sd)
+
     def weights_ref(self) -> tuple[Any, int]:
-        """(ObjectRef of the full state dict as `PackedWeights`, or None on ranks != 0; policy version).
-        Collective. `ray.put` copies the parameters' memory straight into the object store (see weight_sync.py)."""
+        """(ObjectRef of the full state dict as `PackedWeights` (LoRA: of the adapter, as `LoraAdapterWeights`),
+        or None on ranks != 0; policy version). Collective. `ray.put` copies the parameters' memory straight into
+        the object store (see weight_sync.py)."""
+        if getattr(self, "_lora", None) is not None:
+            sd = self.adapter_state_dict()
+            if sd is None:
+                return None, self._policy_version
+            cfg = self.config
+            adapter = LoraAdapterWeights(
+                pack_weights(sd), cfg.lora_rank, float(cfg.lora_alpha), target_module_names(self._lora)
+            )
+            return ray.put(adapter), self._policy_version
         sd = self.full_state_dict(copy=False)
         return (ray.put(pack_weights(sd)) if sd is not None else None), self._policy_version
+
+    def sync_nbytes(self) -> int:
+        """Bytes of the arrays one weight sync ships (`weights_ref`'s payload; LoRA: the adapter's). Local: from
+        the parameters' global shapes and dtypes, no collective."""
+        if getattr(self, "_lora", None) is not None:
+            return sum(p.numel() * p.element_size() for p in self.policy.parameters() if p.requires_grad)
+        sd = self.policy.state_dict()
+        total = sum(t.numel() * t.element_size() for t in sd.values())
+        if getattr(self.policy.config, "tie_word_embeddings", False) and "lm_head.weight" not in sd:
+            total += sd["model.embed_tokens.weight"].numel() * sd["model.embed_tokens.weight"].element_size()
+        return total
 
     def export_hf(self, path: str, *, with_head: bool = False) -> str | None:
         """Write a Hugging Face folder of the current policy (rank 0). Collective.
@@ -75,6 +118,8 @@ class PolicyStateMixin:
         sd = self.full_state_dict()
         if self._rank != 0:
             return None
+        if getattr(self, "_lora", None) is not None:
+            return self._export_lora(sd, path)
         from transformers import AutoModelForCausalLM
 
         sd, head_sd = split_rollout_head_state(sd)
@@ -89,11 +134,40 @@ class PolicyStateMixin:
             save_rollout_head(head, path)
         return path
 
+    def _export_lora(self, sd: dict[str, torch.Tensor], path: str) -> str:
+        """LoRA: the merged model in ``path``, the adapter in ``path/lora_adapter`` (r3_rllib/models/lora.py),
+        from the full state dict ``sd`` of the wrapped policy (base and adapter tensors)."""
+        from transformers import AutoModelForCausalLM
+
+        from r3_rllib.models.lora import add_lora, save_lora_export
+
+        cfg = self.config
+        model = AutoModelForCausalLM.from_config(self.policy.config)
+        peft_model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, 0.0, target_module_names(self._lora))
+        missing, _ = model.load_state_dict(sd, strict=False)
+        if missing:
+            raise RuntimeError(f"LoRA export: the policy's state lacks {missing[:5]}")
+        save_lora_export(peft_model, path, base_name=cfg.model_path, keep_adapter=False)
+        return path
+
     # -- checkpoints (DCP) --------------------------------------------------------------------------------------
+    def _dcp_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # LoRA: the adapter and its optimizer state only; the frozen base is the pretrained model the run loads
+        # (not strict on restore, which sets the adapter and leaves the base; dcp.load has checked every adapter
+        # tensor is in the checkpoint).
+        lora = getattr(self, "_lora", None) is not None
+        return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
     def _dcp_state(self):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(self.policy, self._optimizer)
+        msd, osd = get_state_dict(self.policy, self._optimizer, options=self._dcp_options())
+        if getattr(self, "_lora", None) is not None:
+            # ignore_frozen_params still keeps a frozen weight tied to another (lm_head of tied embeddings).
+            trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
+            msd = {k: v for k, v in msd.items() if k in trainable}
         return {"model": msd, "optim": osd}
 
     def save_dcp(self, path: str) -> None:
@@ -110,7 +184,11 @@ class PolicyStateMixin:
         state = self._dcp_state()
         dcp.load(state, checkpoint_id=path)
         set_state_dict(
-            self.policy, self._optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            self.policy,
+            self._optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self._dcp_options(),
         )
         extra = torch.load(os.path.join(path, f"rank{self._rank}_extra.pt"), weights_only=False)
         torch.set_rng_state(extra["torch"])

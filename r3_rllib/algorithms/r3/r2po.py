@@ -35,6 +35,7 @@ from r3_rllib.algorithms.r3.settings import FIRST_STAGES as FIRST_STAGES  # the 
 from r3_rllib.algorithms.r3.settings import IterationSettings, estimator_settings
 from r3_rllib.algorithms.r3.settings import iteration_stage as iteration_stage
 from r3_rllib.core.advantages import compute_group_advantages, register_advantage
+from r3_rllib.core.mismatch import RolloutCorrection, correction_from_config
 from r3_rllib.core.rarity import skip_flat_group
 from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, Stage
 
@@ -119,3 +120,10 @@ def stage_is_cap(config: Any, stage: Stage | None) -> float | None:
     if stage == BASE_STAGE:
         return float(config.is_cap) if config.rollout_head_stage_b_weight == "truncated_is" else None
     return float(config.is_cap) if config.off_policy_correction else None
+
+
+def stage_correction(config: Any, stage: Stage | None) -> RolloutCorrection:
+    """The rollout correction of an update in ``stage``: the importance weight as :func:`stage_is_cap` says
+    (truncated at ``is_cap``, at the config's ``rollout_is`` level), rejection and veto as the config's
+    ``rollout_rs*`` fields say, in every stage."""
+    return correction_from_config(config, weighted=stage_is_cap(config, stage) is not None)

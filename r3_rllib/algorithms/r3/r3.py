@@ -352,7 +352,9 @@ class R3(Algorithm):
     def export_policy(self, path: str | Path, *, with_head: bool = False) -> str:
         """Write the current policy as a Hugging Face folder (loads with AutoModelForCausalLM.from_pretrained),
         with the tokenizer next to it. R^2PO: the inference policy, without the rollout head; `with_head` writes
-        the head's files beside it (rollout_head.safetensors / .json)."""
+        the head's files beside it (rollout_head.safetensors / .json). LoRA (lora_rank > 0): the folder holds the
+        adapter merged into the base weights, and `path/lora_adapter` the adapter alone (loads with
+        `PeftModel.from_pretrained(base, path/lora_adapter)`)."""
         path = os.path.abspath(str(path))
         kwargs = {"with_head": True} if with_head else {}
         results = self.learner_group.foreach_learner(

@@ -41,6 +41,25 @@ class CausalLMModule(TorchRLModule):
         return {"logits": out.logits}
 
 
+def lora_policy(model: torch.nn.Module, config) -> object | None:
+    """LoRA (``config.lora_rank > 0``): inject the adapter into the policy ``model`` in place and return the peft
+    wrapper kept beside it (see r3_rllib/models/lora.py); None with LoRA off. Call before sharding and before the
+    optimizer is built, on every learner rank: the adapter's init is seeded with ``config.seed``, so all ranks
+    build the same one."""
+    if not getattr(config, "lora_rank", 0):
+        return None
+    from r3_rllib.models.lora import add_lora
+
+    return add_lora(
+        model,
+        config.lora_rank,
+        config.lora_alpha,
+        config.lora_dropout,
+        config.lora_target_modules,
+        seed=int(config.seed or 0),
+    )
+
+
 def pack_batch(
     batch: TrainingBatch, rows: Sequence[int] | np.ndarray, pad_id: int, device
 ) -> dict[str, torch.Tensor]:
