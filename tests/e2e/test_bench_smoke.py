@@ -266,3 +266,28 @@ def test_entropy_ranking_smoke():
     assert "| vLLM top-20 |" in out and "| HF top-20 |" in out
     diff = float(out.split("sampled log-prob ")[1].split()[0])
     assert diff < 1e-3
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_mismatch_smoke(tiny_random_model, tmp_path, capsys):
+    """The HF engine and the learner score the same tokens with the same weights: their gap is float rounding and
+    no rule masks anything."""
+    import json
+
+    out_json = tmp_path / "mismatch.json"
+    assert (
+        load("bench_mismatch").main(["--smoke", "--model", tiny_random_model, "--json", str(out_json)]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "| engine | tokens | k1 | k3 |" in out and "| hf |" in out
+    (row,) = json.loads(out_json.read_text())["results"]
+    assert abs(row["k1"]) < 1e-4 and 0.0 <= row["k3"] < 1e-4 and row["token RS [1/2, 2]"] == 0.0
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_lora_smoke(capsys):
+    assert load("bench_lora").main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "full fine-tuning" in out and "LoRA" in out
