@@ -87,6 +87,17 @@ def test_two_replicated_learners_match_one(one_learner, tiny_random_model):
     assert two[-1]["per_rank"][0] == two[-1]["per_rank"][1], two[-1]
 
 
+def test_two_fsdp_learners_with_lora_match_one(ray_session, tiny_random_model):
+    """LoRA (peft) under FSDP2: the adapter trained by two sharded learners is the one learner's, the KL reference
+    pass (the base with the adapter off) runs inside the sharded model, and rank 0 gathers the adapter for the
+    runner (the runner's sampling and the trained adapter then agree, or the second iteration's losses would not)."""
+    pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
+    lora = dict(lora_rank=4, lora_alpha=8.0, kl_coef=0.1)
+    one = _trajectory(tiny_random_model, 0, **lora)
+    two = _trajectory(tiny_random_model, 2, **lora)
+    _assert_same_trajectory(one, two, rel=2e-4, abs_=2e-5, params_rel=3e-5)
+
+
 def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_random_model, tmp_path):
     algo = make_config(tiny_random_model).build_algo()
     try:
