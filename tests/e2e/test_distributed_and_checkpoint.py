@@ -124,3 +124,68 @@ def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_rand
     assert child["optim"] == pytest.approx(saved["optim"], rel=1e-9)
     assert child["replay_size"] == saved["replay_size"]
     assert child["policy_version"] == 3.0  # two updates before the save, one after
+
+
+def test_two_fsdp_learners_reject_like_one(ray_session, tiny_random_model):
+    """Sequence rejection across ranks: half the sequences carry behaviour log-probs 3 nats below the trainer's
+    (ratio e^3 per token, outside [1/2, 2]) and leave the loss and its normaliser; the kept share each rank sees is
+    its own, so the minibatch's rescale must use the rank-reduced one for two sharded learners to match one."""
+    import gymnasium as gym
+    import numpy as np
+    import ray
+    import torch
+
+    from r3_rllib.algorithms.r3.groups import Sample
+    from r3_rllib.algorithms.r3.rl_module import pack_samples
+    from r3_rllib.types import TrainingBatch
+
+    space = gym.spaces.Text(8)
+    spaces = {"__env__": (space, space), "default_policy": (space, space)}
+    config = (
+        R3Config.grpo_preset()
+        .learners(num_learners=0)
+        .training(model_path=tiny_random_model, lr=1e-2, micro_batch_size=2, rollout_rs="sequence")
+    )
+    one = config.build_learner(env=None, spaces=spaces)
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(8):
+        response = rng.integers(5, 60, size=int(rng.integers(2, 6))).tolist()
+        samples.append(
+            Sample(
+                query_id=f"q{i % 4}",
+                prompt_ids=rng.integers(5, 60, size=int(rng.integers(3, 7))).tolist(),
+                response_ids=response,
+                behavior_logprobs=np.zeros(len(response), dtype=np.float32),
+                entropies=np.zeros(len(response), dtype=np.float32),
+                reward=float(i % 2),
+                correct=bool(i % 2),
+                truncated=False,
+                policy_version=0,
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
+    packed = pack_samples(samples, one._pad_id, "cpu")
+    with torch.no_grad():
+        lp, _ = one._score(one.policy, packed)
+    for i, s in enumerate(samples):  # rows 0, 1, 4, 5 on-policy; 2, 3, 6, 7 rejected (both advantage signs)
+        s.behavior_logprobs = lp[i][packed["response_mask"][i]].numpy().astype(np.float32) - 3.0 * (
+            i // 2 % 2
+        )
+    batch = TrainingBatch.from_samples(samples)
+    want = one.update_from_samples(batch, seed=0)
+    assert want["mismatch_seq_masked_frac"] == pytest.approx(0.5)
+    group = config.learners(num_learners=2, num_cpus_per_learner=1).build_learner_group(
+        env=None, spaces=spaces
+    )
+    try:
+        ref = ray.put(batch)
+        got = [r.get() for r in group.foreach_learner(lambda lr, _b=ref: lr.update_from_samples(_b, seed=0))]
+        sums = [r.get() for r in group.foreach_learner(lambda lr: lr.parameter_checksum())]
+    finally:
+        group.shutdown()
+    for metrics in got:
+        assert metrics["mismatch_seq_masked_frac"] == pytest.approx(0.5)
+        assert metrics["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
+        assert metrics["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    assert sums[0] == pytest.approx(one.parameter_checksum(), rel=1e-6)
