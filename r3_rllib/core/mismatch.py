@@ -242,13 +242,28 @@ class RunningMax:
         return dict(zip(keys, values, strict=True))
 
 
+#: The metrics that are values of the objective (or of its terms): scaled like the loss whose value they report.
+LOSS_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "r2po_kl")
+
+
+def scale_loss_metrics(metrics: dict, factor: float) -> None:
+    """Multiply the :data:`LOSS_KEYS` entries of a pass's ``metrics`` by ``factor`` (its kept share, as its
+    backward was), so that the reported loss is the objective's value and not a function of the micro-batching."""
+    if factor != 1.0:
+        for key in LOSS_KEYS:
+            if key in metrics:
+                metrics[key] = metrics[key] * factor
+
+
 def rescale_to_kept(params, metrics: dict, agg_mode: str) -> None:
-    """Divide the gradients of ``params`` by the minibatch's :func:`normaliser_share` (from its reduced
-    ``metrics``) when it is in (0, 1): the passes were weighed by the minibatch's count before rejection, the loss
-    must be divided by the count after it (a minibatch rejected whole has no gradient: nothing to rescale)."""
+    """Divide the gradients of ``params`` and the :data:`LOSS_KEYS` of the minibatch's reduced ``metrics`` by its
+    :func:`normaliser_share` when it is in (0, 1): the passes were weighed by the minibatch's count before
+    rejection, the loss must be divided by the count after it (a minibatch rejected whole has no gradient: nothing
+    to rescale)."""
     share = float(normaliser_share(metrics, agg_mode))
     if 0.0 < share < 1.0:
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(1.0 / share)
+        scale_loss_metrics(metrics, 1.0 / share)

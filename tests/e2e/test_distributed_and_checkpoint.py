@@ -134,8 +134,8 @@ def test_two_fsdp_learners_reject_like_one(ray_session, tiny_random_model):
     import numpy as np
     import ray
     import torch
+    from random_samples import random_samples
 
-    from r3_rllib.algorithms.r3.groups import Sample
     from r3_rllib.algorithms.r3.rl_module import pack_samples
     from r3_rllib.types import TrainingBatch
 
@@ -147,24 +147,7 @@ def test_two_fsdp_learners_reject_like_one(ray_session, tiny_random_model):
         .training(model_path=tiny_random_model, lr=1e-2, micro_batch_size=2, rollout_rs="sequence")
     )
     one = config.build_learner(env=None, spaces=spaces)
-    rng = np.random.default_rng(0)
-    samples = []
-    for i in range(8):
-        response = rng.integers(5, 60, size=int(rng.integers(2, 6))).tolist()
-        samples.append(
-            Sample(
-                query_id=f"q{i % 4}",
-                prompt_ids=rng.integers(5, 60, size=int(rng.integers(3, 7))).tolist(),
-                response_ids=response,
-                behavior_logprobs=np.zeros(len(response), dtype=np.float32),
-                entropies=np.zeros(len(response), dtype=np.float32),
-                reward=float(i % 2),
-                correct=bool(i % 2),
-                truncated=False,
-                policy_version=0,
-                advantage=1.0 if i % 2 else -1.0,
-            )
-        )
+    samples = random_samples(8, min_response_len=2, num_queries=4)
     packed = pack_samples(samples, one._pad_id, "cpu")
     with torch.no_grad():
         lp, _ = one._score(one.policy, packed)

@@ -389,6 +389,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         (loss * weight * share * self._world).backward()
         self._maxima.take(metrics, real)
         metrics = self._pass_metrics(loss, metrics, entropy, mask, head_kl=bool(base))
+        mismatch.scale_loss_metrics(metrics, share)  # the reported loss is the objective's value
         return metrics, weight, tokens if real else 0
 
     def _proximal_logprobs(

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from random_samples import random_samples
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.groups import Sample
@@ -35,26 +36,7 @@ def _learner(model_path: str, **training) -> R3Learner:
 
 
 def _samples(n: int, seed: int = 0) -> list[Sample]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        prompt = rng.integers(5, 60, size=int(rng.integers(4, 9))).tolist()
-        response = rng.integers(5, 60, size=int(rng.integers(1, 5))).tolist()
-        out.append(
-            Sample(
-                query_id=f"q{i % 3}",
-                prompt_ids=prompt,
-                response_ids=response,
-                behavior_logprobs=np.full(len(response), -3.0, dtype=np.float32),
-                entropies=np.zeros(len(response), dtype=np.float32),
-                reward=float(i % 2),
-                correct=bool(i % 2),
-                truncated=False,
-                policy_version=0,
-                advantage=1.0 if i % 2 else -1.0,
-            )
-        )
-    return out
+    return random_samples(n, seed)
 
 
 def _params(learner: R3Learner) -> list[torch.Tensor]:

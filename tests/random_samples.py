@@ -1,0 +1,33 @@
+"""Random training samples for the learner tests: token ids drawn from a seeded generator, alternating rewards and
+advantages (+1 for odd rows, -1 for even ones), behaviour log-probs of -3 per token."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from r3_rllib.algorithms.r3.groups import Sample
+
+
+def random_samples(n: int, seed: int = 0, *, min_response_len: int = 1, num_queries: int = 3) -> list[Sample]:
+    """`n` samples of prompts of 4-8 tokens and responses of `min_response_len`-4 tokens (ids 5-59), on
+    `num_queries` query ids in turn."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = rng.integers(5, 60, size=int(rng.integers(4, 9))).tolist()
+        response = rng.integers(5, 60, size=int(rng.integers(min_response_len, 5))).tolist()
+        out.append(
+            Sample(
+                query_id=f"q{i % num_queries}",
+                prompt_ids=prompt,
+                response_ids=response,
+                behavior_logprobs=np.full(len(response), -3.0, dtype=np.float32),
+                entropies=np.zeros(len(response), dtype=np.float32),
+                reward=float(i % 2),
+                correct=bool(i % 2),
+                truncated=False,
+                policy_version=0,
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
+    return out
