@@ -295,18 +295,26 @@ def write_means(out_dir: Path, method: str, seeds: Sequence[int]) -> Path | None
     return dest
 
 
-def plot(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> list[Path]:
+def plot(
+    out_dir: Path,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    groups: dict[str, Sequence[str]] | None = None,
+) -> list[Path]:
+    """Seed means of each method's runs, and one PNG per group of methods (`groups`: file name -> methods;
+    default this bench's figures)."""
     from r3_rllib.eval.plot import plot_runs
 
     means = {m: write_means(out_dir, m, seeds) for m in methods}
     pngs = []
-    for name, group in (
-        ("learning_main.png", MAIN_METHODS),
-        ("learning_ablation.png", ABLATION_METHODS),
-        ("learning_overlap.png", OVERLAP_METHODS),
-        ("learning_estimators.png", ESTIMATOR_METHODS),
-        ("learning_lora.png", LORA_METHODS),
-    ):
+    groups = groups or {
+        "learning_main.png": MAIN_METHODS,
+        "learning_ablation.png": ABLATION_METHODS,
+        "learning_overlap.png": OVERLAP_METHODS,
+        "learning_estimators.png": ESTIMATOR_METHODS,
+        "learning_lora.png": LORA_METHODS,
+    }
+    for name, group in groups.items():
         chosen = [m for m in group if means.get(m) is not None]
         if len(chosen) >= 1:
             pngs.append(

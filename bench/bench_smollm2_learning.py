@@ -73,9 +73,18 @@ def method_config(method: str, args: argparse.Namespace, model_path: str):
     )
 
 
-def run_one(method: str, args: argparse.Namespace, model_path: str, out_dir: Path) -> dict[str, Any]:
+def run_one(
+    method: str,
+    args: argparse.Namespace,
+    model_path: str,
+    out_dir: Path,
+    make_config=None,
+    tag: str | None = None,
+) -> dict[str, Any]:
+    """Held-out accuracy before, `args.iterations` iterations, held-out accuracy after, of `method`'s config
+    (`make_config(method, args, model_path)`, default this bench's); its progress.csv goes to runs/<tag>."""
     t0 = time.perf_counter()
-    algo = method_config(method, args, model_path).build_algo()
+    algo = (make_config or method_config)(method, args, model_path).build_algo()
     build_s = time.perf_counter() - t0
     rows: list[dict[str, float]] = []
     try:
@@ -92,7 +101,7 @@ def run_one(method: str, args: argparse.Namespace, model_path: str, out_dir: Pat
             row.update({"training_iteration": float(it), "time_total_s": total})
             rows.append(row)
             print(
-                f"  [{method}] it {it}: train acc {row.get('rollout/accuracy', math.nan):.3f}, zero-adv "
+                f"  [{tag or method}] it {it}: train acc {row.get('rollout/accuracy', math.nan):.3f}, zero-adv "
                 f"{row.get('rollout/zero_adv_frac_before', math.nan):.2f} -> "
                 f"{row.get('rollout/zero_adv_frac', math.nan):.2f}, "
                 f"{total / it:.0f} s/it ({common.load_note()})",
@@ -102,7 +111,7 @@ def run_one(method: str, args: argparse.Namespace, model_path: str, out_dir: Pat
     finally:
         algo.stop()
     rows[-1]["eval/accuracy"] = after["accuracy"]
-    bench_learning.write_progress(out_dir / "runs" / method, rows)
+    bench_learning.write_progress(out_dir / "runs" / (tag or method), rows)
     train = rows[1:]
     k = max(1, min(3, len(train) // 2))
 

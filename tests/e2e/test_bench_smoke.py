@@ -291,3 +291,15 @@ def test_lora_smoke(capsys):
     assert load("bench_lora").main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "full fine-tuning" in out and "LoRA" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_reasoning_gym_smoke(ray_session, tmp_path, capsys):
+    pytest.importorskip("reasoning_gym", reason="the envs extra is not installed")
+    rc = load("bench_reasoning_gym").main(["--smoke", "--out", str(tmp_path)])
+    if rc == 2:
+        pytest.skip("SmolLM2-135M is not built here (scripts/setup.sh builds it)")
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| r3 |" in out and (tmp_path / "summary.json").is_file()
