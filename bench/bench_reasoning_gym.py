@@ -51,24 +51,8 @@ def method_config(method: str, args: argparse.Namespace, model_path: str):
     config = presets[method]()
     if method == "r3":
         config.r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
-    return (
-        config.environment("reasoning_gym", env_config=env_config(args, args.seed))
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
-        .learners(num_learners=0)
-        .debugging(seed=args.seed)
-        .training(
-            model_path=model_path,
-            group_size=args.group_size,
-            queries_per_iteration=args.queries,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            lr=args.lr,
-            micro_batch_size=args.micro_batch_size,
-            learner_entropy=False,  # a 49k-token vocabulary: the rollout entropies are the ones to watch
-            eval_env_config={"split": "test"},
-            eval_num_queries=args.eval_queries,
-        )
-    )
+    config = config.environment("reasoning_gym", env_config=env_config(args, args.seed))
+    return bench_smollm2_learning.one_runner_run(config, args, model_path)
 
 
 def probe(args: argparse.Namespace, model_path: str) -> list[list[Any]]:

@@ -50,12 +50,15 @@ def method_config(method: str, args: argparse.Namespace, model_path: str):
         )
     else:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+    env_config = {"digits": 1, "operators": "+", "num_queries": args.num_queries, "seed": args.seed}
+    return one_runner_run(config.environment(ChatArithmeticEnv, env_config=env_config), args, model_path)
+
+
+def one_runner_run(config, args: argparse.Namespace, model_path: str):
+    """`config` (its env set) with one HF runner, one local learner, the seed and the training settings of `args`,
+    held-out evaluation on `args.num_queries` problems of the test split."""
     return (
-        config.environment(
-            ChatArithmeticEnv,
-            env_config={"digits": 1, "operators": "+", "num_queries": args.num_queries, "seed": args.seed},
-        )
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
+        config.env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .debugging(seed=args.seed)
         .training(
