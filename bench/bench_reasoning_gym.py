@@ -1,11 +1,13 @@
 """GRPO vs DAPO vs R^3 on a reasoning-gym task with SmolLM2-135M-Instruct, several seeds, in one run.
 
     python bench/bench_reasoning_gym.py --probe                       # greedy and sampled accuracy of candidate tasks
-    python bench/bench_reasoning_gym.py --task basic_arithmetic       # 3 methods x 3 seeds (see --help for sizes)
+    python bench/bench_reasoning_gym.py                               # chain_sum: 3 methods x 3 seeds (see --help)
     python bench/bench_reasoning_gym.py --smoke                       # CI-sized: R^3, one iteration
 
-The env is ``reasoning_gym`` (the ``[envs]`` extra): one task's problems through SmolLM2's chat template with
-reasoning-gym's system prompt (answer inside ``<answer></answer>``), scored by the task's verifier (binary reward:
+The env is ``reasoning_gym`` (the ``[envs]`` extra): one task's problems (at the easy settings of ``PROBE_TASKS``
+unless ``--task-config`` says otherwise) through SmolLM2's chat template with reasoning-gym's system prompt (answer
+inside ``<answer></answer>``) and ``--few-shot`` solved examples as earlier turns (zero-shot, SmolLM2 writes no
+answer block), scored by the task's verifier (binary reward:
 a group is all wrong or all right exactly when its G rewards agree, the case R^3 is about). ``--probe`` prints, for
 each candidate task, sampled accuracy at the training temperature, greedy accuracy and the fraction of groups all
 wrong / all right: pick a task at 10-40 % sampled accuracy, where many groups collapse. The three methods share
@@ -18,6 +20,7 @@ zero-advantage group fractions (before and after R^3's replay), R^3's work; per-
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -29,16 +32,35 @@ import bench_smollm2_learning
 import common
 
 METHODS = ("grpo", "dapo", "r3")
-PROBE_TASKS = ("basic_arithmetic", "leg_counting", "chain_sum", "count_bits", "gcd", "number_sorting")
+#: Candidate tasks at easy settings (each task's own options), probed by ``--probe``.
+PROBE_TASKS: dict[str, dict[str, Any]] = {
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+", "-"],
+    },
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "leg_counting": {"min_animals": 1, "max_animals": 2, "max_instances": 2},
+    "gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20},
+    "letter_counting": {"min_words": 3, "max_words": 5},
+    "count_bits": {},
+}
 
 
-def env_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def env_config(args: argparse.Namespace, seed: int, task: str | None = None) -> dict[str, Any]:
+    task = task or args.task
+    config = (
+        args.task_config if task == args.task and args.task_config is not None else PROBE_TASKS.get(task, {})
+    )
     return {
-        "tasks": args.task,
+        "tasks": {task: {"weight": 1.0, "config": config}},
         "size": args.size,
         "test_size": args.eval_queries,
         "seed": seed,
         "reward": "binary",
+        "few_shot": args.few_shot,
     }
 
 
@@ -67,7 +89,7 @@ def probe(args: argparse.Namespace, model_path: str) -> list[list[Any]]:
     stop = (engine.tokenizer.eos_token_id,)
     rows = []
     for task in PROBE_TASKS:
-        env = ReasoningGymEnv(**{**env_config(args, 0), "tasks": task}, tokenizer=engine.tokenizer)
+        env = ReasoningGymEnv(**env_config(args, 0, task), tokenizer=engine.tokenizer)
         queries = [env.reset() for _ in range(args.probe_queries)]
         prompts = [engine.tokenizer(obs, add_special_tokens=False)["input_ids"] for obs, _ in queries]
 
@@ -110,18 +132,27 @@ def table(runs: list[dict[str, Any]], methods: Sequence[str]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="basic_arithmetic", help="reasoning-gym task name")
+    ap.add_argument("--task", default="chain_sum", help="reasoning-gym task name")
+    ap.add_argument(
+        "--task-config",
+        type=json.loads,
+        default=None,
+        help="the task's options as JSON (default: its PROBE_TASKS entry, else the task's defaults)",
+    )
+    ap.add_argument(
+        "--few-shot", type=int, default=3, help="solved examples before each problem (the env's few_shot)"
+    )
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--size", type=int, default=400, help="training problems")
     ap.add_argument("--queries", type=int, default=4, help="queries per iteration")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--eval-queries", type=int, default=32, help="held-out problems (greedy)")
+    ap.add_argument("--eval-queries", type=int, default=64, help="held-out problems (greedy)")
     ap.add_argument("--probe", action="store_true", help="only print the candidate tasks' accuracies")
     ap.add_argument("--probe-queries", type=int, default=16)
     ap.add_argument("--out", default="runs/bench_reasoning_gym")

@@ -7,6 +7,11 @@ the task's own ``score_answer`` (a number in [0, 1]; 1 is correct).
 
 - **Answer format**: the model is asked (reasoning-gym's default system prompt) to put its final answer in
   ``<answer>...</answer>``; the last such block is extracted and scored. No block: reward 0, reason ``no_answer``.
+- **Few-shot examples** (``few_shot: k``): k solved problems of the same task(s), shown as earlier user/assistant
+  turns whose answers are written in the asked format, before the problem. A small model that ignores a format
+  stated in words follows one it has seen (SmolLM2-135M-Instruct writes no ``<answer>`` block zero-shot and does
+  with three examples: BENCHMARKS.md section 22). The examples come from a third seed range, and any example whose
+  question is a test or training problem is skipped, so no graded problem's answer is in a prompt.
 - **Splits**: ``train`` and ``test`` are generated from different seeds, and every training problem whose question
   also appears among the ``test_size`` test problems is dropped (counted in ``data_report``), so the held-out
   problems are never trained on.
@@ -30,6 +35,8 @@ from r3_rllib.envs.math_env import load_tokenizer
 
 #: Seed offset of the test split (train uses ``seed``, test ``seed + TEST_SEED_OFFSET``).
 TEST_SEED_OFFSET = 1_000_003
+#: Seed offset of the few-shot examples' problems (neither a training nor a test seed).
+FEW_SHOT_SEED_OFFSET = 2_000_029
 GRADE_REASONS = ("correct", "partial", "wrong", "no_answer", "verifier_error")
 
 TaskSpec = str | Mapping[str, float] | Mapping[str, Mapping[str, Any]]
@@ -102,6 +109,7 @@ class ReasoningGymEnv(PooledTextEnv):
         tokenizer: a tokenizer object or folder; its chat template renders the prompt when it has one.
         system_prompt: the system turn (default: reasoning-gym's, which asks for ``<answer>`` tags); None: none.
         answer_tag: the tag the answer is extracted from.
+        few_shot: number of solved examples shown before each problem (0: none; see the module).
         reward: ``"score"`` (the verifier's score in [0, 1]) or ``"binary"`` (1 if the score is 1, else 0).
     """
 
@@ -119,6 +127,7 @@ class ReasoningGymEnv(PooledTextEnv):
         system_prompt: str | None = "default",
         answer_tag: str = "answer",
         reward: Literal["score", "binary"] = "score",
+        few_shot: int = 0,
     ) -> None:
         super().__init__()
         if split not in ("train", "test"):
@@ -127,12 +136,15 @@ class ReasoningGymEnv(PooledTextEnv):
             raise ValueError(f"reward must be 'score' or 'binary', got {reward!r}")
         if size < 1 or test_size < 1:
             raise ValueError(f"size and test_size must be >= 1, got {size} and {test_size}")
+        if few_shot < 0:
+            raise ValueError(f"few_shot must be >= 0, got {few_shot}")
         self.specs = task_specs(tasks)
         self.split, self.answer_tag, self.reward_mode = split, answer_tag, reward
         self.tokenizer = load_tokenizer(tokenizer)
         self.system_prompt = _system_prompt(system_prompt)
         self.dataset, self.entries, dropped = self._split_entries(size, test_size, seed)
         self.data_report = {"loaded": len(self.entries), "dropped_in_test_split": dropped}
+        self.examples = self._few_shot_examples(few_shot, seed)
         self.query_ids = [f"{split}/{i}" for i in range(len(self.entries))]
         self._index = {qid: i for i, qid in enumerate(self.query_ids)}
         self._order = QueryOrder(len(self.entries), seed=seed, shuffle=shuffle, shard=shard)
@@ -140,24 +152,43 @@ class ReasoningGymEnv(PooledTextEnv):
 
     def _split_entries(self, size: int, test_size: int, seed: int) -> tuple[Any, list[dict[str, Any]], int]:
         test = build_dataset(self.specs, size=test_size, seed=seed + TEST_SEED_OFFSET)
+        self._test_questions = {entry["question"] for entry in test}
         if self.split == "test":
             return test, list(test), 0
         train = build_dataset(self.specs, size=size, seed=seed)
-        held_out = {entry["question"] for entry in test}
-        entries = [entry for entry in train if entry["question"] not in held_out]
+        entries = [entry for entry in train if entry["question"] not in self._test_questions]
         if not entries:
             raise ValueError(f"every generated training problem of {self.specs} is also a test problem")
         return train, entries, size - len(entries)
 
+    def _few_shot_examples(self, k: int, seed: int) -> list[dict[str, Any]]:
+        # Drawn from their own seed; a question that is also a training or test problem is skipped.
+        if k == 0:
+            return []
+        graded = self._test_questions | {entry["question"] for entry in self.entries}
+        pool = build_dataset(self.specs, size=4 * k + 8, seed=seed + FEW_SHOT_SEED_OFFSET)
+        examples = [entry for entry in pool if entry["question"] not in graded][:k]
+        if len(examples) < k:
+            raise ValueError(
+                f"fewer than {k} few-shot examples of {self.specs} differ from the graded problems"
+            )
+        return examples
+
     # -- prompts ---------------------------------------------------------------------------------------------
     def render_prompt(self, user_text: str) -> str:
-        """The chat template with the generation prompt when the tokenizer has one, else plain text."""
+        """The chat template with the generation prompt when the tokenizer has one, else plain text; the few-shot
+        examples come first, as earlier turns."""
+        tag = self.answer_tag
+        shots = [(e["question"], f"<{tag}>{e['answer']}</{tag}>") for e in self.examples]
         if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
-            messages = [{"role": "user", "content": user_text}]
-            if self.system_prompt:
-                messages.insert(0, {"role": "system", "content": self.system_prompt})
+            messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            for question, answer in shots:
+                messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            messages.append({"role": "user", "content": user_text})
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return f"{self.system_prompt}\n\n{user_text}\n" if self.system_prompt else user_text
+        turns = [f"{question}\n{answer}" for question, answer in shots] + [user_text]
+        text = "\n\n".join(turns)
+        return f"{self.system_prompt}\n\n{text}\n" if self.system_prompt else text
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:

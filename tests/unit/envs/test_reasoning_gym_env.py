@@ -109,3 +109,44 @@ def test_reachable_by_name_through_the_env_registry():
     assert "reasoning_gym" in registered_text_envs()
     env = make_text_env("reasoning_gym", tasks="leg_counting", size=5, test_size=2)
     assert isinstance(env, ReasoningGymEnv) and len(env) >= 1
+
+
+def test_few_shot_examples_come_before_the_problem_and_are_never_graded_problems():
+    kwargs = dict(tasks="chain_sum", size=30, test_size=10, seed=3, system_prompt=None, few_shot=2)
+    train, test = ReasoningGymEnv(**kwargs), ReasoningGymEnv(**kwargs, split="test")
+    assert train.examples == test.examples and len(train.examples) == 2
+    graded = {e["question"] for e in train.entries} | {e["question"] for e in test.entries}
+    assert not {e["question"] for e in train.examples} & graded
+    prompt, info = train.reset()
+    first, second = train.examples
+    # plain text (no chat template): each example's question and tagged answer, then the problem
+    assert prompt == (
+        f"{first['question']}\n<answer>{first['answer']}</answer>\n\n"
+        f"{second['question']}\n<answer>{second['answer']}</answer>\n\n{info['query_text']}"
+    )
+    _, reward, _, _, _ = train.step(f"<answer>{info['gold']}</answer>")
+    assert reward == 1.0
+    with pytest.raises(ValueError, match="few_shot must be >= 0"):
+        ReasoningGymEnv(tasks="chain_sum", size=5, test_size=2, few_shot=-1)
+
+
+class _RecordingChatTokenizer:
+    chat_template = "<chat template>"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        self.messages = messages
+        return "<rendered>"
+
+
+def test_few_shot_examples_are_earlier_chat_turns_with_a_chat_template():
+    tokenizer = _RecordingChatTokenizer()
+    env = ReasoningGymEnv(tasks="gcd", size=10, test_size=2, seed=0, tokenizer=tokenizer, few_shot=1)
+    prompt, info = env.reset(options={"query_id": "train/0", "user_content": "reflect on this"})
+    (example,) = env.examples
+    assert prompt == "<rendered>"
+    assert [m["role"] for m in tokenizer.messages] == ["system", "user", "assistant", "user"]
+    assert tokenizer.messages[1:] == [
+        {"role": "user", "content": example["question"]},
+        {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"},
+        {"role": "user", "content": "reflect on this"},  # R^3's reflection prompt keeps the examples
+    ]
