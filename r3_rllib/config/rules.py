@@ -73,6 +73,32 @@ def overlap_needs_awake_engine(config: Any) -> str | None:
             "overlap_generation needs the engine awake while the learner trains; "
             "turn off sleep_between_rollouts (or overlap_generation)"
         )
+    if (config.max_staleness or 0) >= 1 and config.sleep_between_rollouts:
+        return (
+            f"max_staleness={config.max_staleness} generates while the learner trains: the engine must stay awake; "
+            "turn off sleep_between_rollouts (or set max_staleness=0)"
+        )
+    return None
+
+
+def max_staleness_agrees_with_overlap(config: Any) -> str | None:
+    """overlap_generation is max_staleness 1: a run may set both only when they say the same."""
+    if config.max_staleness is not None and config.overlap_generation and config.max_staleness != 1:
+        return (
+            f"overlap_generation=True is max_staleness=1, but max_staleness={config.max_staleness}; "
+            "set only max_staleness"
+        )
+    return None
+
+
+def streaming_excludes_dynamic_sampling(config: Any) -> str | None:
+    """Streaming rollouts (max_staleness >= 2) consume groups as they arrive; DAPO's dynamic sampling refills one
+    batch with synchronous rounds, which would interleave with the requests in flight."""
+    if (config.max_staleness or 0) >= 2 and config.dynamic_sampling:
+        return (
+            f"max_staleness={config.max_staleness} (streaming rollouts) with dynamic_sampling is not supported: "
+            "use max_staleness <= 1 or turn off dynamic_sampling"
+        )
     return None
 
 
@@ -207,6 +233,8 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     gspo_needs_sequence_mean,
     replay_excludes_dynamic_sampling,
     overlap_needs_awake_engine,
+    max_staleness_agrees_with_overlap,
+    streaming_excludes_dynamic_sampling,
     rarity_is_not_a_policy_estimator,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,

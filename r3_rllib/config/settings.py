@@ -165,6 +165,15 @@ class R3Settings:
     recipe): the batch trained on was sampled with the weights from one update earlier, corrected by the
     truncated importance weight above. Hides the cheaper of the two phases when runners and learners run on
     different devices (or CPU cores)."""
+    max_staleness: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
+    """Asynchronous training: how many policy versions older than the learner a trained sample may be. 0: the
+    synchronous algorithm (bit for bit what overlap_generation=False does), 1: overlap_generation's one-step overlap
+    (bit for bit), k >= 2: streaming rollouts: every runner keeps up to k requests outstanding (in flight or
+    delivered and waiting), so runners never wait for the learner more than k versions; the learner trains as soon
+    as queries_per_iteration fresh groups are ready, oldest request first (whole groups, in arrival order: not
+    reproducible run to run); a group older than k versions at training is dropped and counted
+    (rollout/stale_groups_dropped). None (default): 1 with overlap_generation, else 0. Samples carry the policy
+    version that generated them; the off-policy correction applies as for overlap."""
     fsdp: bool | None = None
     """Shard the policy with FSDP2 across learners; None: on when num_learners > 1. False with num_learners > 1:
     every learner holds the whole policy and optimizer state, and gradients are averaged over learners once per

@@ -10,8 +10,9 @@ the task's own ``score_answer`` (a number in [0, 1]; 1 is correct).
 - **Few-shot examples** (``few_shot: k``): k solved problems of the same task(s), shown as earlier user/assistant
   turns whose answers are written in the asked format, before the problem. A small model that ignores a format
   stated in words follows one it has seen (SmolLM2-135M-Instruct writes no ``<answer>`` block zero-shot and does
-  with three examples: BENCHMARKS.md section 22). The examples come from a third seed range, and any example whose
-  question is a test or training problem is skipped, so no graded problem's answer is in a prompt.
+  with three examples: BENCHMARKS.md section 22). The examples come from a third seed range; one whose question is a
+  test problem is skipped (a held-out answer is never in a prompt), and training problems are avoided where the
+  task has enough distinct problems (a small task, e.g. sums of two digits, may show a training problem).
 - **Splits**: ``train`` and ``test`` are generated from different seeds, and every training problem whose question
   also appears among the ``test_size`` test problems is dropped (counted in ``data_report``), so the held-out
   problems are never trained on.
@@ -162,15 +163,18 @@ class ReasoningGymEnv(PooledTextEnv):
         return train, entries, size - len(entries)
 
     def _few_shot_examples(self, k: int, seed: int) -> list[dict[str, Any]]:
-        # Drawn from their own seed; a question that is also a training or test problem is skipped.
+        # Drawn from their own seed: never a test problem; training problems only when too few others exist.
         if k == 0:
             return []
-        graded = self._test_questions | {entry["question"] for entry in self.entries}
-        pool = build_dataset(self.specs, size=4 * k + 8, seed=seed + FEW_SHOT_SEED_OFFSET)
-        examples = [entry for entry in pool if entry["question"] not in graded][:k]
+        training = {entry["question"] for entry in self.entries} if self.split == "train" else set()
+        drawn = build_dataset(self.specs, size=8 * k + 16, seed=seed + FEW_SHOT_SEED_OFFSET)
+        unique = {e["question"]: e for e in drawn if e["question"] not in self._test_questions}
+        examples = sorted(unique.values(), key=lambda e: e["question"] in training)[
+            :k
+        ]  # stable: unseen first
         if len(examples) < k:
             raise ValueError(
-                f"fewer than {k} few-shot examples of {self.specs} differ from the graded problems"
+                f"fewer than {k} few-shot examples of {self.specs} differ from the test problems"
             )
         return examples
 

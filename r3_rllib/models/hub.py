@@ -18,6 +18,8 @@ from r3_rllib.core.registry import Registry
 
 #: The tiny model warm-started on gridworld expert moves (built by :mod:`r3_rllib.warmstart.gridworld`).
 GRIDWORLD_TINY_SFT = "gridworld-tiny-sft"
+#: SmolLM2-135M-Instruct warm-started on TextWorld walkthroughs (built by :mod:`r3_rllib.warmstart.textworld`).
+SMOLLM2_TEXTWORLD_SFT = "smollm2-135m-textworld-sft"
 
 
 class NamedModelNotBuiltError(FileNotFoundError):
@@ -54,6 +56,7 @@ def built_folder(name: str) -> Path:
 NAMED_MODELS = Registry("named model")
 NAMED_MODELS.register("smollm2-135m")(_smollm2)
 NAMED_MODELS.register(GRIDWORLD_TINY_SFT)(lambda: built_folder(GRIDWORLD_TINY_SFT))
+NAMED_MODELS.register(SMOLLM2_TEXTWORLD_SFT)(lambda: built_folder(SMOLLM2_TEXTWORLD_SFT))
 
 
 def named_models() -> list[str]:

@@ -293,16 +293,18 @@ def _save_warm_start(
     path: Path,
     config: dict[str, Any],
     metrics: dict[str, Any],
+    *,
+    metadata_file: str = WARM_START_METADATA,
 ) -> None:
-    """Save model, tokenizer and metadata: written next to ``path`` and moved into place, so an interrupted save
-    never leaves a half-written checkpoint that a later build would reuse."""
+    """Save model, tokenizer and metadata (into ``metadata_file``): written next to ``path`` and moved into place,
+    so an interrupted save never leaves a half-written checkpoint that a later build would reuse."""
     from r3_rllib.models.tiny import save_tiny
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     save_tiny(model, tokenizer, tmp)
     meta = {"config_hash": _config_hash(config), "config": config, **metrics}
-    (tmp / WARM_START_METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / metadata_file).write_text(json.dumps(meta, indent=2) + "\n")
     tmp.chmod(
         0o755
     )  # mkdtemp's folder is private; engines and Ray actors of other users may read a checkpoint

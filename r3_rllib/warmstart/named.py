@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from r3_rllib.core.registry import Registry
-from r3_rllib.models.hub import GRIDWORLD_TINY_SFT, named_model_folder, named_models, resolve_model_path
+from r3_rllib.models.hub import (
+    GRIDWORLD_TINY_SFT,
+    SMOLLM2_TEXTWORLD_SFT,
+    named_model_folder,
+    named_models,
+    resolve_model_path,
+)
 
 # name -> function that builds the named model into the folder its resolver finds, and returns that folder.
 NAMED_MODEL_BUILDERS = Registry("named model builder")
@@ -24,6 +30,15 @@ def build_gridworld_tiny_sft() -> Path:
     from r3_rllib.warmstart.gridworld import build_warm_start
 
     return build_warm_start(named_model_folder(GRIDWORLD_TINY_SFT), log=lambda message: None)
+
+
+@NAMED_MODEL_BUILDERS.register(SMOLLM2_TEXTWORLD_SFT)
+def build_smollm2_textworld_sft() -> Path:
+    """SmolLM2-135M-Instruct warm-started on TextWorld walkthroughs (coin collector level 1, 4 commands, memory 2:
+    the TextWorld bench's env; about a minute of SFT on first use; needs the ``[envs]`` extra)."""
+    from r3_rllib.warmstart.textworld import build_warm_start
+
+    return build_warm_start(named_model_folder(SMOLLM2_TEXTWORLD_SFT), log=lambda message: None)
 
 
 def register_named_model_builder(name: str, builder: Callable[[], Path], *, overwrite: bool = False) -> None:

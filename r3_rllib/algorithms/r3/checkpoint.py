@@ -62,6 +62,8 @@ class AlgorithmState:
     r3_settings: Any = None
     ready_rollout: Any = None
     """The rollout gathered ahead of its iteration (overlap_generation), or None."""
+    stream_queue: Any = None
+    """Streaming rollouts (max_staleness >= 2): the delivered requests not yet trained (streaming.QueuedRollout)."""
 
 
 def write_algorithm_state(checkpoint_dir: str, state: AlgorithmState) -> str:
@@ -94,6 +96,7 @@ def read_algorithm_state(checkpoint_dir: str) -> AlgorithmState:
         metrics=data["metrics"],
         r3_settings=data.get("r3_settings"),
         ready_rollout=data.get("ready_rollout"),
+        stream_queue=data.get("stream_queue"),
     )
 
 
@@ -108,4 +111,5 @@ _FIELDS = (
     "metrics",
     "r3_settings",
     "ready_rollout",
+    "stream_queue",
 )

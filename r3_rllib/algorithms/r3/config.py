@@ -31,6 +31,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 
 from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
+from r3_rllib.algorithms.r3.settings import max_staleness_of
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
@@ -226,6 +227,13 @@ class R3Config(AlgorithmConfig):
         with _algorithm_named_only(self):
             super().validate()
         check_config(self, extra_rules=(stage_b_wrapper_is_internal,), field_rules=ALGORITHM_FIELD_RULES)
+        # Streaming rollouts keep max_staleness requests on each runner, and a weight load behind each (RLlib
+        # counts requests per tag; twice the bound leaves room for a runner that falls behind).
+        staleness = max_staleness_of(self)
+        if staleness >= 2:
+            self.max_requests_in_flight_per_env_runner = max(
+                self.max_requests_in_flight_per_env_runner, 2 * staleness + 1
+            )
 
     # -- derived settings --------------------------------------------------------------------------------------
     @property

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
@@ -25,7 +26,7 @@ import ray
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
 from r3_rllib.algorithms.r3.groups import Group, select_dynamic_groups
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, RunnerState, merge_results
-from r3_rllib.algorithms.r3.settings import overlong_shaping
+from r3_rllib.algorithms.r3.settings import max_staleness_of, overlong_shaping
 from r3_rllib.core.reflection import ReflectionSettings
 
 #: RLlib async-request tag of the rollout a runner generates (ahead of the learner with overlap_generation).
@@ -82,11 +83,14 @@ class RolloutCoordinator:
         requested in the previous iteration, before its update, and the next one is requested here with the
         reflection settings ``next_reflection()`` gives after this rollout's data epoch."""
         cfg = self.config
+        t_wait = time.perf_counter()
         rollout = self._next(cfg.queries_per_iteration, reflection)
         groups = list(rollout.groups)
         if cfg.dynamic_sampling:
             groups, rollout = self._dynamic_sampling(rollout, reflection)
-        if cfg.overlap_generation:
+        # The learner waits for this batch (all of its generation when synchronous, the rest of it with overlap).
+        self._log("learner_wait_s", time.perf_counter() - t_wait)
+        if max_staleness_of(cfg) == 1:
             # The runners generate the next batch with the current weights while the learner trains on this one;
             # the weights of this update reach them after that rollout (a runner runs its calls in order).
             self.request(cfg.queries_per_iteration, next_reflection())
@@ -211,6 +215,9 @@ class RolloutCoordinator:
             for wid, runner in state.runners.items()
         }
         self.push_runner_states(self.runners.healthy_worker_ids())
+
+    def runners_restarted(self, worker_ids: Iterable[int]) -> None:
+        """Hook for restarted runners (the streaming coordinator forgets their requests in flight)."""
 
     def push_runner_states(self, worker_ids: Iterable[int]) -> None:
         """Put runners at their last known data position and RNG state (those without one are left as they are)."""

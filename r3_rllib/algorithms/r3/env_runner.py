@@ -97,6 +97,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             ),  # vLLM's max_model_len unless engine_kwargs set it
         )
         self._sample_seed = seed
+        self._last_call_end: float | None = None  # when the last rollout or weight load ended (idle time)
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on
         self._stop_ids = tuple(i for i in [self.tokenizer.eos_token_id] if i is not None)
 
@@ -147,14 +148,16 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     ) -> RolloutResult:
         """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given)."""
         t0 = time.perf_counter()
+        idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
         groups, timings, tokens, totals = self._rollout(num_queries, reflection)
+        self._last_call_end = time.perf_counter()
         return RolloutResult(
             worker_id=int(self.worker_index or 0),
             groups=tuple(groups),
             env_epoch=int(getattr(self.env, "epoch", 0)),
-            timings=RolloutTimings(*timings, sample_s=time.perf_counter() - t0),
+            timings=RolloutTimings(*timings, sample_s=self._last_call_end - t0, idle_s=idle_s),
             generated_tokens=int(tokens),
             # This rollout's statistics as sums, merged over runners by the algorithm.
             totals=totals,
@@ -448,7 +451,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.engine.update_weights(named_tensors(weights), version)
         if self.config.sleep_between_rollouts:
             self.engine.sleep()
-        return time.perf_counter() - t0
+        self._last_call_end = time.perf_counter()
+        return self._last_call_end - t0
 
     # -- Checkpointable -----------------------------------------------------------------------------------------
     @override(Checkpointable)

@@ -36,8 +36,9 @@ from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
-from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings
+from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
+from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.rollout_schedule import Stage
 from r3_rllib.types import TrainingBatch
@@ -70,7 +71,13 @@ class R3(Algorithm):
         self.schedule = self._check_schedule()
         self._rng = np.random.default_rng(self.config.seed)
         # Requests, gathers and merges rollouts (overlap, dynamic sampling, timeouts, restarts); owns the data epoch.
-        self.coordinator = RolloutCoordinator(self.env_runner_group, self.config, self.metrics)
+        # With max_staleness >= 2 the rollouts stream (streaming.py).
+        staleness = max_staleness_of(self.config)
+        self.coordinator = (
+            StreamingCoordinator(self.env_runner_group, self.config, self.metrics, staleness)
+            if staleness >= 2
+            else RolloutCoordinator(self.env_runner_group, self.config, self.metrics)
+        )
         # The driver's policy version: the version of the weights the runners were last sent.
         self.weights = PolicyWeights(self.learner_group, self.env_runner_group)
         # The replay actor is restarted by Ray after a crash and refilled by its supervisor (replay/supervisor.py).
@@ -142,7 +149,8 @@ class R3(Algorithm):
                 with self._timed("learner_update_s"):
                     learner_metrics = self._update_learners(batch, settings.stage)
                 with self._timed("weight_sync_s"):
-                    self.weights.sync(block=not cfg.overlap_generation)
+                    staleness = max_staleness_of(cfg)
+                    self.weights.sync(block=staleness == 0, queued_loads=max(staleness, 1))
             else:
                 for phase in ("learner_update_s", "weight_sync_s"):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
@@ -217,6 +225,7 @@ class R3(Algorithm):
         if not restored:
             return []
         self._counters["total_num_restored_workers"] += len(restored)
+        self.coordinator.runners_restarted(restored)
         self.coordinator.push_runner_states(restored)
         if self._replay is not None:
             client = self._replay.client
@@ -248,6 +257,8 @@ class R3(Algorithm):
             "zero_adv_frac": r3_metrics["zero_adv_frac"],  # after replay and ranking (groups.py)
             "gen_tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
             "grade_s": rollout.grade_s,
+            "runner_idle_s": rollout.runner_idle_s,
+            "weight_loads_skipped": float(self.weights.loads_skipped),
             "dataset_epoch": float(self.coordinator.epoch.value),
             "policy_version": float(self.weights.version),
         }
@@ -328,6 +339,7 @@ class R3(Algorithm):
             metrics=self.metrics.get_state(),
             r3_settings=self.config.r3_settings(),
             ready_rollout=self.coordinator.ready,
+            stream_queue=getattr(self.coordinator, "saved_queue", None),
         )
         write_algorithm_state(checkpoint_dir, state)
         if replay is not None:

@@ -45,11 +45,13 @@ class RunnerState:
 
 @dataclass(frozen=True)
 class RolloutTimings:
-    """Seconds a runner spent on one rollout: generating (env steps included for multi-step), grading, in all."""
+    """Seconds a runner spent on one rollout: generating (env steps included for multi-step), grading, in all; and
+    how long it sat idle before it (since its previous call, a rollout or a weight load, ended)."""
 
     generate_s: float = 0.0
     grade_s: float = 0.0
     sample_s: float = 0.0
+    idle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class Rollout:
     grade_s: float = 0.0
     generated_tokens: float = 0.0
     totals: Mapping[str, float] = field(default_factory=dict)
+    runner_idle_s: float = 0.0
+    """The runners' idle time before their rollouts, summed over runners (and rounds)."""
 
     def merge(self, other: Rollout) -> Rollout:
         """Two rollouts (dynamic sampling's rounds) as one: groups concatenate, times and tokens add, totals merge."""
@@ -86,6 +90,7 @@ class Rollout:
             grade_s=self.grade_s + other.grade_s,
             generated_tokens=self.generated_tokens + other.generated_tokens,
             totals=merge_rollout_totals(self.totals, other.totals),
+            runner_idle_s=self.runner_idle_s + other.runner_idle_s,
         )
 
     @classmethod
@@ -114,4 +119,5 @@ def merge_results(results: Sequence[RolloutResult]) -> Rollout:
         grade_s=max(r.timings.grade_s for r in results),
         generated_tokens=float(sum(r.generated_tokens for r in results)),
         totals=merge_rollout_totals(*(r.totals for r in results)),
+        runner_idle_s=float(sum(r.timings.idle_s for r in results)),
     )

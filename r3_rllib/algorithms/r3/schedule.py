@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from r3_rllib.algorithms.r3.settings import max_staleness_of
+
 PARTS = ("replay", "reflection", "ranking")
 
 # Default history: a query's samples stay replayable for this many epochs of updates (the previous visit of a
@@ -182,11 +184,13 @@ def compute_schedule(
     staleness_derived: bool = False,
     dynamic_sampling: bool = False,
     overlap_generation: bool = False,
+    generation_lag: int | None = None,
     stop_iteration: int | None = None,
 ) -> Schedule:
     """The R^3 schedule of a run (see the module docstring for the rules).
 
-    ``replay_max_staleness`` is the bound in effect (pass :func:`default_staleness` with ``staleness_derived=True``
+    ``generation_lag``: the updates between a rollout's weights and its training (max_staleness; None: 1 with
+    ``overlap_generation``, else 0). ``replay_max_staleness`` is the bound in effect (pass :func:`default_staleness` with ``staleness_derived=True``
     when the config leaves it None). ``stop_iteration``: the last training iteration, when known.
     """
     t = iterations_per_epoch(dataset_size, queries_per_iteration)
@@ -200,7 +204,8 @@ def compute_schedule(
         "ranking": (ranking, ranking_start_epoch),
     }
     parts, warnings = _part_schedules(settings, t, dataset_size, queries_per_iteration, stop_iteration)
-    extra_lag = 1 if overlap_generation else 0
+    # Updates between the weights a rollout is generated with and the update it trains: max_staleness (overlap: 1).
+    extra_lag = generation_lag if generation_lag is not None else (1 if overlap_generation else 0)
     revisit_max = 2 * t - 1 + extra_lag
     kept = revisit_kept_fraction(t, replay_max_staleness, extra_lag=extra_lag)
     errors: list[str] = []
@@ -255,6 +260,7 @@ def schedule_for_config(config: Any, dataset_size: int, stop_iteration: int | No
         staleness_derived=config.replay_max_staleness is None,
         dynamic_sampling=bool(config.dynamic_sampling),
         overlap_generation=bool(config.overlap_generation),
+        generation_lag=max_staleness_of(config),
         stop_iteration=stop_iteration,
     )
 

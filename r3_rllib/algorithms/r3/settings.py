@@ -129,3 +129,10 @@ def overlong_shaping(config: Any) -> OverlongShaping | None:
         buffer_length=int(buffer),
         penalty_factor=float(config.overlong_penalty_factor),
     )
+
+
+def max_staleness_of(config: Any) -> int:
+    """The staleness bound in effect: ``max_staleness``, or 1 with ``overlap_generation`` and 0 without."""
+    if config.max_staleness is not None:
+        return int(config.max_staleness)
+    return 1 if config.overlap_generation else 0

@@ -113,12 +113,17 @@ class PolicyWeights:
         self.learners = learners
         self.runners = runners
         self.version = 0
+        self.loads_skipped = 0  # queued weight loads a runner refused (all its slots taken), over the run
 
-    def sync(self, remote_worker_ids: list[int] | None = None, block: bool = True) -> None:
+    def sync(
+        self, remote_worker_ids: list[int] | None = None, block: bool = True, queued_loads: int = 1
+    ) -> None:
         """Send the learners' weights to the runners (all, or ``remote_worker_ids``).
 
-        ``block=False`` queues the load behind the rollout a runner is generating (overlap_generation): the driver
-        goes on, and the runner's next call runs with the new weights."""
+        ``block=False`` queues the load behind the rollouts a runner has been asked for (overlap_generation, or
+        streaming rollouts): the driver goes on, and the runner's next call runs with the new weights.
+        ``queued_loads``: how many loads may wait on one runner at once (1: the previous one is collected first, as
+        overlap's long finished; streaming allows max_staleness of them, each behind its requests)."""
         results = self.learners.foreach_learner(lambda learner: learner.weights_ref())
         refs = []
         for r in results:
@@ -135,6 +140,13 @@ class PolicyWeights:
         if block:
             self.runners.foreach_env_runner(load, local_env_runner=False, remote_worker_ids=remote_worker_ids)
         else:
-            # RLlib allows one request in flight per runner and tag: collect the previous (long finished) load.
-            self.runners.fetch_ready_async_reqs(tags=WEIGHTS_TAG, timeout_seconds=None)
-            self.runners.foreach_env_runner_async(load, tag=WEIGHTS_TAG, remote_worker_ids=remote_worker_ids)
+            # RLlib limits the requests in flight per runner and tag: collect the previous (long finished) load, or
+            # with several allowed (streaming), the finished ones.
+            self.runners.fetch_ready_async_reqs(
+                tags=WEIGHTS_TAG, timeout_seconds=None if queued_loads <= 1 else 0.0
+            )
+            targets = remote_worker_ids or self.runners.healthy_worker_ids()
+            sent = self.runners.foreach_env_runner_async(load, tag=WEIGHTS_TAG, remote_worker_ids=targets)
+            # A runner with every load slot taken (one that stopped answering) gets the next version instead; the
+            # samples it generates meanwhile carry their older version, and the staleness bound applies to them.
+            self.loads_skipped += len(targets) - sent

@@ -114,9 +114,10 @@ def test_reachable_by_name_through_the_env_registry():
 def test_few_shot_examples_come_before_the_problem_and_are_never_graded_problems():
     kwargs = dict(tasks="chain_sum", size=30, test_size=10, seed=3, system_prompt=None, few_shot=2)
     train, test = ReasoningGymEnv(**kwargs), ReasoningGymEnv(**kwargs, split="test")
-    assert train.examples == test.examples and len(train.examples) == 2
-    graded = {e["question"] for e in train.entries} | {e["question"] for e in test.entries}
-    assert not {e["question"] for e in train.examples} & graded
+    assert len(train.examples) == len(test.examples) == 2
+    shown = {e["question"] for e in train.examples} | {e["question"] for e in test.examples}
+    assert not shown & {e["question"] for e in test.entries}  # a held-out answer is never in a prompt
+    assert not {e["question"] for e in train.examples} & {e["question"] for e in train.entries}
     prompt, info = train.reset()
     first, second = train.examples
     # plain text (no chat template): each example's question and tagged answer, then the problem
@@ -136,6 +137,15 @@ class _RecordingChatTokenizer:
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
         self.messages = messages
         return "<rendered>"
+
+
+def test_few_shot_examples_of_a_small_task_avoid_test_problems():
+    # sums of two one-digit numbers: 100 distinct problems, all drawn for training or test here
+    config = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    kwargs = dict(tasks={"chain_sum": {"config": config}}, size=400, test_size=40, seed=0, few_shot=3)
+    env, test = ReasoningGymEnv(**kwargs), ReasoningGymEnv(**kwargs, split="test")
+    assert len(env.examples) == 3
+    assert not {e["question"] for e in env.examples} & {e["question"] for e in test.entries}
 
 
 def test_few_shot_examples_are_earlier_chat_turns_with_a_chat_template():

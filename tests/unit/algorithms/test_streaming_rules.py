@@ -1,0 +1,71 @@
+"""Streaming rollouts (max_staleness): the staleness of a group, the drop at training, the config's rules and the
+request slots it reserves on each runner."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from random_samples import random_samples
+
+from r3_rllib import R3Config
+from r3_rllib.algorithms.r3.groups import Group
+from r3_rllib.algorithms.r3.schedule import schedule_for_config
+from r3_rllib.algorithms.r3.settings import max_staleness_of
+from r3_rllib.algorithms.r3.streaming import group_staleness, split_stale_groups
+
+
+def _group(query_id: str, versions: list[int], reflection: bool = False) -> Group:
+    samples = [
+        dataclasses.replace(s, policy_version=v)
+        for s, v in zip(random_samples(len(versions)), versions, strict=True)
+    ]
+    return Group(query_id, samples, is_reflection=reflection)
+
+
+def test_a_group_is_as_stale_as_its_oldest_sample_and_older_groups_are_dropped():
+    fresh, mixed, old = _group("a", [5, 5]), _group("b", [3, 5]), _group("c", [2, 2], reflection=True)
+    assert [group_staleness(g, 5) for g in (fresh, mixed, old)] == [0, 2, 3]
+    kept, stale = split_stale_groups([fresh, mixed, old], policy_version=5, max_staleness=2)
+    assert kept == [fresh, mixed] and stale == [old]
+    assert split_stale_groups([fresh, mixed, old], policy_version=5, max_staleness=3) == (
+        [fresh, mixed, old],
+        [],
+    )
+
+
+def test_max_staleness_defaults_to_the_overlap_setting():
+    assert max_staleness_of(R3Config()) == 0
+    assert max_staleness_of(R3Config().training(overlap_generation=True)) == 1
+    assert max_staleness_of(R3Config().training(max_staleness=4)) == 4
+    assert max_staleness_of(R3Config().training(overlap_generation=True, max_staleness=1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("training", "message"),
+    [
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"max_staleness": 2, "overlap_generation": True}, "overlap_generation=True is max_staleness=1"),
+        ({"max_staleness": 0, "overlap_generation": True}, "overlap_generation=True is max_staleness=1"),
+        ({"max_staleness": 2, "sleep_between_rollouts": True}, "engine must stay awake"),
+        ({"max_staleness": 3, "dynamic_sampling": True, "replay": False}, "streaming rollouts"),
+    ],
+)
+def test_contradicting_settings_are_refused(training, message):
+    with pytest.raises(ValueError, match=message):
+        R3Config().training(**training).validate()
+
+
+def test_streaming_reserves_request_slots_and_the_schedule_counts_its_lag():
+    config = R3Config().training(max_staleness=3)
+    config.validate()
+    # twice max_staleness per runner and tag, plus one
+    assert config.max_requests_in_flight_per_env_runner == 7
+    sync = R3Config().training(max_staleness=0)
+    sync.validate()
+    assert sync.max_requests_in_flight_per_env_runner == R3Config().max_requests_in_flight_per_env_runner
+    lags = [
+        schedule_for_config(R3Config.r3_preset().training(max_staleness=k), dataset_size=64).revisit_max
+        for k in (0, 1, 3)
+    ]
+    assert lags[1] - lags[0] == 1 and lags[2] - lags[0] == 3
