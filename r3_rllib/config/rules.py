@@ -91,6 +91,23 @@ def max_staleness_agrees_with_overlap(config: Any) -> str | None:
     return None
 
 
+def partial_rollouts_need_overlap_and_hf(config: Any) -> str | None:
+    """Partial rollouts load weights during generation: only when generation overlaps updates, on an engine that
+    pauses between decoding steps."""
+    if not config.partial_rollouts:
+        return None
+    if not (config.overlap_generation or (config.max_staleness or 0) >= 1):
+        return "partial_rollouts needs generation to overlap updates: set max_staleness >= 1"
+    if config.engine != "hf":
+        return (
+            f"partial_rollouts with engine={config.engine!r} is not supported: the HF engine takes weights between "
+            "decoding steps; vLLM engines take them between requests (leave partial_rollouts off)"
+        )
+    if config.rollout_head:
+        return "partial_rollouts with rollout_head (R^2PO) is not supported: its sampler decodes outside the engine"
+    return None
+
+
 def streaming_excludes_dynamic_sampling(config: Any) -> str | None:
     """Streaming rollouts (max_staleness >= 2) consume groups as they arrive; DAPO's dynamic sampling refills one
     batch with synchronous rounds, which would interleave with the requests in flight."""
@@ -235,6 +252,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     overlap_needs_awake_engine,
     max_staleness_agrees_with_overlap,
     streaming_excludes_dynamic_sampling,
+    partial_rollouts_need_overlap_and_hf,
     rarity_is_not_a_policy_estimator,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,

@@ -174,6 +174,11 @@ class R3Settings:
     reproducible run to run); a group older than k versions at training is dropped and counted
     (rollout/stale_groups_dropped). None (default): 1 with overlap_generation, else 0. Samples carry the policy
     version that generated them; the off-policy correction applies as for overlap."""
+    partial_rollouts: bool = False
+    """Runners take new weights between decoding steps (every 4 steps) instead of after their rollout: a weight
+    update does not wait for unfinished responses, which go on under the new weights (the KV cache of the tokens
+    before is kept). Every token carries the version that sampled it; a sample counts as its oldest token's
+    version. Needs max_staleness >= 1 (or overlap_generation) and the HF engine."""
     fsdp: bool | None = None
     """Shard the policy with FSDP2 across learners; None: on when num_learners > 1. False with num_learners > 1:
     every learner holds the whole policy and optimizer state, and gradients are averaged over learners once per

@@ -7,7 +7,7 @@ every backend) and return, per prompt, ``n`` completions with the per-token data
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +59,9 @@ class Completion:
     entropies: np.ndarray
     finish_reason: Literal["stop", "length"]
     text: str = ""
+    token_versions: np.ndarray | None = None
+    """The policy version that sampled each token (a partial rollout's tokens span the weight updates loaded
+    between decoding steps); None: the engine does not record it (every token has the version of the call)."""
 
     @property
     def truncated(self) -> bool:
@@ -124,6 +127,14 @@ class GenerationEngine(ABC):
 
     #: Set by :meth:`update_weights` and :meth:`update_adapter`; 0 until the first update.
     _version: int = 0
+
+    #: Partial rollouts: engines that support them (:attr:`supports_partial_rollouts`) call ``between_steps()``
+    #: every ``between_steps_every`` decoding steps of a generate call; it may load newer weights (through
+    #: :meth:`update_weights`), and the responses go on under them, each token tagged with the version that sampled
+    #: it (``Completion.token_versions``). The KV cache of the tokens before the update is kept, not recomputed.
+    supports_partial_rollouts: bool = False
+    between_steps: Callable[[], None] | None = None
+    between_steps_every: int = 4
 
     @property
     def version(self) -> int:

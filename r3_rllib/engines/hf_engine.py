@@ -82,7 +82,8 @@ def logprobs_and_entropy(
 
 
 class HFEngine(GenerationEngine):
-    """Sample with a ``transformers`` causal LM (KV cache, left padding, chunked batches).
+    """Sample with a ``transformers`` causal LM (KV cache, left padding, chunked batches). Supports partial
+    rollouts: ``between_steps`` runs between decoding steps (see :class:`GenerationEngine`).
 
     Args:
         model: a model folder or a loaded ``PreTrainedModel`` (used as is, not copied).
@@ -130,6 +131,7 @@ class HFEngine(GenerationEngine):
         self.eos_token_ids = self._default_eos(eos_token_ids)
         self.pad_token_id = self._default_pad()
         self._version = 0
+        self.supports_partial_rollouts = True
         # CPU copies of the base weights the LoRA adapters modify (filled on first use, see update_adapter).
         self._lora_base: dict[str, torch.Tensor] = {}
 
@@ -181,8 +183,8 @@ class HFEngine(GenerationEngine):
         """Sample one completion per ``(prompt index, sample index)`` row: prefill, decode, then cut at the stops."""
         cache, logits, mask = self._prefill(prompts, rows, params)
         next_pos = torch.tensor([len(prompts[i]) for i, _ in rows], device=self.device)
-        tok, lps, ents = self._decode_rows(cache, logits, mask, next_pos, params, stop_ids, generator)
-        return self._completions(prompts, rows, tok, lps, ents, set(stop_ids.tolist()))
+        tok, lps, ents, vers = self._decode_rows(cache, logits, mask, next_pos, params, stop_ids, generator)
+        return self._completions(prompts, rows, (tok, lps, ents, vers), set(stop_ids.tolist()))
 
     def _prefill(
         self, prompts: list[list[int]], rows: list[tuple[int, int]], params: SamplingParams
@@ -228,13 +230,15 @@ class HFEngine(GenerationEngine):
         params: SamplingParams,
         stop_ids: torch.Tensor,
         generator: torch.Generator | None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The decode loop from prefilled rows: ``[rows, max_new_tokens]`` tokens (pad after a stop), their
-        log-probs and entropies, as numpy arrays."""
+        log-probs, entropies and policy versions, as numpy arrays. ``between_steps`` (partial rollouts) runs every
+        ``between_steps_every`` steps and may load newer weights: the next tokens are sampled with them."""
         batch, steps = logits.shape[0], params.max_new_tokens
         tok = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=self.device)
         lps = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
         ents = torch.zeros((batch, steps), dtype=torch.float32, device=self.device)
+        vers = np.full((batch, steps), self._version, dtype=np.int64)
         # `active` maps the rows still decoding to their output rows; finished rows are dropped from the batch
         # (and from the KV cache) so long-tail completions do not pay for the finished ones.
         active = torch.arange(batch, device=self.device)
@@ -244,6 +248,7 @@ class HFEngine(GenerationEngine):
             tok[active, step] = tokens
             lps[active, step] = lp
             ents[active, step] = ent
+            vers[active.cpu().numpy(), step] = self._version
             done = torch.isin(tokens, stop_ids)
             if bool(done.all()) or step == steps - 1:
                 break
@@ -251,6 +256,8 @@ class HFEngine(GenerationEngine):
                 keep = (~done).nonzero().squeeze(-1)
                 active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
                 cache.reorder_cache(keep)
+            if self.between_steps is not None and (step + 1) % self.between_steps_every == 0:
+                self.between_steps()  # may load newer weights: the next logits come from them
             ones = torch.ones((len(active), 1), dtype=mask.dtype, device=self.device)
             mask = torch.cat([mask, ones], dim=1)
             out = self.model(
@@ -262,18 +269,18 @@ class HFEngine(GenerationEngine):
             )
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
-        return tok.cpu().numpy(), lps.cpu().numpy(), ents.cpu().numpy()
+        return tok.cpu().numpy(), lps.cpu().numpy(), ents.cpu().numpy(), vers
 
     def _completions(
         self,
         prompts: list[list[int]],
         rows: list[tuple[int, int]],
-        tok: np.ndarray,
-        lps: np.ndarray,
-        ents: np.ndarray,
+        decoded: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         stop_set: set[int],
     ) -> list[Completion]:
-        """One :class:`Completion` per row, cut after its first stop token (``"length"`` when it has none)."""
+        """One :class:`Completion` per row of ``decoded`` (tokens, log-probs, entropies, versions), cut after its
+        first stop token (``"length"`` when it has none)."""
+        tok, lps, ents, vers = decoded
         completions = []
         for r, (i, _) in enumerate(rows):
             ids = tok[r].tolist()
@@ -289,6 +296,7 @@ class HFEngine(GenerationEngine):
                     entropies=ents[r, :end].copy(),
                     finish_reason=reason,
                     text=self._decode(ids),
+                    token_versions=vers[r, :end].copy(),
                 )
             )
         return completions

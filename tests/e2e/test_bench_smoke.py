@@ -140,6 +140,21 @@ def test_learning_smoke_writes_progress_and_plots(ray_session, tiny_random_model
 
 @pytest.mark.bench
 @pytest.mark.slow
+def test_async_smoke(ray_session, tiny_random_model, tmp_path, capsys):
+    import json
+
+    mod = load("bench_async")
+    models = ["--model", tiny_random_model, "--quality-model", tiny_random_model]
+    assert mod.main(["--smoke", *models, "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| sync |" in out and "| async-2 |" in out and "held-out acc (final)" in out
+    assert "PROJECTION (not measured)" in out or "projection skipped" in out
+    rows = json.loads((tmp_path / "a.json").read_text())["speed"]
+    assert [r["staleness_max"] <= r["max_staleness"] for r in rows] == [True, True]
+
+
+@pytest.mark.bench
+@pytest.mark.slow
 def test_kv_cache_smoke(tiny_random_model, capsys):
     mod = load("bench_kv_cache")
     assert mod.main(["--smoke", "--model", tiny_random_model]) == 0

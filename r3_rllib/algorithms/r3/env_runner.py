@@ -28,6 +28,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.multistep import step_groups
+from r3_rllib.algorithms.r3.partial_rollout import NewerWeightsPuller, oldest_version
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
 from r3_rllib.algorithms.r3.runner_env import (
     build_env,
@@ -45,12 +46,7 @@ from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.models.hub import policy_path
-from r3_rllib.rollout.multistep import (
-    episode_stats,
-    episode_totals,
-    rollout_multistep,
-    supports_episodes,
-)
+from r3_rllib.rollout.multistep import episode_stats, episode_totals, rollout_multistep, supports_episodes
 from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes, tool_use_totals
 
 logger = logging.getLogger(__name__)
@@ -192,7 +188,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         version = self.engine.version
         reasons: Counter[str] = (
             Counter()
-        )  # the env's grade reasons (info["grade_reason"]), counted in the metrics
+        )  # the env's grade reasons (info["grade_reason"]), counted in metrics
         for (qid, user_content, _), ids, comps in zip(prompts, prompt_ids, completions, strict=True):
             samples = []
             for c in comps:
@@ -209,7 +205,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                         reward=reward,
                         correct=correct,
                         truncated=c.truncated,
-                        policy_version=version,
+                        policy_version=oldest_version(c.token_versions, version),
+                        token_versions=c.token_versions,
                         response_text=c.text,
                         is_reflection=user_content is not None,
                     )
@@ -431,11 +428,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         }
 
     # -- weights ------------------------------------------------------------------------------------------------
-    def update_weights(self, weights_ref, version: int) -> float:
-        """Load weights (an ObjectRef of `PackedWeights`, `PackedWeights`, or a dict of full tensors) into the
-        engine, or a LoRA adapter (`LoraAdapterWeights`) on top of the base it loaded at start; return seconds
-        taken."""
+    def set_weight_board(self, board) -> None:  # partial rollouts: newer weights between decoding steps
+        self.engine.between_steps = NewerWeightsPuller(
+            board, self.update_weights, lambda: self.engine.version
+        )
+
+    def update_weights(self, weights_ref, version: int, only_if_newer: bool = False) -> float:
+        """Load weights (ObjectRef of / `PackedWeights`, dict of tensors, or `LoraAdapterWeights` on the base) into
+        the engine; seconds taken. ``only_if_newer``: skip a version the engine has (pulled mid-rollout)."""
         t0 = time.perf_counter()
+        if only_if_newer and version <= self.engine.version:
+            return 0.0
         weights = ray.get(weights_ref) if isinstance(weights_ref, ray.ObjectRef) else weights_ref
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()

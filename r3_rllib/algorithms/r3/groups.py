@@ -64,6 +64,8 @@ class Sample:
     # Multi-turn tool use: True on the response tokens the model sampled, False on tool output (no loss, no
     # importance weight); None: every response token is the model's.
     loss_mask: np.ndarray | None = None
+    # Partial rollouts: the policy version of each response token (policy_version is the oldest of them).
+    token_versions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.env_reward is None:

@@ -33,6 +33,7 @@ from r3_rllib.algorithms.r3.groups import (
 )
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
+from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
@@ -79,7 +80,12 @@ class R3(Algorithm):
             else RolloutCoordinator(self.env_runner_group, self.config, self.metrics)
         )
         # The driver's policy version: the version of the weights the runners were last sent.
-        self.weights = PolicyWeights(self.learner_group, self.env_runner_group)
+        board = WeightBoard.remote() if self.config.partial_rollouts else None
+        self.weights = PolicyWeights(self.learner_group, self.env_runner_group, board)
+        if board is not None:
+            self.env_runner_group.foreach_env_runner(
+                lambda r, b=board: r.set_weight_board(b), local_env_runner=False
+            )
         # The replay actor is restarted by Ray after a crash and refilled by its supervisor (replay/supervisor.py).
         self._replay = start_replay(self.config, self.schedule)
         if self._replay is not None:
@@ -226,6 +232,12 @@ class R3(Algorithm):
             return []
         self._counters["total_num_restored_workers"] += len(restored)
         self.coordinator.runners_restarted(restored)
+        if self.weights.board is not None:
+            env_runner_group.foreach_env_runner(
+                lambda r, b=self.weights.board: r.set_weight_board(b),
+                remote_worker_ids=restored,
+                local_env_runner=False,
+            )
         self.coordinator.push_runner_states(restored)
         if self._replay is not None:
             client = self._replay.client

@@ -109,9 +109,10 @@ class PolicyWeights:
     0's state dict in the object store once, every runner loads it from there, and :attr:`version` becomes the
     version of those weights: the one the runners sample with next."""
 
-    def __init__(self, learners, runners) -> None:
+    def __init__(self, learners, runners, board=None) -> None:
         self.learners = learners
         self.runners = runners
+        self.board = board  # partial rollouts: the WeightBoard runners pull from between decoding steps
         self.version = 0
         self.loads_skipped = 0  # queued weight loads a runner refused (all its slots taken), over the run
 
@@ -133,9 +134,15 @@ class PolicyWeights:
                 refs.append(r.get())
         weights_ref, version = refs[0]
         self.version = version
+        if self.board is not None:
+            self.board.publish.remote(
+                version, [weights_ref]
+            )  # in a list: Ray passes the reference unresolved
+        # A queued load of a version the runner already pulled mid-rollout is skipped (partial rollouts).
+        newer_only = self.board is not None and not block
 
-        def load(r, _w=weights_ref, _v=version):
-            return r.update_weights(_w, _v)
+        def load(r, _w=weights_ref, _v=version, _newer=newer_only):
+            return r.update_weights(_w, _v, only_if_newer=True) if _newer else r.update_weights(_w, _v)
 
         if block:
             self.runners.foreach_env_runner(load, local_env_runner=False, remote_worker_ids=remote_worker_ids)

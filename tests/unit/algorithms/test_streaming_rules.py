@@ -49,6 +49,8 @@ def test_max_staleness_defaults_to_the_overlap_setting():
         ({"max_staleness": 0, "overlap_generation": True}, "overlap_generation=True is max_staleness=1"),
         ({"max_staleness": 2, "sleep_between_rollouts": True}, "engine must stay awake"),
         ({"max_staleness": 3, "dynamic_sampling": True, "replay": False}, "streaming rollouts"),
+        ({"partial_rollouts": True}, "partial_rollouts needs generation to overlap"),
+        ({"partial_rollouts": True, "max_staleness": 2, "engine": "vllm"}, "HF engine takes weights between"),
     ],
 )
 def test_contradicting_settings_are_refused(training, message):
@@ -69,3 +71,9 @@ def test_streaming_reserves_request_slots_and_the_schedule_counts_its_lag():
         for k in (0, 1, 3)
     ]
     assert lags[1] - lags[0] == 1 and lags[2] - lags[0] == 3
+
+
+def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_the_hf_engine():
+    for training in ({"overlap_generation": True}, {"max_staleness": 1}, {"max_staleness": 4}):
+        R3Config().training(partial_rollouts=True, **training).validate()
+
