@@ -29,12 +29,11 @@ def _run(config, iterations: int) -> tuple[list, list[dict]]:
 def test_max_staleness_0_and_1_are_the_sync_and_overlap_loops_bit_for_bit(
     ray_session, tiny_random_model, legacy, staleness
 ):
-    """Same seed, two runners: every sampled and trained number and the final parameters are equal to the last
-    bit between max_staleness=k and the loop it names."""
+    """Same seed: every sampled and trained number and the final parameters are equal to the last bit between
+    max_staleness=k and the loop it names."""
 
     def config(**training):
-        two_runners = tiny_config(tiny_random_model, **training).env_runners(num_env_runners=2)
-        return two_runners.env_runners(num_cpus_per_env_runner=0.5).debugging(seed=3)
+        return tiny_config(tiny_random_model, **training).debugging(seed=3)
 
     expected, results = _run(config(**legacy), 2)
     got, _ = _run(config(max_staleness=staleness), 2)

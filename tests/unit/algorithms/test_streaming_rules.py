@@ -76,4 +76,3 @@ def test_streaming_reserves_request_slots_and_the_schedule_counts_its_lag():
 def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_the_hf_engine():
     for training in ({"overlap_generation": True}, {"max_staleness": 1}, {"max_staleness": 4}):
         R3Config().training(partial_rollouts=True, **training).validate()
-
