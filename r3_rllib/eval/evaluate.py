@@ -424,6 +424,13 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "(default 100)",
     )
     parser.add_argument(
+        "--reasoning-gym-env",
+        type=json.loads,
+        default=None,
+        help='JSON: the training run\'s reasoning_gym env options (e.g. \'{"few_shot": 3}\') and "task_config": '
+        "{task: options} for tasks trained at other than their default settings",
+    )
+    parser.add_argument(
         "--with-head",
         action="store_true",
         help="R^2PO: sample with the rollout head saved beside the model (rollout_head.safetensors) switched on; "
@@ -481,6 +488,7 @@ def _reasoning_gym_report(engine: GenerationEngine, tokenizer, args: argparse.Na
     return evaluate_reasoning_gym(
         engine, tokenizer, _split_names(args.reasoning_gym), n=args.n, num_problems=args.max_problems or 100,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        env_options=args.reasoning_gym_env,
     )  # fmt: skip
 
 

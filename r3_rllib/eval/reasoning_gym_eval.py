@@ -28,24 +28,35 @@ def evaluate_reasoning_gym(
     max_new_tokens: int = 1024,
     seed: int = 0,
     data_seed: int = 0,
+    env_options: dict | None = None,
 ) -> EvalReport:
     """Sample `n` responses to each of the first `num_problems` test problems of every task in `tasks` and grade
     them with the task's verifier. `data_seed`: the env's seed (the same as training's gives the problems held out
-    from that training run)."""
+    from that training run). `env_options`: more `ReasoningGymEnv` keywords, as the training run's env_config had
+    them (e.g. ``{"few_shot": 3}``), and ``task_config``: ``{task: {its options}}`` for the tasks trained at other
+    than their default settings."""
     if n < 1 or num_problems < 1:
         raise ValueError(f"n and num_problems must be >= 1, got {n} and {num_problems}")
     stop_ids = tuple(i for i in [getattr(tokenizer, "eos_token_id", None)] if i is not None)
     params = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop_token_ids=stop_ids
     )
+    options = dict(env_options or {})
+    task_configs = options.pop("task_config", {})
+    unknown = sorted(set(options) & {"tasks", "split", "test_size", "seed", "tokenizer"})
+    if unknown:
+        raise ValueError(
+            f"env_options {unknown} are set by the evaluation itself (tasks, split, sizes, seeds)"
+        )
     results = []
     for i, task in enumerate(tasks):
+        spec = {task: {"config": task_configs[task]}} if task in task_configs else task
         env = ReasoningGymEnv(
-            tasks=task, split="test", test_size=num_problems, seed=data_seed, tokenizer=tokenizer
+            tasks=spec, split="test", test_size=num_problems, seed=data_seed, tokenizer=tokenizer, **options
         )
         results.append(_evaluate_task(engine, tokenizer, env, task, n, replace(params, seed=seed + i)))
     config = {"reasoning_gym": list(tasks), "n": n, "num_problems": num_problems, "temperature": temperature,
-              "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed, "data_seed": data_seed}  # fmt: skip
+              "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed, "data_seed": data_seed, "env_options": env_options or {}}  # fmt: skip
     return EvalReport(results=results, config=config)
 
 

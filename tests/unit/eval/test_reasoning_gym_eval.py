@@ -59,3 +59,32 @@ def test_cli_reports_pass_at_1_per_task_on_held_out_problems(tmp_path):
     assert set(rows) == {"rg:basic_arithmetic", "rg:leg_counting"}
     for row in rows.values():  # 1 of 4 samples right on every problem: pass@1 = 1/4, pass@4 = 1
         assert row["num_problems"] == 5 and row["pass_at_1"] == 0.25 and row["pass_at_n"] == 1.0
+
+
+def test_cli_evaluates_with_the_training_runs_env_options(tmp_path):
+    """--reasoning-gym-env: the task's options and few-shot examples as in training; the prompts hold the examples
+    and the problems come from the task at those options."""
+    model = default_tiny_model_path()
+    tokenizer = load_tokenizer(model)
+    config = {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 20}
+    env = ReasoningGymEnv(tasks={"gcd": {"config": config}}, split="test", test_size=4, seed=0, few_shot=2)
+    answers = {e["question"]: str(e["answer"]) for e in env.entries}
+    seen: list[str] = []
+
+    class Recording(KnowsAnswers):
+        def generate(self, prompt_ids, n, params):
+            seen.extend(self.tokenizer.decode(ids) for ids in prompt_ids)
+            return super().generate(prompt_ids, n, params)
+
+    options = json.dumps({"few_shot": 2, "task_config": {"gcd": config}})
+    argv = ["--model", str(model), "--reasoning-gym", "gcd", "--reasoning-gym-env", options, "--n", "2",
+            "--max-problems", "4", "--out", str(tmp_path / "rg.json"), "--quiet"]  # fmt: skip
+    args = add_eval_args(argparse.ArgumentParser()).parse_args(argv)
+    assert run_eval(args, engine_factory=lambda *a, **k: Recording(tokenizer, answers, right=2)) == 0
+    report = json.loads((tmp_path / "rg.json").read_text())
+    assert report["benchmarks"]["rg:gcd"]["pass_at_1"] == 1.0
+    assert len(seen) == 4 and all(env.examples[0]["question"] in p for p in seen)
+    with pytest.raises(ValueError, match="set by the evaluation itself"):
+        from r3_rllib.eval.reasoning_gym_eval import evaluate_reasoning_gym
+
+        evaluate_reasoning_gym(None, tokenizer, ["gcd"], env_options={"split": "train"})
