@@ -16,6 +16,12 @@ into the data, as a sampling policy produces them.
 The named model ``smollm2-135m-textworld-sft`` (:func:`build_warm_start`'s defaults) is made for the TextWorld
 bench's env: ``tw-coin_collector`` level 1, 4 commands per episode, memory 2 (``bench/bench_textworld.py``).
 
+Coin collector level 1 is one room and one walkthrough command (``take coin``): what the SFT teaches is the
+answer format, and it is learnt in a few steps. Measured (2-core CPU shared with other jobs, 16 training games, 16
+pairs): 3 AdamW steps of 4 pairs at lr 5e-5 take the loss from 2.03 to 0.16 and win 15/16 sampled (temperature 1,
+4 held-out games x 4) and 4/4 greedy held-out games: too strong for RL. The defaults (2 steps of 4 pairs at lr 3e-5,
+about as far as the first step of that run, loss 0.63) aim at a partial policy; check them with the command below.
+
     python -m r3_rllib.warmstart.textworld                  # train, evaluate held-out (greedy and sampled)
     python -m r3_rllib.warmstart.textworld --steps 0        # the base model's held-out success
     python -c "from r3_rllib.warmstart.textworld import build_warm_start; build_warm_start('runs/tw_sft')"
@@ -50,9 +56,9 @@ WARM_START_ENV: dict[str, Any] = {
 #: Training games whose walkthroughs make the pairs, detour probability, and the SFT run (full fine-tune, fp32).
 WARM_START_GAMES = 16
 WARM_START_DETOUR = 0.5
-WARM_START_STEPS = 6
-WARM_START_BATCH = 8
-WARM_START_LR = 1e-5
+WARM_START_STEPS = 2
+WARM_START_BATCH = 4
+WARM_START_LR = 3e-5
 #: Written into a warm-start folder; a folder whose ``config_hash`` matches is reused instead of retrained.
 WARM_START_METADATA = "textworld_warm_start.json"
 _WARM_START_FORMAT = 1
