@@ -2,7 +2,7 @@
 generation setting, GRPO's held-out accuracy at each staleness, and a projection of the step-time gain at an 8k-token
 budget.
 
-    python bench/bench_async.py                         # speed part: 4 rows, 2 warm-up + 8 timed iterations each
+    python bench/bench_async.py                         # speed part: 5 rows, 2 warm-up + 8 timed iterations each
     python bench/bench_async.py --iterations 4 --warmup 1
     python bench/bench_async.py --quality               # GRPO held-out accuracy, staleness 0/1/2/4 x 3 seeds
     python bench/bench_async.py --quality --stalenesses 0,2 --seeds 0 --quality-iterations 20   # a short check
@@ -12,15 +12,17 @@ budget.
 **Speed part.** Policy: a randomly initialised ~0.8 M-parameter Qwen2 with the character tokenizer (the shipped
 tiny model's dimensions; ``common.long_response_model("tiny")``) whose end-of-sequence logit is set so that every
 decoding step ends the response with probability ``1 / --mean-len`` whatever was sampled before: response lengths
-are geometric (an exponential tail) with mean ``--mean-len`` tokens (32), cut at ``--max-new-tokens`` (128). So a
-batch of 64 responses almost always holds one that runs to the cap: the synchronous loop's batch waits for its
-longest response, which is the straggler cost asynchronous training hides. (The shipped tiny model answers in 3-4
-tokens, too short for generation to matter; the runner has no per-query length cap, so the tail comes from the
-model.) The probe printed first gives the measured length distribution. Env: 2-digit arithmetic (every answer is
+are geometric (an exponential tail) with mean ``--mean-len`` tokens (32), cut at ``--max-new-tokens`` (128). A
+runner's batch of 64 responses decodes until its longest ends, typically 3.5-4x the mean (2 batches in 3 reach the
+cap; the HF engine drops finished rows, so the tail's steps are cheaper but still sequential): the straggler cost
+that synchronous training pays on every batch. (The shipped tiny model answers in 3-4 tokens, too short for
+generation to matter; the runner has no per-query length cap, so the tail comes from the model.) The probe printed
+first gives the measured length distribution. Env: 2-digit arithmetic (every answer is
 wrong: R^3's ranking reward from the first iteration gives graded rewards so the learner trains on every sample,
 as in bench_throughput). 2 EnvRunners (HF engine) + a local learner, G = 8, 16 queries per iteration, one update
 per batch, the same seed in every row. Rows: ``sync`` (max_staleness 0), ``overlap`` (1), ``async-2`` and
-``async-4`` (streaming rollouts). Over the timed iterations: trained samples per wall second of ``algo.train()``,
+``async-4`` (streaming rollouts), ``async-2-partial`` (streaming with ``partial_rollouts``: runners take new
+weights between decoding steps). Over the timed iterations: trained samples per wall second of ``algo.train()``,
 the learner's idle fraction (sum of ``rollout/learner_wait_s`` over sum of ``timers_s/iteration_s``), mean and
 maximum staleness of the trained samples, stale groups dropped, and the runners' idle seconds; ratios against
 ``sync`` of the same run. The machine's load average is printed with every row (2 cores shared: compare rows of one
@@ -52,7 +54,14 @@ from typing import Any
 import bench_learning
 import common
 
-SPEED_ROWS: dict[str, int] = {"sync": 0, "overlap": 1, "async-2": 2, "async-4": 4}
+#: Speed rows: name -> (max_staleness, partial_rollouts).
+SPEED_ROWS: dict[str, tuple[int, bool]] = {
+    "sync": (0, False),
+    "overlap": (1, False),
+    "async-2": (2, False),
+    "async-4": (4, False),
+    "async-2-partial": (2, True),
+}
 DATA_DIR = common.REPO_ROOT.parent / "shared" / "data"
 PROJ_TOKENIZER = "tokenizers/r1_distill_qwen_1.5b"
 PROJ_SOLUTIONS = "math/train_aime_1983_2023.jsonl"
@@ -127,7 +136,7 @@ def length_probe(model_path: str, max_new_tokens: int, n: int = 64) -> dict[str,
 # ------------------------------------------------------------------------------------------------------------------
 # Speed part
 # ------------------------------------------------------------------------------------------------------------------
-def speed_config(args: argparse.Namespace, staleness: int):
+def speed_config(args: argparse.Namespace, staleness: int, partial: bool = False):
     """bench_throughput's GRPO setting (ranking on, every sample trained) with 2 runners and ``max_staleness``."""
     config = common.grpo_config(
         args.model,
@@ -137,12 +146,15 @@ def speed_config(args: argparse.Namespace, staleness: int):
         seed=args.seed,
         rank_all_wrong=True,
     )
-    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=1).training(max_staleness=staleness)
+    return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=1).training(
+        max_staleness=staleness, partial_rollouts=partial
+    )
 
 
-def run_speed_row(args: argparse.Namespace, name: str, staleness: int) -> dict[str, Any]:
+def run_speed_row(args: argparse.Namespace, name: str) -> dict[str, Any]:
     """``args.warmup`` untimed then ``args.iterations`` timed ``algo.train()`` calls; sums and means over those."""
-    algo = speed_config(args, staleness).build_algo()
+    staleness, partial = SPEED_ROWS[name]
+    algo = speed_config(args, staleness, partial).build_algo()
     wall, samples, wait, iteration, idle, lag, lag_max, dropped, lens = ([] for _ in range(9))
     try:
         for i in range(args.warmup + args.iterations):
@@ -209,7 +221,7 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for name in args.rows:
         print(f"[{name}] {args.warmup} warm-up + {args.iterations} timed iterations ...", flush=True)
-        rows.append(run_speed_row(args, name, SPEED_ROWS[name]))
+        rows.append(run_speed_row(args, name))
         r = rows[-1]
         print(f"[{name}] {r['samples_per_s']:.1f} samples/s ({r['load']})", flush=True)
     print(

@@ -98,6 +98,7 @@ class RolloutCoordinator:
         if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
             lag = policy_version - float(np.mean(fresh_versions))
             self._log("policy_lag", lag)
+            self._log("staleness_max", float(policy_version - min(fresh_versions)))
         return groups, rollout
 
     def _dynamic_sampling(

@@ -9,7 +9,8 @@
   weights of the last sync queued before it.
 - **Training as soon as enough groups are ready.** An iteration takes delivered requests, oldest first (request
   number, then worker id), until it holds ``queries_per_iteration`` fresh groups; it waits (the learner idles) only
-  while fewer are delivered. A request's groups stay together (GRPO needs a query's G responses at once, R^3's
+  while fewer are delivered, or while a request in flight would be too old by the next iteration (issued k versions
+  ago: a slow runner's request is trained now rather than dropped later). A request's groups stay together (GRPO needs a query's G responses at once, R^3's
   reflection groups come with their queries). Which runner delivers first decides the batch, so runs are not
   reproducible sample for sample.
 - **The bound at training.** A group whose samples were generated more than k policy versions before the update
@@ -81,6 +82,7 @@ class StreamingCoordinator(RolloutCoordinator):
         self.queue: list[QueuedRollout] = []
         self._in_flight: dict[int, list[int]] = {}  # worker id -> numbers of its requests in flight
         self._requests = 0
+        self._issued: dict[int, int] = {}  # request number -> the policy version when it was issued
         self._runners_lost = 0  # runners taken out of service with requests in flight, this iteration
 
     # -- one iteration's rollout ------------------------------------------------------------------------------
@@ -95,16 +97,16 @@ class StreamingCoordinator(RolloutCoordinator):
         topped up to ``max_staleness`` outstanding requests."""
         target = self.config.queries_per_iteration
         self._forget_lost_requests()
-        self._top_up(reflection)  # the first iteration, or after a restore or a restart
+        self._top_up(reflection, policy_version)  # the first iteration, or after a restore or a restart
         t_wait = time.perf_counter()
-        self._wait_for(target)
+        self._wait_for(target, policy_version)
         learner_wait_s = time.perf_counter() - t_wait
         taken = self._take(target)
         rollout = merge_results([q.result for q in taken])
         if self.ready is not None:  # a rollout restored from a synchronous or overlap checkpoint
             rollout, self.ready = self.ready.merge(rollout), None
         kept, stale = split_stale_groups(rollout.groups, policy_version, self.max_staleness)
-        self._top_up(next_reflection())
+        self._top_up(next_reflection(), policy_version)
         staleness = [
             policy_version - s.policy_version for g in kept if not g.is_reflection for s in g.samples
         ]
@@ -123,7 +125,7 @@ class StreamingCoordinator(RolloutCoordinator):
     def _outstanding(self, wid: int) -> int:
         return len(self._in_flight.get(wid, ())) + sum(q.result.worker_id == wid for q in self.queue)
 
-    def _top_up(self, reflection: ReflectionSettings | None) -> None:
+    def _top_up(self, reflection: ReflectionSettings | None, policy_version: int) -> None:
         """Ask every healthy runner for its share until it has ``max_staleness`` requests outstanding."""
         ids = sorted(self.runners.healthy_worker_ids())
         if not ids:
@@ -133,10 +135,13 @@ class StreamingCoordinator(RolloutCoordinator):
             if share[wid] == 0:
                 continue
             while self._outstanding(wid) < self.max_staleness:
-                self._request(wid, share[wid], reflection)
+                self._request(wid, share[wid], reflection, policy_version)
 
-    def _request(self, wid: int, num_queries: int, reflection: ReflectionSettings | None) -> None:
+    def _request(
+        self, wid: int, num_queries: int, reflection: ReflectionSettings | None, policy_version: int
+    ) -> None:
         number, self._requests = self._requests, self._requests + 1
+        self._issued[number] = policy_version
 
         def sample(runner, _n=num_queries, _refl=reflection, _number=number):
             return _number, runner.sample(num_queries=_n, reflection=_refl)
@@ -156,6 +161,7 @@ class StreamingCoordinator(RolloutCoordinator):
         for wid, (number, result) in answers:
             if number in self._in_flight.get(wid, ()):
                 self._in_flight[wid].remove(number)
+            self._issued.pop(number, None)
             self.queue.append(QueuedRollout(number, result))
             results.append(result)
         self.runner_states.update({r.worker_id: r.runner_state for r in results})
@@ -163,12 +169,24 @@ class StreamingCoordinator(RolloutCoordinator):
         self._forget_lost_requests()
         return len(results)
 
-    def _wait_for(self, target: int) -> None:
-        """Poll until the queue holds ``target`` fresh groups, every request has come back, or no request has come
-        back for ``rollout_timeout_s`` (then the runners with requests in flight are restarted as hung)."""
+    def _at_risk(self, policy_version: int | None) -> bool:
+        """A request in flight was issued ``max_staleness`` versions ago: trained after this iteration, too old."""
+        if policy_version is None:
+            return False
+        numbers = [n for ns in self._in_flight.values() for n in ns]
+        return any(
+            self._issued.get(n, policy_version) <= policy_version - self.max_staleness for n in numbers
+        )
+
+    def _wait_for(self, target: float, policy_version: int | None = None) -> None:
+        """Poll until the queue holds ``target`` fresh groups and no request in flight is at risk of going stale
+        (:meth:`_at_risk`), every request has come back, or no request has come back for ``rollout_timeout_s``
+        (then the runners with requests in flight are restarted as hung)."""
         timeout = self.config.rollout_timeout_s
         last_progress = time.perf_counter()
-        while sum(q.fresh_groups for q in self.queue) < target and any(self._in_flight.values()):
+        while (sum(q.fresh_groups for q in self.queue) < target or self._at_risk(policy_version)) and any(
+            self._in_flight.values()
+        ):
             if self._receive(POLL_S):
                 last_progress = time.perf_counter()
             elif timeout is not None and time.perf_counter() - last_progress > timeout:
@@ -193,12 +211,18 @@ class StreamingCoordinator(RolloutCoordinator):
         healthy = set(self.runners.healthy_worker_ids())
         for wid in list(self._in_flight):
             if wid not in healthy:
-                self._runners_lost += bool(self._in_flight.pop(wid))
+                lost = self._in_flight.pop(wid)
+                self._runners_lost += bool(lost)
+                for number in lost:
+                    self._issued.pop(number, None)
 
     def runners_restarted(self, worker_ids: Iterable[int]) -> None:
         """Restarted runners start with nothing in flight (the requests their old process held are gone)."""
         for wid in worker_ids:
-            self._runners_lost += bool(self._in_flight.pop(wid, None))
+            lost = self._in_flight.pop(wid, [])
+            self._runners_lost += bool(lost)
+            for number in lost:
+                self._issued.pop(number, None)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def drain(self) -> None:
