@@ -38,12 +38,9 @@ For comparison, 600 steps of 64 pairs on the plain 5x5 defaults (3..8-move paths
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,6 +51,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from r3_rllib.envs.gridworld import DEFAULTS, GridWorldEnv, expert_sft_pairs
 from r3_rllib.warmstart.arithmetic import encode_prompt_answer_pairs, sft_loss
+from r3_rllib.warmstart.cached import build_cached, read_metadata, save_checkpoint
 
 #: The env preset the warm start is made for (see :data:`r3_rllib.envs.gridworld.PRESETS`).
 WARM_START_PRESET = "hgpo"
@@ -190,10 +188,6 @@ def warm_start_config(
     }
 
 
-def _config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def train_warm_start(
     config: dict[str, Any],
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
@@ -238,8 +232,7 @@ def train_warm_start(
 
 def read_warm_start_metadata(path: str | Path) -> dict[str, Any] | None:
     """The metadata :func:`build_warm_start` wrote into ``path``, or None."""
-    file = Path(path) / WARM_START_METADATA
-    return json.loads(file.read_text()) if file.is_file() else None
+    return read_metadata(path, WARM_START_METADATA)
 
 
 def build_warm_start(
@@ -273,44 +266,9 @@ def build_warm_start(
         preset=preset,
         env_config=env_config,
     )
-    key = _config_hash(config)
-    path = Path(path)
-    meta = read_warm_start_metadata(path)
-    if meta is not None and meta.get("config_hash") == key:
-        log(f"gridworld warm start: reusing {path} (config {key})")
-        return path
-    model, tokenizer, metrics = train_warm_start(config)
-    _save_warm_start(model, tokenizer, path, config, metrics)
-    log(
-        f"gridworld warm start: saved {path} ({metrics['train_seconds']:.0f} s, loss {metrics['final_loss']:.3f})"
+    return build_cached(
+        path, config, train_warm_start, name="gridworld", metadata_file=WARM_START_METADATA, log=log
     )
-    return path
-
-
-def _save_warm_start(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    path: Path,
-    config: dict[str, Any],
-    metrics: dict[str, Any],
-    *,
-    metadata_file: str = WARM_START_METADATA,
-) -> None:
-    """Save model, tokenizer and metadata (into ``metadata_file``): written next to ``path`` and moved into place,
-    so an interrupted save never leaves a half-written checkpoint that a later build would reuse."""
-    from r3_rllib.models.tiny import save_tiny
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    save_tiny(model, tokenizer, tmp)
-    meta = {"config_hash": _config_hash(config), "config": config, **metrics}
-    (tmp / metadata_file).write_text(json.dumps(meta, indent=2) + "\n")
-    tmp.chmod(
-        0o755
-    )  # mkdtemp's folder is private; engines and Ray actors of other users may read a checkpoint
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -367,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     print(json.dumps(report, indent=1))
     if args.out:
-        _save_warm_start(model, tokenizer, Path(args.out), config, metrics)
+        save_checkpoint(model, tokenizer, Path(args.out), config, metrics, metadata_file=WARM_START_METADATA)
     return report
 
 

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from r3_rllib.warmstart.gridworld import _config_hash, _save_warm_start, train_on_pairs
+from r3_rllib.warmstart.cached import build_cached, read_metadata, save_checkpoint
+from r3_rllib.warmstart.gridworld import train_on_pairs
 
 #: The model the warm start fine-tunes (a named model or a folder).
 WARM_START_BASE = "smollm2-135m"
@@ -192,8 +193,7 @@ def train_warm_start(
 
 def read_warm_start_metadata(path: str | Path) -> dict[str, Any] | None:
     """The metadata :func:`build_warm_start` wrote into ``path``, or None."""
-    file = Path(path) / WARM_START_METADATA
-    return json.loads(file.read_text()) if file.is_file() else None
+    return read_metadata(path, WARM_START_METADATA)
 
 
 def build_warm_start(
@@ -222,28 +222,9 @@ def build_warm_start(
         seed=seed,
         env_config=env_config,
     )
-    key = _config_hash(config)
-    path = Path(path)
-    meta = read_warm_start_metadata(path)
-    if meta is not None and meta.get("config_hash") == key:
-        log(f"textworld warm start: reusing {path} (config {key})")
-        return path
-    model, tokenizer, metrics = train_warm_start(config)
-    _save(model, tokenizer, path, config, metrics)
-    log(
-        f"textworld warm start: saved {path} ({metrics['train_seconds']:.0f} s, loss {metrics['final_loss']:.3f})"
+    return build_cached(
+        path, config, train_warm_start, name="textworld", metadata_file=WARM_START_METADATA, log=log
     )
-    return path
-
-
-def _save(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    path: Path,
-    config: dict[str, Any],
-    metrics: dict[str, Any],
-) -> None:
-    _save_warm_start(model, tokenizer, path, config, metrics, metadata_file=WARM_START_METADATA)
 
 
 def evaluate_textworld(
@@ -305,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report["eval_seconds"] = time.perf_counter() - start
     print(json.dumps(report, indent=1))
     if args.out:
-        _save(model, tokenizer, Path(args.out), config, metrics)
+        save_checkpoint(model, tokenizer, Path(args.out), config, metrics, metadata_file=WARM_START_METADATA)
     return report
 
 

@@ -300,7 +300,8 @@ def test_bad_preset():
 
 def test_warm_start_config_is_cheap_and_checked():
     # The builder's config (no training here): settings resolved from the preset, unknown env keys refused.
-    from r3_rllib.warmstart.gridworld import WARM_START_PRESET, _config_hash, warm_start_config
+    from r3_rllib.warmstart.cached import config_hash as _config_hash
+    from r3_rllib.warmstart.gridworld import WARM_START_PRESET, warm_start_config
 
     cfg = warm_start_config(seed=3)
     assert cfg["preset"] == WARM_START_PRESET and cfg["env"]["size"] == PRESETS[WARM_START_PRESET]["size"]
