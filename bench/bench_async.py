@@ -99,15 +99,7 @@ def tail_model(mean_len: float, seed: int = 0) -> str:
         p = 1.0 / mean_len
         model.lm_head.weight[tok.eos_token_id] = 0.0
         model.lm_head.weight[tok.eos_token_id, 0] = (math.log(p / (1 - p)) + lse) / h0
-    from r3_rllib.models.tiny import save_tiny
-
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_tiny(model, tok, tmp)
-    try:
-        tmp.rename(path)
-    except OSError:  # another process built it first
-        pass
-    return str(path)
+    return common.save_model_once(model, tok, path)
 
 
 def length_probe(model_path: str, max_new_tokens: int, n: int = 64) -> dict[str, float]:

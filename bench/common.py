@@ -170,7 +170,7 @@ def long_response_model(size: str = "gen", seed: int = 0, cache_dir: Path | None
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from r3_rllib.models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer, save_tiny
+    from r3_rllib.models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
 
     dims = MODEL_SIZES[size]
     spec = {"v": 1, "size": size, **dims, "seed": seed, "pin": [PIN_EMBED_VALUE, PIN_WEIGHT]}
@@ -204,6 +204,14 @@ def long_response_model(size: str = "gen", seed: int = 0, cache_dir: Path | None
             model.lm_head.weight[row, 0] = -PIN_WEIGHT
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
+    return save_model_once(model, tok, path)
+
+
+def save_model_once(model, tok, path: Path) -> str:
+    """Save a built model to ``path`` through a private folder renamed into place (a process that built it first
+    wins; either copy is the same model)."""
+    from r3_rllib.models.tiny import save_tiny
+
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     save_tiny(model, tok, tmp)
     try:
