@@ -76,3 +76,34 @@ def test_streaming_reserves_request_slots_and_the_schedule_counts_its_lag():
 def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_the_hf_engine():
     for training in ({"overlap_generation": True}, {"max_staleness": 1}, {"max_staleness": 4}):
         R3Config().training(partial_rollouts=True, **training).validate()
+
+
+def _result(worker_id: int, fresh: int, reflection: int = 0):
+    from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
+
+    groups = tuple(_group(f"w{worker_id}q{i}", [0]) for i in range(fresh))
+    groups += tuple(_group(f"w{worker_id}r{i}", [0], reflection=True) for i in range(reflection))
+    return RolloutResult(worker_id, groups, 0, RolloutTimings(), 0, {}, RunnerState(env={}, sample_seed=0))
+
+
+def test_a_batch_takes_the_oldest_requests_and_waits_for_one_about_to_go_stale():
+    from r3_rllib.algorithms.r3.streaming import QueuedRollout, StreamingCoordinator
+
+    config = R3Config().training(max_staleness=2, queries_per_iteration=4)
+    coordinator = StreamingCoordinator(runners=None, config=config, metrics=None, max_staleness=2)
+    coordinator.queue = [
+        QueuedRollout(5, _result(1, 2)),
+        QueuedRollout(3, _result(2, 2, reflection=1)),
+        QueuedRollout(4, _result(1, 2)),
+    ]
+    taken = coordinator._take(
+        4
+    )  # requests 3 and 4 (oldest first) hold 4 fresh groups; the reflection comes along
+    assert sorted(q.request for q in taken) == [3, 4] and [q.request for q in coordinator.queue] == [5]
+    assert [q.result.worker_id for q in taken] == [1, 2]  # merged in worker order
+    # request 7, issued at version 3, is still in flight: trained after version 5 it would be 3 versions old
+    coordinator._in_flight, coordinator._issued = {2: [7]}, {7: 3}
+    assert coordinator._at_risk(policy_version=5) and not coordinator._at_risk(policy_version=4)
+    assert not coordinator._at_risk(
+        policy_version=None
+    )  # draining for a checkpoint waits for everything anyway
