@@ -22,7 +22,7 @@ fi
 e2e_long=(
   tests/e2e/test_hgpo_training.py tests/e2e/test_gridworld_warm_start.py tests/e2e/test_cli_train.py
   tests/e2e/test_fault_tolerance.py tests/e2e/test_examples.py tests/e2e/test_startup_errors.py
-  tests/e2e/test_smollm2.py
+  tests/e2e/test_smollm2.py tests/e2e/test_overlap.py tests/e2e/test_r3_integration.py
 )
 unit_log="$(mktemp)"
 long_log="$(mktemp)"

@@ -39,7 +39,8 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     """Two iterations on two runners report their metrics; after them the first runner's engine scores tokens
     exactly like the learner's policy (the weight sync reached it), and the exported folder holds the learner's
     weights. A second run with the same `.debugging(seed=...)` gives the same numbers, to the last bit: seeded
-    sampling, data order and minibatch plans, and the runners' groups merged in runner order, not arrival order."""
+    sampling, data order and minibatch plans, and the runners' groups merged in runner order, not arrival order;
+    the repeat sets max_staleness=0, which must be this synchronous loop bit for bit."""
     config = tiny_config(tiny_random_model).env_runners(num_env_runners=2).debugging(seed=7)
     algo = config.build_algo()
     try:
@@ -83,7 +84,8 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     finally:
         algo.stop()
 
-    again = config.build_algo()
+    # The repeat names the synchronous loop explicitly (max_staleness=0): the same numbers to the last bit.
+    again = config.copy().training(max_staleness=0).build_algo()
     try:
         repeated = _reproducible_numbers(again, [again.train() for _ in range(2)])
     finally:
