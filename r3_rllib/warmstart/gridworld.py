@@ -134,14 +134,16 @@ def evaluate_gridworld(
     group_size: int = 1,
     seed: int = 0,
     max_new_tokens: int = 8,
+    max_batch_size: int = 512,
 ) -> dict[str, float]:
-    """Success rate and steps to goal of the model on every layout of ``env`` (lockstep rollouts)."""
+    """Success rate and steps to goal of the model on every query of ``env`` (a gridworld's layouts, or any
+    multi-step env with ``episode``/``query_ids``), lockstep rollouts on the HF engine."""
     from r3_rllib.engines.base import SamplingParams
     from r3_rllib.engines.hf_engine import HFEngine
     from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
 
     was_training = model.training
-    engine = HFEngine(model, tokenizer, max_batch_size=512)
+    engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else 1.0, seed=seed)
     records = rollout_multistep(engine, tokenizer, env.episode, env.query_ids, group_size, params)
     model.train(was_training)

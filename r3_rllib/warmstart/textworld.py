@@ -41,7 +41,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from r3_rllib.warmstart.cached import build_cached, read_metadata, save_checkpoint
-from r3_rllib.warmstart.gridworld import train_on_pairs
+from r3_rllib.warmstart.gridworld import evaluate_gridworld, train_on_pairs
 
 #: The model the warm start fine-tunes (a named model or a folder).
 WARM_START_BASE = "smollm2-135m"
@@ -238,16 +238,10 @@ def evaluate_textworld(
     max_new_tokens: int = 24,
 ) -> dict[str, float]:
     """Success rate and steps to a win of the model on every game of ``env`` (lockstep rollouts, HF engine)."""
-    from r3_rllib.engines.base import SamplingParams
-    from r3_rllib.engines.hf_engine import HFEngine
-    from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
-
-    was_training = model.training
-    engine = HFEngine(model, tokenizer, max_batch_size=64)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else 1.0, seed=seed)
-    records = rollout_multistep(engine, tokenizer, env.episode, env.query_ids, group_size, params)
-    model.train(was_training)
-    return episode_stats(records)
+    return evaluate_gridworld(
+        model, tokenizer, env, greedy=greedy, group_size=group_size, seed=seed,
+        max_new_tokens=max_new_tokens, max_batch_size=64,
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
