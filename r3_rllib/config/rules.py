@@ -91,17 +91,18 @@ def max_staleness_agrees_with_overlap(config: Any) -> str | None:
     return None
 
 
-def partial_rollouts_need_overlap_and_hf(config: Any) -> str | None:
+def partial_rollouts_need_overlap_and_a_stepping_engine(config: Any) -> str | None:
     """Partial rollouts load weights during generation: only when generation overlaps updates, on an engine that
-    pauses between decoding steps."""
+    pauses between decoding steps (the HF engine, or vLLM with its engine core in the runner's process)."""
     if not config.partial_rollouts:
         return None
     if not (config.overlap_generation or (config.max_staleness or 0) >= 1):
         return "partial_rollouts needs generation to overlap updates: set max_staleness >= 1"
-    if config.engine != "hf":
+    if config.engine == "vllm" and config.engine_kwargs.get("in_process") is False:
         return (
-            f"partial_rollouts with engine={config.engine!r} is not supported: the HF engine takes weights between "
-            "decoding steps; vLLM engines take them between requests (leave partial_rollouts off)"
+            "partial_rollouts with engine='vllm' needs the engine core in the runner's process (drop "
+            "engine_kwargs['in_process']=False): a multiprocess core keeps decoding while weights load, so the "
+            "tokens' versions would not be known"
         )
     if config.rollout_head:
         return "partial_rollouts with rollout_head (R^2PO) is not supported: its sampler decodes outside the engine"
@@ -252,7 +253,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     overlap_needs_awake_engine,
     max_staleness_agrees_with_overlap,
     streaming_excludes_dynamic_sampling,
-    partial_rollouts_need_overlap_and_hf,
+    partial_rollouts_need_overlap_and_a_stepping_engine,
     rarity_is_not_a_policy_estimator,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,

@@ -178,7 +178,8 @@ class R3Settings:
     """Runners take new weights between decoding steps (every 4 steps) instead of after their rollout: a weight
     update does not wait for unfinished responses, which go on under the new weights (the KV cache of the tokens
     before is kept). Every token carries the version that sampled it; a sample counts as its oldest token's
-    version. Needs max_staleness >= 1 (or overlap_generation) and the HF engine."""
+    version. Needs max_staleness >= 1 (or overlap_generation); the HF engine, or vLLM with its engine core in the
+    runner's process (its default), which is then driven step by step."""
     fsdp: bool | None = None
     """Shard the policy with FSDP2 across learners; None: on when num_learners > 1. False with num_learners > 1:
     every learner holds the whole policy and optimizer state, and gradients are averaged over learners once per

@@ -62,6 +62,7 @@ from r3_rllib.engines.lora import (
     vllm_max_lora_rank,
     write_peft_adapter,
 )
+from r3_rllib.engines.vllm_stepping import generate_between_steps
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -296,6 +297,8 @@ class VLLMEngine(GenerationEngine):
         self._asleep, self._weights_awake, self._weights_dropped = False, True, False
         self._version = 0
         self._warned_truncation = False
+        # Loads between decoding steps tag tokens exactly only when the engine core steps in this process.
+        self.supports_partial_rollouts = self.in_process
 
         vllm = _import_vllm()
         # Only the model's own weight files: a head saved beside them is not vLLM's to load (model_weight_folder).
@@ -406,13 +409,41 @@ class VLLMEngine(GenerationEngine):
             for seed in seeds
         ]
         token_prompts = [self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts]
+        if self.between_steps is not None:
+            return self._generate_between_steps(prompts, token_prompts, sampling)
         outputs = self.llm.generate(token_prompts, sampling, use_tqdm=False, lora_request=self._lora_request)
         return [
             [self._to_completion(prompt, out) for out in sorted(request.outputs, key=lambda o: o.index)]
             for prompt, request in zip(prompts, outputs, strict=True)
         ]
 
-    def _to_completion(self, prompt: list[int], out: Any) -> Completion:
+    def _generate_between_steps(
+        self, prompts: list[list[int]], token_prompts: list[Any], sampling: list[Any]
+    ) -> list[list[Completion]]:
+        """Partial rollouts: the engine's loop driven step by step, ``between_steps`` every
+        ``between_steps_every`` steps (:mod:`r3_rllib.engines.vllm_stepping`)."""
+        if not self.supports_partial_rollouts:
+            raise RuntimeError(
+                "partial rollouts on vLLM need the engine core in this process (in_process=True): a multiprocess "
+                "core keeps decoding while weights load, so the tokens' versions would not be known"
+            )
+        groups = generate_between_steps(
+            self.llm,
+            token_prompts,
+            sampling,
+            between_steps=self.between_steps,
+            every=self.between_steps_every,
+            version=lambda: self._version,
+            lora_request=self._lora_request,
+        )
+        return [
+            [self._to_completion(prompt, out, versions) for out, versions in group]
+            for prompt, group in zip(prompts, groups, strict=True)
+        ]
+
+    def _to_completion(
+        self, prompt: list[int], out: Any, token_versions: np.ndarray | None = None
+    ) -> Completion:
         ids = list(out.token_ids)
         flat = out.logprobs
         if flat is None or len(flat) != len(ids):
@@ -443,6 +474,7 @@ class VLLMEngine(GenerationEngine):
             entropies=entropies,
             finish_reason=out.finish_reason,
             text=self.tokenizer.decode(text_ids, skip_special_tokens=False),
+            token_versions=token_versions,
         )
 
     # -- weights -----------------------------------------------------------------------------------------------------
@@ -490,7 +522,10 @@ class VLLMEngine(GenerationEngine):
                 self.llm.collective_rpc(
                     "reload_weights", kwargs=dict(weights_path=tmp, is_checkpoint_format=True)
                 )
-        self.llm.reset_prefix_cache()
+        if not self.llm.llm_engine.has_unfinished_requests():
+            # Mid-generation (partial rollouts) the blocks in use cannot be freed: the stepped call clears the
+            # cache when its requests are done.
+            self.llm.reset_prefix_cache()
         self._weights_dropped = False
         self._version = int(version)
 

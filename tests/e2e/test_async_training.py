@@ -4,12 +4,15 @@ survives a runner crash mid-stream."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
 import pytest
 from test_algorithm import _reproducible_numbers, tiny_config
 from test_fault_tolerance import _break_runner_2, _two_runner_config
+
+requires_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
 pytestmark = pytest.mark.slow
 
@@ -146,14 +149,16 @@ def test_streaming_runner_crash_costs_only_its_requests_in_flight(ray_session, t
     assert sorted(trained.ids) == sorted(set(trained.ids))
 
 
-def test_partial_rollouts_pull_newer_weights_mid_response(ray_session, tiny_random_model):
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])])
+def test_partial_rollouts_pull_newer_weights_mid_response(ray_session, tiny_random_model, engine):
     """max_staleness=2 with partial_rollouts trains within the bound; then a version published while a runner is
     about to decode is pulled between decoding steps: each response's first 4 tokens carry the runner's version,
-    the rest the new one, the sample counts as the older, and the queued load of the pulled version is skipped."""
+    the rest the new one, the sample counts as the older, and the queued load of the pulled version is skipped.
+    vLLM runners drive their engine step by step for this (``r3_rllib/engines/vllm_stepping.py``)."""
     import ray
 
     algo = tiny_config(
-        tiny_random_model, max_staleness=2, partial_rollouts=True, max_new_tokens=12
+        tiny_random_model, max_staleness=2, partial_rollouts=True, max_new_tokens=12, engine=engine
     ).build_algo()
     try:
         results = [algo.train() for _ in range(3)]

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -72,6 +74,19 @@ def rescore(model, prompt, tokens, temperature=1.0):
     ).numpy()
 
 
+def rescore_after_update(old_model, new_model, prompt, tokens, update_at: int) -> np.ndarray:
+    """Log-probs of ``tokens[update_at:]`` when the weights change after ``update_at`` decoding steps and the KV
+    cache is kept: the prompt and the first ``update_at - 1`` tokens keep the old model's keys and values (token
+    ``update_at - 1`` is fed to the new model, which samples token ``update_at`` from it)."""
+    ids = list(prompt) + list(tokens)
+    split = len(prompt) + update_at - 1
+    with torch.no_grad():
+        cache = old_model(torch.tensor([ids[:split]]), use_cache=True).past_key_values
+        logits = new_model(torch.tensor([ids[split:]]), past_key_values=cache).logits[0, :-1].float()
+    logp = torch.log_softmax(logits, -1)
+    return logp.gather(-1, torch.tensor(tokens[update_at:])[:, None]).squeeze(-1).numpy()
+
+
 @pytest.mark.vllm
 @requires_vllm
 def test_sampled_logprobs_and_entropies_match_hf(engine, reference, prompts):
@@ -133,6 +148,102 @@ def test_bad_inputs(engine):
         engine.generate([[10_000]], 1, SamplingParams())
     with pytest.raises(ValueError, match="n must be >= 1"):
         engine.generate([[5]], 0, SamplingParams())
+
+
+def _load_at_first_hook(engine, state: dict, version: int) -> list[int]:
+    """Make ``engine`` load ``state`` as ``version`` the first time it calls ``between_steps``; the versions seen."""
+    seen: list[int] = []
+
+    def hook():
+        seen.append(engine.version)
+        if len(seen) == 1:
+            engine.update_weights(state.items(), version)
+
+    engine.between_steps, engine.between_steps_every = hook, 4
+    return seen
+
+
+@pytest.fixture()
+def no_eos(engine, monkeypatch):
+    """Responses run to max_new_tokens (the tiny model ends its answers within a few tokens): vLLM's requests are
+    made with ``ignore_eos`` and the engine's own eos list is emptied."""
+    import vllm
+
+    monkeypatch.setattr(engine, "eos_token_ids", ())
+    monkeypatch.setattr(
+        engine,
+        "_vllm",
+        SimpleNamespace(
+            SamplingParams=functools.partial(vllm.SamplingParams, ignore_eos=True),
+            TokensPrompt=vllm.TokensPrompt,
+        ),
+    )
+
+
+@pytest.mark.vllm
+@requires_vllm
+def test_partial_rollout_same_weights_under_a_new_version_leave_the_responses_unchanged(
+    engine, reference, prompts, no_eos
+):
+    """Stepped generation with a version bump (same weights) after step 4: every token and log-prob equals
+    ``LLM.generate``'s, the first 4 tokens are tagged with the old version and the rest with the new one."""
+    model, _ = reference
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=())
+    plain = engine.generate(prompts[:3], 3, params)
+    start = engine.version
+    seen = _load_at_first_hook(engine, {k: v.clone() for k, v in model.state_dict().items()}, start + 5)
+    try:
+        partial = engine.generate(prompts[:3], 3, params)
+    finally:
+        engine.between_steps = None
+    assert seen[:2] == [start, start + 5]
+    for a, b in zip(sum(plain, []), sum(partial, []), strict=True):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+        assert a.token_versions is None
+        assert b.token_versions.tolist() == [start] * 4 + [start + 5] * 6
+
+
+@pytest.mark.vllm
+@requires_vllm
+def test_partial_rollout_new_weights_change_only_the_tokens_after_the_update(
+    engine, reference, prompts, no_eos
+):
+    """Perturbed weights loaded after step 4 of a stepped call: the first 4 tokens are the old policy's sample, the
+    tokens after are the new policy's, on the KV cache the old weights computed (rescored by hand with that cache),
+    and the prefix cache holds nothing of the old weights afterwards."""
+    model, tok = reference
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(1)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]
+    hf_perturbed, _ = load_tiny(default_tiny_model_path())
+    hf_perturbed.load_state_dict(perturbed)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=11, stop_token_ids=())
+    old = engine.generate(prompts, 2, params)
+    start = engine.version
+    _load_at_first_hook(engine, perturbed, start + 1)
+    try:
+        partial = engine.generate(prompts, 2, params)
+        engine.between_steps = None
+        after_call = engine.generate(prompts, 2, params)  # all new weights: nothing reused from the old ones
+    finally:
+        engine.between_steps = None
+        engine.update_weights(original.items(), version=start + 2)
+    long_enough = 0
+    for prompt, g_old, g_partial, g_after in zip(prompts, old, partial, after_call, strict=True):
+        for a, b, c in zip(g_old, g_partial, g_after, strict=True):
+            assert a.token_ids[:4] == b.token_ids[:4]
+            np.testing.assert_allclose(a.logprobs[:4], b.logprobs[:4], atol=1e-6)
+            assert b.token_versions.tolist() == [start] * 4 + [start + 1] * 6
+            if len(b.token_ids) > 4:
+                long_enough += 1
+                kept = rescore_after_update(model, hf_perturbed, prompt, b.token_ids, update_at=4)
+                np.testing.assert_allclose(b.logprobs[4:], kept, atol=2e-3)
+                lp_old, _ = rescore(model, prompt, b.token_ids)
+                assert not np.allclose(b.logprobs[4:], lp_old[4:], atol=2e-3)
+            np.testing.assert_allclose(c.logprobs, rescore(hf_perturbed, prompt, c.token_ids)[0], atol=1e-3)
+    assert long_enough >= len(prompts)
 
 
 @pytest.mark.vllm

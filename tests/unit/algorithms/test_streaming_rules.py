@@ -50,7 +50,11 @@ def test_max_staleness_defaults_to_the_overlap_setting():
         ({"max_staleness": 2, "sleep_between_rollouts": True}, "engine must stay awake"),
         ({"max_staleness": 3, "dynamic_sampling": True, "replay": False}, "streaming rollouts"),
         ({"partial_rollouts": True}, "partial_rollouts needs generation to overlap"),
-        ({"partial_rollouts": True, "max_staleness": 2, "engine": "vllm"}, "HF engine takes weights between"),
+        (
+            {"partial_rollouts": True, "max_staleness": 2, "engine": "vllm", "engine_kwargs": {"in_process": False}},
+            "needs the engine core in the runner's process",
+        ),
+        ({"partial_rollouts": True, "max_staleness": 2, "rollout_head": True}, "rollout_head"),
     ],
 )
 def test_contradicting_settings_are_refused(training, message):
@@ -73,9 +77,10 @@ def test_streaming_reserves_request_slots_and_the_schedule_counts_its_lag():
     assert lags[1] - lags[0] == 1 and lags[2] - lags[0] == 3
 
 
-def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_the_hf_engine():
+def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_hf_and_in_process_vllm_engines():
     for training in ({"overlap_generation": True}, {"max_staleness": 1}, {"max_staleness": 4}):
         R3Config().training(partial_rollouts=True, **training).validate()
+        R3Config().training(partial_rollouts=True, engine="vllm", **training).validate()
 
 
 def _result(worker_id: int, fresh: int, reflection: int = 0):
