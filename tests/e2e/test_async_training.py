@@ -149,17 +149,31 @@ def test_streaming_runner_crash_costs_only_its_requests_in_flight(ray_session, t
     assert sorted(trained.ids) == sorted(set(trained.ids))
 
 
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, requires_vllm])])
-def test_partial_rollouts_pull_newer_weights_mid_response(ray_session, tiny_random_model, engine):
-    """max_staleness=2 with partial_rollouts trains within the bound; then a version published while a runner is
-    about to decode is pulled between decoding steps: each response's first 4 tokens carry the runner's version,
-    the rest the new one, the sample counts as the older, and the queued load of the pulled version is skipped.
-    vLLM runners drive their engine step by step for this (``r3_rllib/engines/vllm_stepping.py``)."""
+@pytest.mark.parametrize(
+    ("engine", "num_learners"), [("hf", 2), pytest.param("vllm", 0, marks=[pytest.mark.vllm, requires_vllm])]
+)
+def test_partial_rollouts_pull_newer_weights_mid_response(
+    ray_session, tiny_random_model, engine, num_learners
+):
+    """max_staleness=2 with partial_rollouts at T = 0.6 trains within the bound; then a version published while a
+    runner is about to decode is pulled between decoding steps: each response's first 4 tokens carry the runner's
+    version, the rest the new one, the sample counts as the older, and the queued load of the pulled version is
+    skipped. HF runners with two FSDP learners (the board gets rank 0's full weights); vLLM runners drive their
+    engine step by step (``r3_rllib/engines/vllm_stepping.py``)."""
     import ray
 
-    algo = tiny_config(
-        tiny_random_model, max_staleness=2, partial_rollouts=True, max_new_tokens=12, engine=engine
-    ).build_algo()
+    algo = (
+        tiny_config(
+            tiny_random_model,
+            max_staleness=2,
+            partial_rollouts=True,
+            max_new_tokens=12,
+            engine=engine,
+            temperature=0.6,
+        )
+        .learners(num_learners=num_learners, num_cpus_per_learner=1)
+        .build_algo()
+    )
     try:
         results = [algo.train() for _ in range(3)]
         assert all(r["rollout"]["staleness_max"] <= 2 for r in results)

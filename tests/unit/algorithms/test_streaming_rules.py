@@ -51,10 +51,19 @@ def test_max_staleness_defaults_to_the_overlap_setting():
         ({"max_staleness": 3, "dynamic_sampling": True, "replay": False}, "streaming rollouts"),
         ({"partial_rollouts": True}, "partial_rollouts needs generation to overlap"),
         (
-            {"partial_rollouts": True, "max_staleness": 2, "engine": "vllm", "engine_kwargs": {"in_process": False}},
+            {
+                "partial_rollouts": True,
+                "max_staleness": 2,
+                "engine": "vllm",
+                "engine_kwargs": {"in_process": False},
+            },
             "needs the engine core in the runner's process",
         ),
         ({"partial_rollouts": True, "max_staleness": 2, "rollout_head": True}, "rollout_head"),
+        (
+            {"partial_rollouts": True, "max_staleness": 2, "engine": "vllm", "lora_rank": 8},
+            "LoRA needs engine_kwargs\\['lora_mode'\\]='merge'",
+        ),
     ],
 )
 def test_contradicting_settings_are_refused(training, message):
@@ -81,6 +90,10 @@ def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_hf_and_in_pr
     for training in ({"overlap_generation": True}, {"max_staleness": 1}, {"max_staleness": 4}):
         R3Config().training(partial_rollouts=True, **training).validate()
         R3Config().training(partial_rollouts=True, engine="vllm", **training).validate()
+        merged = {"lora_mode": "merge"}
+        R3Config().training(
+            partial_rollouts=True, engine="vllm", lora_rank=8, engine_kwargs=merged, **training
+        ).validate()
 
 
 def _result(worker_id: int, fresh: int, reflection: int = 0):
