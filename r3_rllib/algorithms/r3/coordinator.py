@@ -205,6 +205,12 @@ class RolloutCoordinator:
             ray.kill(handles[wid], no_restart=False)
 
     # -- runner state ------------------------------------------------------------------------------------------
+    @property
+    def saved_queue(self) -> tuple | None:
+        """Rollouts waiting beyond :attr:`ready`, for a checkpoint: none in the synchronous and overlapped loops
+        (streaming keeps a queue)."""
+        return None
+
     def restore(self, state: AlgorithmState) -> None:
         """Take the rollout state of a checkpoint: the data epoch, the rollout gathered ahead, every runner's
         state (pushed to the healthy runners now; the others get theirs when they come back)."""

@@ -351,7 +351,7 @@ class R3(Algorithm):
             metrics=self.metrics.get_state(),
             r3_settings=self.config.r3_settings(),
             ready_rollout=self.coordinator.ready,
-            stream_queue=getattr(self.coordinator, "saved_queue", None),
+            stream_queue=self.coordinator.saved_queue,
         )
         write_algorithm_state(checkpoint_dir, state)
         if replay is not None:

@@ -142,7 +142,7 @@ class PolicyWeights:
         newer_only = self.board is not None and not block
 
         def load(r, _w=weights_ref, _v=version, _newer=newer_only):
-            return r.update_weights(_w, _v, only_if_newer=True) if _newer else r.update_weights(_w, _v)
+            return r.update_weights(_w, _v, only_if_newer=_newer)
 
         if block:
             self.runners.foreach_env_runner(load, local_env_runner=False, remote_worker_ids=remote_worker_ids)
