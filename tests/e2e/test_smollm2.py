@@ -263,6 +263,15 @@ def test_vllm_engine_at_temperature(vllm_engine, tokenizer, hf_model):
     check_completions(out, prompts, 2, params, tokenizer, hf_model, atol=2e-3)
 
 
+def perturbed_embedding_state(hf_model) -> dict[str, torch.Tensor]:
+    """The model's state dict without ``lm_head.weight``, its tied embedding perturbed (seeded)."""
+    state = {k: v.clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    gen = torch.Generator().manual_seed(0)
+    embed = state["model.embed_tokens.weight"]
+    state["model.embed_tokens.weight"] = embed + 0.5 * embed.std() * torch.randn(embed.shape, generator=gen)
+    return state
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_weight_sync_with_tied_embeddings(vllm_engine, tokenizer, hf_model, model_dir):
@@ -273,10 +282,7 @@ def test_vllm_weight_sync_with_tied_embeddings(vllm_engine, tokenizer, hf_model,
 
     prompts = chat_prompt_ids(tokenizer, ["What is 2+2?", "Say hello."])
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(tokenizer.eos_token_id,))
-    state = {k: v.clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
-    gen = torch.Generator().manual_seed(0)
-    embed = state["model.embed_tokens.weight"]
-    state["model.embed_tokens.weight"] = embed + 0.5 * embed.std() * torch.randn(embed.shape, generator=gen)
+    state = perturbed_embedding_state(hf_model)
     updated = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     updated.load_state_dict(state, strict=False)  # lm_head follows: it is the same tensor as the embedding
     assert torch.equal(updated.lm_head.weight, state["model.embed_tokens.weight"])
@@ -297,6 +303,54 @@ def test_vllm_weight_sync_with_tied_embeddings(vllm_engine, tokenizer, hf_model,
             ].tolist()
         )
     assert moved > 0.05  # the update is visible, not lost in the tolerance
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_partial_rollout_on_tied_embeddings_at_temperature(vllm_engine, tokenizer, hf_model, model_dir):
+    """Runs after the weight-sync test (the engine holds its perturbed embedding, version 1). Partial rollout at
+    T = 0.6 through the chat template: the original weights (without ``lm_head.weight``) load after 4 decoding
+    steps; the first 4 tokens are tagged 1 and scored by the perturbed model, the rest tagged 2 and scored by the
+    original model on the perturbed model's KV cache, so the tied head followed the embedding mid-response."""
+    from algo_checks import rescore_after_update
+    from transformers import AutoModelForCausalLM
+
+    assert vllm_engine.version == 1
+    perturbed = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    perturbed.load_state_dict(perturbed_embedding_state(hf_model), strict=False)
+    original = {k: v.clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    seen: list[int] = []
+
+    def load_original_once():
+        seen.append(vllm_engine.version)
+        if len(seen) == 1:
+            vllm_engine.update_weights(original.items(), version=2)
+
+    prompts = chat_prompt_ids(tokenizer, ["Write a sentence about the sea.", "Describe a cat."])
+    params = SamplingParams(
+        max_new_tokens=10, temperature=T, seed=3, stop_token_ids=(tokenizer.eos_token_id,)
+    )
+    vllm_engine.between_steps, vllm_engine.between_steps_every = load_original_once, 4
+    try:
+        out = vllm_engine.generate(prompts, 2, params)
+    finally:
+        vllm_engine.between_steps = None
+    assert seen[:2] == [1, 2] and vllm_engine.version == 2
+    continued = 0
+    for prompt, group in zip(prompts, out, strict=True):
+        for c in group:
+            n = len(c.token_ids)
+            assert c.token_versions.tolist() == [1] * min(n, 4) + [2] * max(n - 4, 0)
+            np.testing.assert_allclose(
+                c.logprobs[:4], rescore(perturbed, prompt, c.token_ids, T)[:4], atol=2e-3
+            )
+            if n > 4:
+                continued += 1
+                kept = rescore_after_update(
+                    perturbed, hf_model, prompt, c.token_ids, update_at=4, temperature=T
+                )
+                np.testing.assert_allclose(c.logprobs[4:], kept, atol=2e-3)
+    assert continued >= 2
 
 
 # -- the algorithm --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from algo_checks import rescore_after_update
 
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams
@@ -72,19 +73,6 @@ def rescore(model, prompt, tokens, temperature=1.0):
     return logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1).numpy(), (
         -(logp.exp() * logp).sum(-1)
     ).numpy()
-
-
-def rescore_after_update(old_model, new_model, prompt, tokens, update_at: int) -> np.ndarray:
-    """Log-probs of ``tokens[update_at:]`` when the weights change after ``update_at`` decoding steps and the KV
-    cache is kept: the prompt and the first ``update_at - 1`` tokens keep the old model's keys and values (token
-    ``update_at - 1`` is fed to the new model, which samples token ``update_at`` from it)."""
-    ids = list(prompt) + list(tokens)
-    split = len(prompt) + update_at - 1
-    with torch.no_grad():
-        cache = old_model(torch.tensor([ids[:split]]), use_cache=True).past_key_values
-        logits = new_model(torch.tensor([ids[split:]]), past_key_values=cache).logits[0, :-1].float()
-    logp = torch.log_softmax(logits, -1)
-    return logp.gather(-1, torch.tensor(tokens[update_at:])[:, None]).squeeze(-1).numpy()
 
 
 @pytest.mark.vllm
