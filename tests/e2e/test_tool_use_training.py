@@ -44,12 +44,12 @@ def _register_echo_tool_env(name: str) -> None:
     register_text_env(name, EchoToolEnv, overwrite=True)
 
 
-def _config(env: str, **training) -> R3Config:
+def _config(env: str, num_env_runners: int = 1, **training) -> R3Config:
     return (
         R3Config.r3_preset()
         # Six queries, all of them every iteration: replay and reflection see each query again.
         .environment(env, env_config={"digits": 2, "num_queries": 6, "seed": 0})
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
+        .env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0, reflection_tau=1.0)
         .debugging(seed=3)
@@ -70,7 +70,8 @@ def test_tool_trajectories_train_with_r3_parts_and_tool_tokens_masked(ray_sessio
 
     _register_echo_tool_env("echo_tool_arith")
     try:
-        algo = _config("echo_tool_arith").build_algo()
+        # As users run it: two runners (three queries each per iteration), T = 0.6.
+        algo = _config("echo_tool_arith", num_env_runners=2, temperature=0.6).build_algo()
         try:
             results = [algo.train() for _ in range(3)]
             groups = algo.env_runner_group.foreach_env_runner(
