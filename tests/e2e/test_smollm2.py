@@ -313,24 +313,18 @@ def test_vllm_partial_rollout_on_tied_embeddings_at_temperature(vllm_engine, tok
     steps; the first 4 tokens are tagged 1 and scored by the perturbed model, the rest tagged 2 and scored by the
     original model on the perturbed model's KV cache, so the tied head followed the embedding mid-response."""
     from algo_checks import rescore_after_update
+    from engine_hooks import load_weights_at_first_hook
     from transformers import AutoModelForCausalLM
 
     assert vllm_engine.version == 1
     perturbed = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     perturbed.load_state_dict(perturbed_embedding_state(hf_model), strict=False)
     original = {k: v.clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
-    seen: list[int] = []
-
-    def load_original_once():
-        seen.append(vllm_engine.version)
-        if len(seen) == 1:
-            vllm_engine.update_weights(original.items(), version=2)
-
     prompts = chat_prompt_ids(tokenizer, ["Write a sentence about the sea.", "Describe a cat."])
     params = SamplingParams(
         max_new_tokens=10, temperature=T, seed=3, stop_token_ids=(tokenizer.eos_token_id,)
     )
-    vllm_engine.between_steps, vllm_engine.between_steps_every = load_original_once, 4
+    seen = load_weights_at_first_hook(vllm_engine, original, version=2)
     try:
         out = vllm_engine.generate(prompts, 2, params)
     finally:

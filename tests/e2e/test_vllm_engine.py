@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from algo_checks import rescore_after_update
+from engine_hooks import load_weights_at_first_hook
 
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams
@@ -138,19 +139,6 @@ def test_bad_inputs(engine):
         engine.generate([[5]], 0, SamplingParams())
 
 
-def _load_at_first_hook(engine, state: dict, version: int) -> list[int]:
-    """Make ``engine`` load ``state`` as ``version`` the first time it calls ``between_steps``; the versions seen."""
-    seen: list[int] = []
-
-    def hook():
-        seen.append(engine.version)
-        if len(seen) == 1:
-            engine.update_weights(state.items(), version)
-
-    engine.between_steps, engine.between_steps_every = hook, 4
-    return seen
-
-
 @pytest.fixture()
 def no_eos(engine, monkeypatch):
     """Responses run to max_new_tokens (the tiny model ends its answers within a few tokens): vLLM's requests are
@@ -179,7 +167,9 @@ def test_partial_rollout_same_weights_under_a_new_version_leave_the_responses_un
     params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=7, stop_token_ids=())
     plain = engine.generate(prompts[:3], 3, params)
     start = engine.version
-    seen = _load_at_first_hook(engine, {k: v.clone() for k, v in model.state_dict().items()}, start + 5)
+    seen = load_weights_at_first_hook(
+        engine, {k: v.clone() for k, v in model.state_dict().items()}, start + 5
+    )
     try:
         partial = engine.generate(prompts[:3], 3, params)
     finally:
@@ -210,7 +200,7 @@ def test_partial_rollout_new_weights_change_only_the_tokens_after_the_update(
     params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=11, stop_token_ids=())
     old = engine.generate(prompts, 2, params)
     start = engine.version
-    _load_at_first_hook(engine, perturbed, start + 1)
+    load_weights_at_first_hook(engine, perturbed, start + 1)
     try:
         partial = engine.generate(prompts, 2, params)
         engine.between_steps = None

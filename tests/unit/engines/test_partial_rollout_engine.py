@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from engine_hooks import load_weights_at_first_hook
 
 from r3_rllib.algorithms.r3.partial_rollout import oldest_version
 from r3_rllib.engines.base import SamplingParams
@@ -27,25 +28,13 @@ def _engine(tok, seed: int) -> HFEngine:
     return HFEngine(build_tiny_model(tok, seed=seed), tok, eos_token_ids=[tok.vocab_size + 99])
 
 
-def _swap_at_first_call(engine: HFEngine, state: dict, version: int) -> list[int]:
-    calls: list[int] = []
-
-    def hook():
-        calls.append(engine.version)
-        if len(calls) == 1:
-            engine.update_weights(state.items(), version)
-
-    engine.between_steps, engine.between_steps_every = hook, 4
-    return calls
-
-
 def test_same_weights_under_a_new_version_leave_the_responses_unchanged(tok):
     """A version bump with the same weights between steps 4 and 5: tokens and log-probs equal the plain run's, the
     first 4 tokens are tagged 0 and the rest 3 (the update is taken mid-response, the response goes on)."""
     prompts = [tok.encode("12+34="), tok.encode("7+8=")]
     plain = _engine(tok, seed=1).generate(prompts, 2, PARAMS)
     engine = _engine(tok, seed=1)
-    calls = _swap_at_first_call(engine, copy.deepcopy(engine.model.state_dict()), version=3)
+    calls = load_weights_at_first_hook(engine, copy.deepcopy(engine.model.state_dict()), version=3)
     partial = engine.generate(prompts, 2, PARAMS)
     assert calls[:2] == [0, 3]  # the hook ran every 4 steps, and saw the new version after the first time
     for a, b in zip(sum(plain, []), sum(partial, []), strict=True):
@@ -63,7 +52,7 @@ def test_new_weights_between_steps_change_only_the_tokens_after_the_update(tok):
     old = _engine(tok, seed=1).generate(prompts, 4, PARAMS)[0]
     engine = _engine(tok, seed=1)
     new_state = {k: v.clone() for k, v in build_tiny_model(tok, seed=2).state_dict().items()}
-    _swap_at_first_call(engine, new_state, version=1)
+    load_weights_at_first_hook(engine, new_state, version=1)
     partial = engine.generate(prompts, 4, PARAMS)[0]
     for a, b in zip(old, partial, strict=True):
         assert a.token_ids[:4] == b.token_ids[:4]
