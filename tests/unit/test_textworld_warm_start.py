@@ -66,7 +66,11 @@ def test_build_is_skipped_when_up_to_date(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("R3_TEXTWORLD_CACHE", str(cache))
     tokenizer = build_tiny_tokenizer()
     base = save_tiny(build_tiny_model(tokenizer, hidden=32, layers=1), tokenizer, tmp_path / "base")
-    kwargs = dict(base=str(base), games=1, steps=1, batch_size=2, log=lambda message: None)
+    # The module's level-1 games (already compiled), not the default env's.
+    env_config = {"level": 1, "max_steps": 4}
+    kwargs = dict(
+        base=str(base), games=1, steps=1, batch_size=2, env_config=env_config, log=lambda message: None
+    )
     out = textworld.build_warm_start(tmp_path / "sft", **kwargs)
     meta = textworld.read_warm_start_metadata(out)
     assert (out / "config.json").is_file() and meta["pairs"] == 1 and meta["config"]["env"]["max_steps"] == 4
