@@ -58,6 +58,7 @@ class StepRecord:
     terminated: bool  # the env ended the episode at this step (goal reached)
     truncated: bool  # the env's horizon, or the loop's max_steps, ended it here
     discounted_return: float = 0.0
+    token_versions: np.ndarray | None = None  # partial rollouts: the policy version of each response token
 
 
 def rollout_multistep(
@@ -115,6 +116,7 @@ def rollout_multistep(
                     reward=float(reward),
                     terminated=bool(terminated),
                     truncated=bool(truncated),
+                    token_versions=completion.token_versions,
                 )
             )
         rounds += 1

@@ -56,6 +56,9 @@ class ToolTrajectory:
     turns: int = 0
     tool_calls: int = 0
     finish_reason: str = ""  # "answer", "turns", "budget" or "length" (a model turn hit max_new_tokens)
+    token_versions: list[int] = field(
+        default_factory=list
+    )  # policy version of each response token (see append)
     reward: float = 0.0
     correct: bool = False
     info: dict[str, Any] = field(default_factory=dict)
@@ -64,8 +67,14 @@ class ToolTrajectory:
     def done(self) -> bool:
         return bool(self.finish_reason)
 
-    def append(self, ids: Sequence[int], *, sampled: bool, logprobs=None, entropies=None) -> None:
+    def append(
+        self, ids: Sequence[int], *, sampled: bool, logprobs=None, entropies=None, versions=None
+    ) -> None:
+        """Add tokens: the model's (``sampled``; their log-probs, entropies and policy versions) or a tool's (no
+        loss; tagged with the version of the token before them, so the tags stay in order)."""
         n = len(ids)
+        last = self.token_versions[-1] if self.token_versions else 0
+        self.token_versions += [last] * n if versions is None else [int(v) for v in versions]
         self.response_ids += list(map(int, ids))
         self.loss_mask += [int(sampled)] * n
         self.logprobs += [0.0] * n if logprobs is None else [float(x) for x in logprobs]
@@ -134,10 +143,12 @@ def _model_round(
     for allowance, group in by_allowance.items():
         seed = None if params.seed is None else params.seed + round_index
         prompts = [t.prompt_ids + t.response_ids for t in group]
+        call_version = engine.version
         results = engine.generate(prompts, 1, replace(params, max_new_tokens=allowance, seed=seed))
         for t, result in zip(group, results, strict=True):
             c = result[0]
-            t.append(c.token_ids, sampled=True, logprobs=c.logprobs, entropies=c.entropies)
+            versions = c.token_versions if c.token_versions is not None else [call_version] * len(c.token_ids)
+            t.append(c.token_ids, sampled=True, logprobs=c.logprobs, entropies=c.entropies, versions=versions)
             t.model_text.append(c.text)
             t.text += c.text
             t.turns += 1

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from r3_rllib.algorithms.r3.groups import Group, Sample
+from r3_rllib.algorithms.r3.partial_rollout import oldest_version
 from r3_rllib.rollout.multistep import StepRecord
 
 
@@ -36,7 +37,9 @@ def step_groups(records: Sequence[StepRecord], policy_version: int) -> list[Grou
                 reward=float(r.reward),
                 correct=success.get((r.query_id, r.traj_id), False),
                 truncated=r.finish_reason == "length",
-                policy_version=policy_version,
+                # Partial rollouts: a step sampled after a weight pull counts under its own oldest token.
+                policy_version=oldest_version(r.token_versions, policy_version),
+                token_versions=r.token_versions,
                 response_text=r.response_text,
                 trajectory_id=f"{r.query_id}#{r.traj_id}",
                 step_index=r.step,

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from r3_rllib.algorithms.r3.groups import Group, Sample
+from r3_rllib.algorithms.r3.partial_rollout import oldest_version
 from r3_rllib.rollout.tool_use import ToolTrajectory, response_arrays
 
 
@@ -16,6 +19,7 @@ def trajectory_sample(traj: ToolTrajectory, policy_version: int, *, is_reflectio
     """The training sample of one trajectory. Its entropies are the model tokens' only (what R^3's ranking reads:
     a tool's output is not the policy's uncertainty); ``truncated`` when a turn or the token budget cut it."""
     logprobs, entropies, mask = response_arrays(traj)
+    versions = np.asarray(traj.token_versions, dtype=np.int64)
     return Sample(
         query_id=traj.query_id,
         prompt_ids=list(traj.prompt_ids),
@@ -25,7 +29,9 @@ def trajectory_sample(traj: ToolTrajectory, policy_version: int, *, is_reflectio
         reward=float(traj.reward),
         correct=bool(traj.correct),
         truncated=traj.finish_reason in ("length", "budget"),
-        policy_version=policy_version,
+        # The oldest weights that sampled any of its model tokens (turns may follow a weight pull).
+        policy_version=oldest_version(versions[mask] if len(versions) == len(mask) else None, policy_version),
+        token_versions=versions if len(versions) == len(mask) else None,
         response_text=traj.text,
         is_reflection=is_reflection,
         loss_mask=mask,

@@ -63,6 +63,16 @@ def test_steps_become_one_group_per_query_with_their_identity():
     assert s[0].behavior_logprobs.dtype == np.float32 and s[0].entropies.tolist() == [1.0, 2.0]
 
 
+def test_a_step_sampled_after_a_weight_pull_counts_under_its_oldest_token():
+    """Partial rollouts: a step's tokens tagged 5 and 6 count under 5, though the rollout began at version 4;
+    untagged steps keep the rollout's version."""
+    records = _two_trajectories()
+    records[1].token_versions = np.array([5, 6])
+    [group] = step_groups(records, policy_version=4)
+    assert [x.policy_version for x in group.samples] == [4, 5, 4, 4, 4, 4]
+    assert group.samples[1].token_versions.tolist() == [5, 6] and group.samples[0].token_versions is None
+
+
 def test_hgpo_estimator_runs_through_the_batch_builder_with_the_configs_settings():
     """The registered 'hgpo' entry gets the group's trajectory ids, step indices and observation keys from the
     samples and its options from the config: the same numbers as calling hgpo_advantages directly."""

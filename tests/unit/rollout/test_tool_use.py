@@ -29,6 +29,8 @@ class CharTok:
 class ScriptedEngine:
     """Answers turn k of every trajectory with script[k] (ending with eos), recording every prompt it saw."""
 
+    version = 0  # policy version of the weights (GenerationEngine.version)
+
     def __init__(self, script, tok):
         self.script, self.tok, self.prompts, self.rounds = script, tok, [], 0
 
@@ -74,6 +76,39 @@ def test_trajectory_is_token_in_token_out_with_tool_tokens_masked():
     assert mask.tolist() == [True] * n_code + [False] * n_tool + [True] * (len(ANSWER_TURN) + 1)
     assert np.all(lp[~mask] == 0) and np.all(ent[~mask] == 0) and np.all(lp[mask] < 0)
     assert "```output\n42\n```" in traj.text
+
+
+class PullingEngine(ScriptedEngine):
+    """Partial rollouts: newer weights arrive 3 tokens into every model turn (token versions as the engines tag
+    them), and the engine's version moves on by one per turn."""
+
+    def generate(self, prompt_ids, n, params):
+        out = super().generate(prompt_ids, n, params)
+        for (c,) in out:
+            c.token_versions = np.array([self.version] * 3 + [self.version + 1] * (len(c.token_ids) - 3))
+        self.version += 1
+        return out
+
+
+def test_trajectory_tokens_carry_their_policy_versions_and_the_sample_counts_the_oldest():
+    """Model tokens keep the engine's tags, tool tokens take the tag before them, and the training sample counts
+    under its oldest model token's version (not the version the rollout started with)."""
+    from r3_rllib.algorithms.r3.tool_rollout import trajectory_sample
+
+    tok, env = CharTok(), _env()
+    engine = PullingEngine([CODE_TURN, ANSWER_TURN], tok)
+    engine.version = 5
+    (traj,) = rollout_tool_use(engine, tok, env.tool_episode, ["q1"], 1, SamplingParams(max_new_tokens=200))
+    n_code, n_tool, n_answer = len(CODE_TURN) + 1, len(tool_message_text(None, "42")), len(ANSWER_TURN) + 1
+    assert traj.token_versions == [5] * 3 + [6] * (n_code - 3) + [6] * n_tool + [6] * 3 + [7] * (n_answer - 3)
+    sample = trajectory_sample(traj, policy_version=4)  # the runner's version when the rollout began
+    assert sample.policy_version == 5 and sample.token_versions.tolist() == traj.token_versions
+    # An engine that does not tag tokens: every token of a turn gets the version of its call.
+    plain = ScriptedEngine([CODE_TURN, ANSWER_TURN], tok)
+    (untagged,) = rollout_tool_use(
+        plain, tok, env.tool_episode, ["q1"], 1, SamplingParams(max_new_tokens=200)
+    )
+    assert set(untagged.token_versions) == {0} and trajectory_sample(untagged, 0).policy_version == 0
 
 
 def test_turn_limit_token_budget_and_totals():
