@@ -59,18 +59,3 @@ def checkpoint_fingerprint(algo) -> dict[str, float]:
         "optim": algo.learner_call(lambda lr: lr.optimizer_checksum())[0],
         "replay_size": algo.replay_metrics().get("size", 0),  # 0 without a replay actor
     }
-
-
-def rescore_after_update(
-    old_model, new_model, prompt, tokens, update_at: int, temperature: float = 1.0
-) -> np.ndarray:
-    """Log-probs of ``tokens[update_at:]`` (at ``temperature``) when the weights change after ``update_at``
-    decoding steps and the KV cache is kept: the prompt and the first ``update_at - 1`` tokens keep the old model's
-    keys and values (token ``update_at - 1`` is fed to the new model, which samples token ``update_at`` from it)."""
-    ids = list(prompt) + list(tokens)
-    split = len(prompt) + update_at - 1
-    with torch.no_grad():
-        cache = old_model(torch.tensor([ids[:split]]), use_cache=True).past_key_values
-        logits = new_model(torch.tensor([ids[split:]]), past_key_values=cache).logits[0, :-1].float()
-    logp = torch.log_softmax(logits / temperature, -1)
-    return logp.gather(-1, torch.tensor(tokens[update_at:])[:, None]).squeeze(-1).numpy()

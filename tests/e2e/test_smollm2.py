@@ -312,8 +312,7 @@ def test_vllm_partial_rollout_on_tied_embeddings_at_temperature(vllm_engine, tok
     T = 0.6 through the chat template: the original weights (without ``lm_head.weight``) load after 4 decoding
     steps; the first 4 tokens are tagged 1 and scored by the perturbed model, the rest tagged 2 and scored by the
     original model on the perturbed model's KV cache, so the tied head followed the embedding mid-response."""
-    from algo_checks import rescore_after_update
-    from engine_hooks import load_weights_at_first_hook
+    from engine_hooks import load_weights_at_first_hook, rescore_after_update
     from transformers import AutoModelForCausalLM
 
     assert vllm_engine.version == 1

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from algo_checks import rescore_after_update
-from engine_hooks import load_weights_at_first_hook
+from engine_hooks import load_weights_at_first_hook, rescore_after_update
 
 from r3_rllib.engines import make_engine
 from r3_rllib.engines.base import SamplingParams

@@ -146,6 +146,34 @@ def test_hf_engine_merges_adapter_like_peft(adapters, prompts, tok):
 
 
 @requires_peft
+def test_hf_engine_takes_an_adapter_between_decoding_steps(adapters, prompts, tok):
+    """Partial rollouts with LoRA: the second adapter is merged after 4 decoding steps of a call that began under
+    the first; the first 4 tokens are the first adapter's sample, the rest the second's on the KV cache the first
+    computed, each tagged with its version."""
+    from engine_hooks import rescore_after_update
+
+    (peft1, payload1), (peft2, payload2) = adapters
+    engine = HFEngine(load_tiny(default_tiny_model_path())[0], tok, eos_token_ids=[len(tok) + 99])
+    apply(engine, payload1, version=1)
+    seen: list[int] = []
+
+    def hook():
+        seen.append(engine.version)
+        if len(seen) == 1:
+            apply(engine, payload2, version=2)
+
+    engine.between_steps, engine.between_steps_every = hook, 4
+    out = engine.generate(prompts, 2, SamplingParams(max_new_tokens=10, temperature=1.0, seed=4))
+    assert seen[:2] == [1, 2]
+    for prompt, group in zip(prompts, out, strict=True):
+        for c in group:
+            assert c.token_versions.tolist() == [1] * 4 + [2] * 6
+            np.testing.assert_allclose(c.logprobs[:4], score(peft1, prompt, c.token_ids)[:4], atol=1e-4)
+            kept = rescore_after_update(peft1, peft2, prompt, c.token_ids, update_at=4)
+            np.testing.assert_allclose(c.logprobs[4:], kept, atol=1e-4)
+
+
+@requires_peft
 def test_runner_dispatches_adapters_and_full_weights(adapters):
     calls = []
     engine = SimpleNamespace(
