@@ -5,7 +5,9 @@
 every ``every`` steps ``between_steps()`` may load newer weights (``collective_rpc("reload_weights")``, the engine's
 ordinary update). The requests in flight are neither aborted nor recomputed: they go on under the new weights with
 their KV cache (the entries of the tokens before the update stay as the old weights computed them, as in the HF
-engine). Each token is tagged with the version loaded when its step ran.
+engine). Each token is tagged with the version loaded when its step ran: the tag names the weights that sampled
+the token, not those that computed the keys and values it attends to (a request still waiting for a slot when the
+weights change may also reuse prompt entries cached before, like the responses in flight).
 
 This needs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the engine's default): a
 multiprocess core keeps stepping while the driver loads weights, so the tag of the tokens around a load would not be
