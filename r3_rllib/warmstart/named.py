@@ -34,8 +34,8 @@ def build_gridworld_tiny_sft() -> Path:
 
 @NAMED_MODEL_BUILDERS.register(SMOLLM2_TEXTWORLD_SFT)
 def build_smollm2_textworld_sft() -> Path:
-    """SmolLM2-135M-Instruct warm-started on TextWorld walkthroughs (coin collector level 1, 4 commands, memory 2:
-    the TextWorld bench's env; about a minute of SFT on first use; needs the ``[envs]`` extra)."""
+    """SmolLM2-135M-Instruct warm-started on TextWorld walkthroughs (coin collector level 3, 6 commands, memory 2:
+    the TextWorld bench's env; about two minutes of SFT on first use; needs the ``[envs]`` extra)."""
     from r3_rllib.warmstart.textworld import build_warm_start
 
     return build_warm_start(named_model_folder(SMOLLM2_TEXTWORLD_SFT), log=lambda message: None)
