@@ -56,9 +56,8 @@ class ToolTrajectory:
     turns: int = 0
     tool_calls: int = 0
     finish_reason: str = ""  # "answer", "turns", "budget" or "length" (a model turn hit max_new_tokens)
-    token_versions: list[int] = field(
-        default_factory=list
-    )  # policy version of each response token (see append)
+    # The policy version of each response token (see append).
+    token_versions: list[int] = field(default_factory=list)
     reward: float = 0.0
     correct: bool = False
     info: dict[str, Any] = field(default_factory=dict)

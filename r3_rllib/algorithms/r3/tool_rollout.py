@@ -20,6 +20,7 @@ def trajectory_sample(traj: ToolTrajectory, policy_version: int, *, is_reflectio
     a tool's output is not the policy's uncertainty); ``truncated`` when a turn or the token budget cut it."""
     logprobs, entropies, mask = response_arrays(traj)
     versions = np.asarray(traj.token_versions, dtype=np.int64)
+    tagged = versions if len(versions) == len(mask) else None  # a trajectory built without append has no tags
     return Sample(
         query_id=traj.query_id,
         prompt_ids=list(traj.prompt_ids),
@@ -30,8 +31,8 @@ def trajectory_sample(traj: ToolTrajectory, policy_version: int, *, is_reflectio
         correct=bool(traj.correct),
         truncated=traj.finish_reason in ("length", "budget"),
         # The oldest weights that sampled any of its model tokens (turns may follow a weight pull).
-        policy_version=oldest_version(versions[mask] if len(versions) == len(mask) else None, policy_version),
-        token_versions=versions if len(versions) == len(mask) else None,
+        policy_version=oldest_version(None if tagged is None else tagged[mask], policy_version),
+        token_versions=tagged,
         response_text=traj.text,
         is_reflection=is_reflection,
         loss_mask=mask,
