@@ -14,7 +14,9 @@ wrong / all right: pick a task at 10-40 % sampled accuracy, where many groups co
 model, data order and budget (``--iterations`` x ``--queries`` x ``--group-size``); R^3's parts act from the first
 epoch. Reported per method (mean ± std over seeds): held-out greedy accuracy before and after, training accuracy,
 zero-advantage group fractions (before and after R^3's replay), R^3's work; per-iteration curves of the seed means
-(``learning_reasoning_gym.png``, held-out accuracy at the ends only) and ``summary.json`` under ``--out``.
+(``learning_reasoning_gym.png``; held-out accuracy at the ends, and every ``--eval-every`` iterations where set)
+and ``summary.json`` under ``--out``. The loop is synchronous, so the learner takes both cores' worth of torch
+threads (``--learner-threads 2``) while the runner waits.
 """
 
 from __future__ import annotations
@@ -155,6 +157,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--eval-queries", type=int, default=64, help="held-out problems (greedy)")
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="held-out accuracy every N iterations too (0: at the ends only)",
+    )
+    ap.add_argument(
+        "--learner-threads",
+        type=int,
+        default=2,
+        help="the learner's torch threads (2: the runner's core is idle while the synchronous learner trains)",
+    )
     ap.add_argument("--probe", action="store_true", help="only print the candidate tasks' accuracies")
     ap.add_argument("--probe-queries", type=int, default=16)
     ap.add_argument("--out", default="runs/bench_reasoning_gym")

@@ -56,10 +56,11 @@ def method_config(method: str, args: argparse.Namespace, model_path: str):
 
 def one_runner_run(config, args: argparse.Namespace, model_path: str):
     """`config` (its env set) with one HF runner, one local learner, the seed and the training settings of `args`,
-    held-out evaluation on `args.num_queries` problems of the test split."""
+    held-out evaluation on `args.num_queries` problems of the test split. The learner's torch threads are
+    `args.learner_threads` (default 1): the loop is synchronous, so the runner's core is free while it trains."""
     return (
         config.env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
-        .learners(num_learners=0)
+        .learners(num_learners=0, num_cpus_per_learner=getattr(args, "learner_threads", 1))
         .debugging(seed=args.seed)
         .training(
             model_path=model_path,
@@ -84,8 +85,9 @@ def run_one(
     make_config=None,
     tag: str | None = None,
 ) -> dict[str, Any]:
-    """Held-out accuracy before, `args.iterations` iterations, held-out accuracy after, of `method`'s config
-    (`make_config(method, args, model_path)`, default this bench's); its progress.csv goes to runs/<tag>."""
+    """Held-out accuracy before, `args.iterations` iterations, held-out accuracy after (and every
+    `args.eval_every` iterations where set), of `method`'s config (`make_config(method, args, model_path)`,
+    default this bench's); its progress.csv goes to runs/<tag>."""
     t0 = time.perf_counter()
     algo = (make_config or method_config)(method, args, model_path).build_algo()
     build_s = time.perf_counter() - t0
@@ -102,6 +104,9 @@ def run_one(
             total += time.perf_counter() - t0
             row = bench_learning.flatten_result(result)
             row.update({"training_iteration": float(it), "time_total_s": total})
+            every = getattr(args, "eval_every", 0)
+            if every and it % every == 0 and it < args.iterations:  # the last one is made below
+                row["eval/accuracy"] = algo.evaluate_heldout(args.num_queries)["accuracy"]
             rows.append(row)
             print(
                 f"  [{tag or method}] it {it}: train acc {row.get('rollout/accuracy', math.nan):.3f}, zero-adv "
