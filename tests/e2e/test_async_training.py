@@ -150,16 +150,18 @@ def test_streaming_runner_crash_costs_only_its_requests_in_flight(ray_session, t
 
 
 @pytest.mark.parametrize(
-    ("engine", "num_learners"), [("hf", 2), pytest.param("vllm", 0, marks=[pytest.mark.vllm, requires_vllm])]
+    ("engine", "num_runners", "num_learners"),
+    [("hf", 2, 2), pytest.param("vllm", 1, 0, marks=[pytest.mark.vllm, requires_vllm])],
 )
 def test_partial_rollouts_pull_newer_weights_mid_response(
-    ray_session, tiny_random_model, engine, num_learners
+    ray_session, tiny_random_model, engine, num_runners, num_learners
 ):
-    """max_staleness=2 with partial_rollouts at T = 0.6 trains within the bound; then a version published while a
-    runner is about to decode is pulled between decoding steps: each response's first 4 tokens carry the runner's
-    version, the rest the new one, the sample counts as the older, and the queued load of the pulled version is
-    skipped. HF runners with two FSDP learners (the board gets rank 0's full weights); vLLM runners drive their
-    engine step by step (``r3_rllib/engines/vllm_stepping.py``)."""
+    """max_staleness=2 with partial_rollouts at T = 0.6 trains within the bound; then a version published while the
+    runners are about to decode is pulled between decoding steps by each of them: each response's first 4 tokens
+    carry its runner's version, the rest the new one, the sample counts as the older, and the queued load of the
+    pulled version is skipped. Two HF runners with two FSDP learners (the board gets rank 0's full weights; each
+    runner has its own puller); one vLLM runner driving its engine step by step
+    (``r3_rllib/engines/vllm_stepping.py``)."""
     import ray
 
     algo = (
@@ -171,32 +173,36 @@ def test_partial_rollouts_pull_newer_weights_mid_response(
             engine=engine,
             temperature=0.6,
         )
+        .env_runners(num_env_runners=num_runners)
         .learners(num_learners=num_learners, num_cpus_per_learner=1)
         .build_algo()
     )
     try:
         results = [algo.train() for _ in range(3)]
         assert all(r["rollout"]["staleness_max"] <= 2 for r in results)
-        algo.coordinator.drain()  # nothing in flight: the next call below runs on an idle runner
-        [start] = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
+        algo.coordinator.drain()  # nothing in flight: the calls below run on idle runners
+        starts = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
+        new_version = max(starts) + 5
         (weights_ref, _), *_ = [
             r.get() for r in algo.learner_group.foreach_learner(lambda lr: lr.weights_ref())
         ]
-        ray.get(algo.weights.board.publish.remote(start + 5, [weights_ref]))
+        ray.get(algo.weights.board.publish.remote(new_version, [weights_ref]))
 
-        def sample_and_reload(runner, _ref=weights_ref, _v=start + 5):
+        def sample_and_reload(runner, _ref=weights_ref, _v=new_version):
+            start = runner.engine.version
             result = runner.sample(num_queries=2)
-            return result, runner.update_weights(_ref, _v, only_if_newer=True), runner.engine.version
+            return start, result, runner.update_weights(_ref, _v, only_if_newer=True), runner.engine.version
 
-        [(result, reload_s, version)] = algo.env_runner_group.foreach_env_runner(
-            sample_and_reload, local_env_runner=False
-        )
-        samples = [s for g in result.groups for s in g.samples]
-        assert version == start + 5 and reload_s == 0.0  # pulled mid-rollout; the queued load is skipped
-        for s in samples:
-            assert s.token_versions.tolist()[:4] == [start] * 4
-            assert set(s.token_versions.tolist()[4:]) <= {start + 5}
-            assert s.policy_version == start
-        assert any(len(s.response_ids) > 4 for s in samples)
+        outcomes = algo.env_runner_group.foreach_env_runner(sample_and_reload, local_env_runner=False)
+        assert len(outcomes) == num_runners
+        for start, result, reload_s, version in outcomes:
+            samples = [s for g in result.groups for s in g.samples]
+            # pulled mid-rollout, so the queued load of the same version is skipped
+            assert version == new_version and reload_s == 0.0
+            for s in samples:
+                assert s.token_versions.tolist()[:4] == [start] * 4
+                assert set(s.token_versions.tolist()[4:]) <= {new_version}
+                assert s.policy_version == start
+            assert any(len(s.response_ids) > 4 for s in samples)
     finally:
         algo.stop()
