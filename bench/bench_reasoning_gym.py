@@ -15,8 +15,8 @@ model, data order and budget (``--iterations`` x ``--queries`` x ``--group-size`
 epoch. Reported per method (mean ± std over seeds): held-out greedy accuracy before and after, training accuracy,
 zero-advantage group fractions (before and after R^3's replay), R^3's work; per-iteration curves of the seed means
 (``learning_reasoning_gym.png``; held-out accuracy at the ends, and every ``--eval-every`` iterations where set)
-and ``summary.json`` under ``--out``. The loop is synchronous, so the learner takes both cores' worth of torch
-threads (``--learner-threads 2``) while the runner waits.
+and ``summary.json`` under ``--out``. The loop is synchronous, so the runner and the learner each take both cores'
+torch threads (``--runner-threads 2 --learner-threads 2``) while the other waits.
 """
 
 from __future__ import annotations
@@ -168,6 +168,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=2,
         help="the learner's torch threads (2: the runner's core is idle while the synchronous learner trains)",
+    )
+    ap.add_argument(
+        "--runner-threads",
+        type=int,
+        default=2,
+        help="the runner's torch threads (2: the learner is idle while the synchronous runner samples)",
     )
     ap.add_argument("--probe", action="store_true", help="only print the candidate tasks' accuracies")
     ap.add_argument("--probe-queries", type=int, default=16)

@@ -56,10 +56,11 @@ def method_config(method: str, args: argparse.Namespace, model_path: str):
 
 def one_runner_run(config, args: argparse.Namespace, model_path: str):
     """`config` (its env set) with one HF runner, one local learner, the seed and the training settings of `args`,
-    held-out evaluation on `args.num_queries` problems of the test split. The learner's torch threads are
-    `args.learner_threads` (default 1): the loop is synchronous, so the runner's core is free while it trains."""
+    held-out evaluation on `args.num_queries` problems of the test split. The runner's and the learner's torch
+    threads are `args.runner_threads` and `args.learner_threads` (default 1 each): the loop is synchronous, so
+    either may take both cores while the other waits."""
     return (
-        config.env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
+        config.env_runners(num_env_runners=1, num_cpus_per_env_runner=getattr(args, "runner_threads", 1))
         .learners(num_learners=0, num_cpus_per_learner=getattr(args, "learner_threads", 1))
         .debugging(seed=args.seed)
         .training(
