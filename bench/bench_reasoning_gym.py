@@ -132,6 +132,32 @@ def table(runs: list[dict[str, Any]], methods: Sequence[str]) -> str:
     return common.markdown_table(head, rows)
 
 
+#: The per-iteration columns: held-out greedy accuracy (where measured), sampled training accuracy, and the
+#: fraction of zero-advantage groups before and after R^3's replay / ranking (DAPO's filter refills its batch).
+CURVE_KEYS = ("eval/accuracy", "rollout/accuracy", "rollout/zero_adv_frac_before", "rollout/zero_adv_frac")
+
+
+def per_iteration_table(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
+    """Mean ± std over the seeds' progress.csv files, one row per (method, iteration); "-" where not measured."""
+    import numpy as np
+
+    from r3_rllib.eval.plot import read_progress_csv
+
+    head = ["method", "iteration", "held-out", "train acc", "zero-adv before", "zero-adv after", "seeds"]
+    rows = []
+    for m in methods:
+        runs = [read_progress_csv(p) for seed in seeds if (p := out_dir / "runs" / m / f"seed{seed}" / "progress.csv").is_file()]  # fmt: skip
+        if not runs:
+            continue
+        for i in range(min(len(r["training_iteration"]) for r in runs)):
+            cells = []
+            for key in CURVE_KEYS:
+                vals = [float(r[key][i]) for r in runs if key in r and not np.isnan(r[key][i])]
+                cells.append(common.pm(vals, "{:.2f}") if len(vals) == len(runs) else "-")
+            rows.append([m, int(runs[0]["training_iteration"][i]), *cells, len(runs)])
+    return common.markdown_table(head, rows)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # gcd of two numbers up to 20: 22 % sampled accuracy at the start with three examples, a third of the groups all
@@ -176,6 +202,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the runner's torch threads (2: the learner is idle while the synchronous runner samples)",
     )
     ap.add_argument("--probe", action="store_true", help="only print the candidate tasks' accuracies")
+    ap.add_argument(
+        "--report", action="store_true", help="only print the per-iteration table of the runs under --out"
+    )
     ap.add_argument("--probe-queries", type=int, default=16)
     ap.add_argument("--out", default="runs/bench_reasoning_gym")
     ap.add_argument(
@@ -191,6 +220,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if args.report:
+        print(per_iteration_table(Path(args.out), methods, seeds))
+        return 0
     common.setup_process()
     from r3_rllib.models.smollm2 import ModelUnavailableError, build_smollm2
 
@@ -209,8 +243,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     common.pickle_by_value(sys.modules[__name__], common, bench_learning, bench_smollm2_learning)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out_dir = Path(args.out)
     runs: list[dict[str, Any]] = []
     t_all = time.perf_counter()
@@ -232,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n## results: {args.task}, {args.iterations} iterations of {args.queries} x {args.group_size}, "
           f"{len(seeds)} seeds, {time.perf_counter() - t_all:.0f}s in total\n")  # fmt: skip
     print(table(runs, methods))
+    print("\nper iteration (mean ± std over the seeds; held-out at 0, every --eval-every and the last):\n")
+    print(per_iteration_table(out_dir, methods, seeds))
     pngs = bench_learning.plot(out_dir, methods, seeds, {"learning_reasoning_gym.png": methods})
     print("plots: " + ", ".join(str(p) for p in pngs))
     common.write_json(out_dir / "summary.json", {"args": vars(args), "runs": runs, "machine": common.machine(),
