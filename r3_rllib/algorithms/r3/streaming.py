@@ -164,8 +164,9 @@ class StreamingCoordinator(RolloutCoordinator):
             self._issued.pop(number, None)
             self.queue.append(QueuedRollout(number, result))
             results.append(result)
+        # A restarted runner resumes after its last delivered request; the data epoch moves only with training
+        # (`_take`), so R^3's start epochs switch on with the first batch of the new epoch, not k requests early.
         self.runner_states.update({r.worker_id: r.runner_state for r in results})
-        self.epoch.update({r.worker_id: r.env_epoch for r in results})
         self._forget_lost_requests()
         return len(results)
 
@@ -198,13 +199,17 @@ class StreamingCoordinator(RolloutCoordinator):
 
     def _take(self, target: int) -> list[QueuedRollout]:
         """The oldest delivered requests (request number, then worker id) holding ``target`` fresh groups (or all
-        the queue holds, when fewer came back)."""
+        the queue holds, when fewer came back); the data epoch becomes theirs."""
         self.queue.sort(key=lambda q: (q.request, q.result.worker_id))
         taken, fresh = [], 0
         while self.queue and fresh < target:
             taken.append(self.queue.pop(0))
             fresh += taken[-1].fresh_groups
-        return sorted(taken, key=lambda q: (q.result.worker_id, q.request))
+        taken.sort(key=lambda q: (q.result.worker_id, q.request))
+        self.epoch.update(
+            {q.result.worker_id: q.result.env_epoch for q in taken}
+        )  # each runner's newest taken
+        return taken
 
     def _forget_lost_requests(self) -> None:
         """Drop the requests of runners RLlib took out of service (a crash drops them with the actor's state)."""

@@ -96,12 +96,14 @@ def test_partial_rollouts_are_accepted_with_overlap_or_streaming_on_hf_and_in_pr
         ).validate()
 
 
-def _result(worker_id: int, fresh: int, reflection: int = 0):
+def _result(worker_id: int, fresh: int, reflection: int = 0, env_epoch: int = 0):
     from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
 
     groups = tuple(_group(f"w{worker_id}q{i}", [0]) for i in range(fresh))
     groups += tuple(_group(f"w{worker_id}r{i}", [0], reflection=True) for i in range(reflection))
-    return RolloutResult(worker_id, groups, 0, RolloutTimings(), 0, {}, RunnerState(env={}, sample_seed=0))
+    return RolloutResult(
+        worker_id, groups, env_epoch, RolloutTimings(), 0, {}, RunnerState(env={}, sample_seed=0)
+    )
 
 
 def test_a_batch_takes_the_oldest_requests_and_waits_for_one_about_to_go_stale():
@@ -110,15 +112,18 @@ def test_a_batch_takes_the_oldest_requests_and_waits_for_one_about_to_go_stale()
     config = R3Config().training(max_staleness=2, queries_per_iteration=4)
     coordinator = StreamingCoordinator(runners=None, config=config, metrics=None, max_staleness=2)
     coordinator.queue = [
-        QueuedRollout(5, _result(1, 2)),
-        QueuedRollout(3, _result(2, 2, reflection=1)),
-        QueuedRollout(4, _result(1, 2)),
+        QueuedRollout(5, _result(1, 2, env_epoch=2)),
+        QueuedRollout(3, _result(2, 2, reflection=1, env_epoch=1)),
+        QueuedRollout(4, _result(1, 2, env_epoch=1)),
     ]
-    taken = coordinator._take(
-        4
-    )  # requests 3 and 4 (oldest first) hold 4 fresh groups; the reflection comes along
+    # requests 3 and 4 (oldest first) hold 4 fresh groups; the reflection comes along
+    taken = coordinator._take(4)
     assert sorted(q.request for q in taken) == [3, 4] and [q.request for q in coordinator.queue] == [5]
     assert [q.result.worker_id for q in taken] == [1, 2]  # merged in worker order
+    # the data epoch is the trained requests' (1), not that of request 5, delivered but still queued (2)
+    assert coordinator.epoch.value == 1 and coordinator.epoch.runner_epochs == {1: 1, 2: 1}
+    coordinator._take(4)
+    assert coordinator.epoch.runner_epochs == {1: 2, 2: 1} and coordinator.epoch.value == 1
     # request 7, issued at version 3, is still in flight: trained after version 5 it would be 3 versions old
     coordinator._in_flight, coordinator._issued = {2: [7]}, {7: 3}
     assert coordinator._at_risk(policy_version=5) and not coordinator._at_risk(policy_version=4)
