@@ -318,3 +318,11 @@ def test_reasoning_gym_smoke(ray_session, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "| r3 |" in out and (tmp_path / "summary.json").is_file()
+    assert "| r3 | 0 | " in out and "| r3 | 1 | " in out  # the per-iteration table: before, after iteration 1
+    assert (
+        load("bench_reasoning_gym").main(
+            ["--report", "--methods", "r3", "--seeds", "0", "--out", str(tmp_path)]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.count("| r3 | ") == 2
