@@ -172,6 +172,9 @@ def test_partial_rollouts_pull_newer_weights_mid_response(
             max_new_tokens=12,
             engine=engine,
             temperature=0.6,
+            # Small steps: which runner delivers first decides the streamed batches, so the trained weights vary
+            # from run to run; near the random initialisation they keep the responses longer than 4 tokens.
+            lr=1e-6,
         )
         .env_runners(num_env_runners=num_runners)
         .learners(num_learners=num_learners, num_cpus_per_learner=1)
@@ -200,7 +203,8 @@ def test_partial_rollouts_pull_newer_weights_mid_response(
             # pulled mid-rollout, so the queued load of the same version is skipped
             assert version == new_version and reload_s == 0.0
             for s in samples:
-                assert s.token_versions.tolist()[:4] == [start] * 4
+                head = min(4, len(s.response_ids))  # a response may end within the first 4 steps
+                assert s.token_versions.tolist()[:4] == [start] * head
                 assert set(s.token_versions.tolist()[4:]) <= {new_version}
                 assert s.policy_version == start
             assert any(len(s.response_ids) > 4 for s in samples)
