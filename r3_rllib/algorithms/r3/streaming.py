@@ -205,10 +205,9 @@ class StreamingCoordinator(RolloutCoordinator):
         while self.queue and fresh < target:
             taken.append(self.queue.pop(0))
             fresh += taken[-1].fresh_groups
+        # merged in worker order; each runner's newest request comes last, so its epoch is the one recorded
         taken.sort(key=lambda q: (q.result.worker_id, q.request))
-        self.epoch.update(
-            {q.result.worker_id: q.result.env_epoch for q in taken}
-        )  # each runner's newest taken
+        self.epoch.update({q.result.worker_id: q.result.env_epoch for q in taken})
         return taken
 
     def _forget_lost_requests(self) -> None:
