@@ -16,6 +16,10 @@ the task's own ``score_answer`` (a number in [0, 1]; 1 is correct).
 - **Splits**: ``train`` and ``test`` are generated from different seeds, and every training problem whose question
   also appears among the ``test_size`` test problems is dropped (counted in ``data_report``), so the held-out
   problems are never trained on.
+- **Run seeds give different problems**: reasoning-gym seeds problem ``i`` with ``seed + i``, so generator seeds 0,
+  1 and 2 would share all but one problem of each split. The env's ``seed`` is therefore spread
+  (:func:`generator_seed`: ``seed * SEED_STRIDE``, plus the split's offset); seed 0 keeps reasoning-gym's own seed-0
+  problems.
 - **Data order**: the same global, per-epoch order and runner sharding as the other envs (``seed``, ``shuffle``,
   ``shard``; checkpointed through ``state()``).
 - **Failures**: a task that cannot be built raises a ``ValueError`` naming it; a verifier that raises on an answer
@@ -34,10 +38,13 @@ from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 from r3_rllib.envs.math_env import load_tokenizer
 
-#: Seed offset of the test split (train uses ``seed``, test ``seed + TEST_SEED_OFFSET``).
+#: Seed offset of the test split within a run seed's range (train uses offset 0).
 TEST_SEED_OFFSET = 1_000_003
 #: Seed offset of the few-shot examples' problems (neither a training nor a test seed).
 FEW_SHOT_SEED_OFFSET = 2_000_029
+#: Distance between the generator seeds of consecutive run seeds: more than the offsets above plus any split's size,
+#: so the problems of different run seeds come from disjoint seed ranges.
+SEED_STRIDE = 10_000_019
 GRADE_REASONS = ("correct", "partial", "wrong", "no_answer", "verifier_error")
 
 TaskSpec = str | Mapping[str, float] | Mapping[str, Mapping[str, Any]]
@@ -79,6 +86,12 @@ def task_specs(tasks: TaskSpec) -> list[tuple[str, float, dict[str, Any]]]:
     return specs
 
 
+def generator_seed(seed: int, offset: int = 0) -> int:
+    """reasoning-gym's dataset seed for run seed ``seed`` and a split's ``offset`` (see the module: its problem ``i``
+    is drawn with ``seed + i``, so run seeds must map to ranges ``SEED_STRIDE`` apart)."""
+    return seed * SEED_STRIDE + offset
+
+
 def build_dataset(specs: list[tuple[str, float, dict[str, Any]]], *, size: int, seed: int):
     """The reasoning-gym dataset of `specs` (one task directly, several through the composite dataset); a task that
     cannot be built (bad config, generator failure) raises a ValueError naming it."""
@@ -105,7 +118,7 @@ class ReasoningGymEnv(PooledTextEnv):
         split: ``"train"`` or ``"test"``.
         size: number of training problems generated (before dropping those that repeat a test problem).
         test_size: number of test problems.
-        seed: the generator seed (the test split uses ``seed + TEST_SEED_OFFSET``) and the data order's seed.
+        seed: the run seed (>= 0): the data order's seed, and the generators' through :func:`generator_seed`.
         shuffle, shard: the per-epoch order and this env's shard of it, as in the other envs.
         tokenizer: a tokenizer object or folder; its chat template renders the prompt when it has one.
         system_prompt: the system turn (default: reasoning-gym's, which asks for ``<answer>`` tags); None: none.
@@ -139,6 +152,8 @@ class ReasoningGymEnv(PooledTextEnv):
             raise ValueError(f"size and test_size must be >= 1, got {size} and {test_size}")
         if few_shot < 0:
             raise ValueError(f"few_shot must be >= 0, got {few_shot}")
+        if seed < 0:  # Python's Random takes |seed|: a negative seed's problems would repeat a positive one's
+            raise ValueError(f"seed must be >= 0, got {seed}")
         self.specs = task_specs(tasks)
         self.split, self.answer_tag, self.reward_mode = split, answer_tag, reward
         self.tokenizer = load_tokenizer(tokenizer)
@@ -152,11 +167,11 @@ class ReasoningGymEnv(PooledTextEnv):
         self._current: int | None = None
 
     def _split_entries(self, size: int, test_size: int, seed: int) -> tuple[Any, list[dict[str, Any]], int]:
-        test = build_dataset(self.specs, size=test_size, seed=seed + TEST_SEED_OFFSET)
+        test = build_dataset(self.specs, size=test_size, seed=generator_seed(seed, TEST_SEED_OFFSET))
         self._test_questions = {entry["question"] for entry in test}
         if self.split == "test":
             return test, list(test), 0
-        train = build_dataset(self.specs, size=size, seed=seed)
+        train = build_dataset(self.specs, size=size, seed=generator_seed(seed))
         entries = [entry for entry in train if entry["question"] not in self._test_questions]
         if not entries:
             raise ValueError(f"every generated training problem of {self.specs} is also a test problem")
@@ -167,7 +182,7 @@ class ReasoningGymEnv(PooledTextEnv):
         if k == 0:
             return []
         training = {entry["question"] for entry in self.entries} if self.split == "train" else set()
-        drawn = build_dataset(self.specs, size=8 * k + 16, seed=seed + FEW_SHOT_SEED_OFFSET)
+        drawn = build_dataset(self.specs, size=8 * k + 16, seed=generator_seed(seed, FEW_SHOT_SEED_OFFSET))
         unique = {e["question"]: e for e in drawn if e["question"] not in self._test_questions}
         examples = sorted(unique.values(), key=lambda e: e["question"] in training)[
             :k

@@ -160,3 +160,22 @@ def test_few_shot_examples_are_earlier_chat_turns_with_a_chat_template():
         {"role": "assistant", "content": f"<answer>{example['answer']}</answer>"},
         {"role": "user", "content": "reflect on this"},  # R^3's reflection prompt keeps the examples
     ]
+
+
+def test_run_seeds_draw_different_problems_and_seed_0_keeps_reasoning_gyms_own():
+    """reasoning-gym draws problem i with ``seed + i``: taken as generator seeds, run seeds 0 and 1 would share all
+    but one problem of each split (seed 1's problem i is seed 0's problem i + 1). The env spreads run seeds apart."""
+    import reasoning_gym as rg
+
+    def questions(env: ReasoningGymEnv) -> list[str]:
+        return [e["question"] for e in env.dataset]
+
+    kwargs = dict(tasks="basic_arithmetic", size=40, test_size=40, system_prompt=None)
+    seed0, seed1 = ReasoningGymEnv(seed=0, **kwargs), ReasoningGymEnv(seed=1, **kwargs)
+    shifted = [e["question"] for e in rg.create_dataset("basic_arithmetic", size=41, seed=0)][1:]
+    assert questions(seed1) != shifted and len(set(questions(seed1)) & set(questions(seed0))) <= 2
+    assert questions(seed0) == [e["question"] for e in rg.create_dataset("basic_arithmetic", size=40, seed=0)]
+    test0, test1 = (ReasoningGymEnv(seed=s, split="test", **kwargs) for s in (0, 1))
+    assert len(set(questions(test0)) & set(questions(test1))) <= 2
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        ReasoningGymEnv(seed=-1, **kwargs)
