@@ -137,8 +137,29 @@ def table(runs: list[dict[str, Any]], methods: Sequence[str]) -> str:
 CURVE_KEYS = ("eval/accuracy", "rollout/accuracy", "rollout/zero_adv_frac_before", "rollout/zero_adv_frac")
 
 
+def runs_on_disk(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """The figures of every (method, seed) run whose progress.csv is under `out_dir` (as the run returned them,
+    less the build and first-evaluation times): runs of several invocations, copied into one folder, report
+    together."""
+    import numpy as np
+
+    from r3_rllib.eval.plot import read_progress_csv
+
+    runs = []
+    for m in methods:
+        for seed in seeds:
+            path = out_dir / "runs" / m / f"seed{seed}" / "progress.csv"
+            if path.is_file():
+                columns = read_progress_csv(path)
+                n = len(columns["training_iteration"])
+                rows = [{k: float(v[i]) for k, v in columns.items() if not np.isnan(v[i])} for i in range(n)]
+                runs.append({**bench_smollm2_learning.summarize_run(m, rows), "seed": seed})
+    return runs
+
+
 def per_iteration_table(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
-    """Mean ± std over the seeds' progress.csv files, one row per (method, iteration); "-" where not measured."""
+    """Mean ± std over the seeds' progress.csv files, one row per (method, iteration); "-" where no seed measured
+    it, and the count where only some did (runs of different --eval-every)."""
     import numpy as np
 
     from r3_rllib.eval.plot import read_progress_csv
@@ -153,7 +174,8 @@ def per_iteration_table(out_dir: Path, methods: Sequence[str], seeds: Sequence[i
             cells = []
             for key in CURVE_KEYS:
                 vals = [float(r[key][i]) for r in runs if key in r and not np.isnan(r[key][i])]
-                cells.append(common.pm(vals, "{:.2f}") if len(vals) == len(runs) else "-")
+                cell = common.pm(vals, "{:.2f}") if vals else "-"
+                cells.append(cell if len(vals) in (0, len(runs)) else f"{cell} (n={len(vals)})")
             rows.append([m, int(runs[0]["training_iteration"][i]), *cells, len(runs)])
     return common.markdown_table(head, rows)
 
@@ -203,7 +225,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--probe", action="store_true", help="only print the candidate tasks' accuracies")
     ap.add_argument(
-        "--report", action="store_true", help="only print the per-iteration table of the runs under --out"
+        "--report",
+        action="store_true",
+        help="only report the runs under --out (their tables and curves), e.g. runs of several invocations",
     )
     ap.add_argument("--probe-queries", type=int, default=16)
     ap.add_argument("--out", default="runs/bench_reasoning_gym")
@@ -223,7 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if args.report:
-        print(per_iteration_table(Path(args.out), methods, seeds))
+        out_dir = Path(args.out)
+        print(table(runs_on_disk(out_dir, methods, seeds), methods))
+        print("\nper iteration (mean ± std over the seeds; (n=k) where only k of them measured it):\n")
+        print(per_iteration_table(out_dir, methods, seeds))
+        pngs = bench_learning.plot(out_dir, methods, seeds, {"learning_reasoning_gym.png": methods})
+        print("plots: " + ", ".join(str(p) for p in pngs))
         return 0
     common.setup_process()
     from r3_rllib.models.smollm2 import ModelUnavailableError, build_smollm2

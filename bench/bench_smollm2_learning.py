@@ -121,6 +121,12 @@ def run_one(
         algo.stop()
     rows[-1]["eval/accuracy"] = after["accuracy"]
     bench_learning.write_progress(out_dir / "runs" / (tag or method), rows)
+    return {**summarize_run(method, rows), "build_s": build_s, "eval_s": eval_s}
+
+
+def summarize_run(method: str, rows: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """One run's figures from its progress rows (row 0: the held-out start; the last row holds the held-out end
+    and the total time), as `run_one` returns them and `--report`-style readers rebuild them from progress.csv."""
     train = rows[1:]
     k = max(1, min(3, len(train) // 2))
 
@@ -128,11 +134,11 @@ def run_one(
         vals = [r[key] for r in rs if key in r and not math.isnan(r[key])]
         return sum(vals) / len(vals) if vals else math.nan
 
-    peaks = [r[key] for r in train for key in ("learner/peak_rss_gb",) if key in r]
+    peaks = [r[key] for r in train for key in ("learner/peak_rss_gb",) if key in r and not math.isnan(r[key])]
     return {
         "method": method,
-        "heldout_before": before["accuracy"],
-        "heldout_after": after["accuracy"],
+        "heldout_before": rows[0]["eval/accuracy"],
+        "heldout_after": rows[-1]["eval/accuracy"],
         "train_acc_first": mean_of(train[:k], "rollout/accuracy"),
         "train_acc_last": mean_of(train[-k:], "rollout/accuracy"),
         "avg_k": k,
@@ -142,12 +148,10 @@ def run_one(
         "replay_samples": sum(r.get("r3/train_replayed", 0.0) for r in train),
         "reflection_prompts": sum(r.get("r3/reflection_prompts", 0.0) for r in train),
         "ranked_groups": sum(r.get("r3/ranked_groups", 0.0) for r in train),
-        "s_per_iteration": total / max(1, len(train)),
+        "s_per_iteration": rows[-1]["time_total_s"] / max(1, len(train)),
         "sample_s": mean_of(train, "timers_s/sample_s"),
         "update_s": mean_of(train, "timers_s/learner_update_s"),
         "peak_rss_gb": max(peaks) if peaks else math.nan,
-        "build_s": build_s,
-        "eval_s": eval_s,
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import re
 import sys
 
 import pytest
@@ -325,4 +326,15 @@ def test_reasoning_gym_smoke(ray_session, tmp_path, capsys):
         )
         == 0
     )
-    assert capsys.readouterr().out.count("| r3 | ") == 2
+    report = capsys.readouterr().out
+
+    def rows(text: str, per_iteration: bool) -> list[str]:
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith("| r3 | ") and bool(re.match(r"\| r3 \| \d+ \|", line)) == per_iteration
+        ]
+
+    # The report rebuilds the run's figures from its progress.csv: the same method row, the same two iterations.
+    assert rows(report, False) == rows(out, False) and len(rows(report, False)) == 1
+    assert rows(report, True) == rows(out, True) and len(rows(report, True)) == 2
