@@ -42,9 +42,13 @@ from r3_rllib.envs.math_env import load_tokenizer
 TEST_SEED_OFFSET = 1_000_003
 #: Seed offset of the few-shot examples' problems (neither a training nor a test seed).
 FEW_SHOT_SEED_OFFSET = 2_000_029
-#: Distance between the generator seeds of consecutive run seeds: more than the offsets above plus any split's size,
-#: so the problems of different run seeds come from disjoint seed ranges.
+#: Distance between the generator seeds of consecutive run seeds. A run seed's splits draw from seed ranges
+#: [0, size), [TEST_SEED_OFFSET, + test_size) and [FEW_SHOT_SEED_OFFSET, + a few hundred) above its base, disjoint
+#: for up to MAX_SPLIT_SIZE problems per split (larger sizes are refused), and all below SEED_STRIDE: the problems
+#: of different run seeds come from disjoint seed ranges.
 SEED_STRIDE = 10_000_019
+#: The largest ``size`` / ``test_size``: the train split's seed range must end before the test split's starts.
+MAX_SPLIT_SIZE = TEST_SEED_OFFSET
 GRADE_REASONS = ("correct", "partial", "wrong", "no_answer", "verifier_error")
 
 TaskSpec = str | Mapping[str, float] | Mapping[str, Mapping[str, Any]]
@@ -148,8 +152,11 @@ class ReasoningGymEnv(PooledTextEnv):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if reward not in ("score", "binary"):
             raise ValueError(f"reward must be 'score' or 'binary', got {reward!r}")
-        if size < 1 or test_size < 1:
-            raise ValueError(f"size and test_size must be >= 1, got {size} and {test_size}")
+        if not (1 <= size <= MAX_SPLIT_SIZE and 1 <= test_size <= MAX_SPLIT_SIZE):
+            raise ValueError(
+                f"size and test_size must be in [1, {MAX_SPLIT_SIZE:,}] (the splits' generator-seed ranges must "
+                f"not overlap), got {size} and {test_size}"
+            )
         if few_shot < 0:
             raise ValueError(f"few_shot must be >= 0, got {few_shot}")
         if seed < 0:  # Python's Random takes |seed|: a negative seed's problems would repeat a positive one's

@@ -179,3 +179,6 @@ def test_run_seeds_draw_different_problems_and_seed_0_keeps_reasoning_gyms_own()
     assert len(set(questions(test0)) & set(questions(test1))) <= 2
     with pytest.raises(ValueError, match="seed must be >= 0"):
         ReasoningGymEnv(seed=-1, **kwargs)
+    # A train split longer than the distance to the test split's seeds would reach into them: refused up front.
+    with pytest.raises(ValueError, match=r"size and test_size must be in \[1, 1,000,003\]"):
+        ReasoningGymEnv(seed=0, **{**kwargs, "size": 1_000_004})
