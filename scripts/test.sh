@@ -26,8 +26,9 @@ e2e_long=(
 )
 # Byte-compile, once and in one process, what every test process and Ray actor imports (RLlib, Tune, pandas,
 # PEFT, vLLM, r3_rllib): setup.sh installs with --no-compile, and processes that start together would each compile
-# the same modules until one of them has written the .pyc files. Measured here with an empty bytecode cache, the
-# runner's and learner's imports took 5-6x longer cold than warm.
+# the same modules until one of them has written the .pyc files. Measured here (another job running), the imports
+# below less vLLM took 92-115 s with an empty bytecode cache and 16-18 s warm:
+#   PYTHONPYCACHEPREFIX=$(mktemp -d) .venv/bin/python -c "import ray.rllib, ray.tune, peft, ..."   # run it twice
 .venv/bin/python -c "import ray.rllib, ray.tune, peft, r3_rllib.algorithms.r3, r3_rllib.engines.hf_engine, \
 r3_rllib.engines.vllm_engine, r3_rllib.replay.actor; from vllm import LLM, SamplingParams" > /dev/null 2>&1 || true
 unit_log="$(mktemp)"

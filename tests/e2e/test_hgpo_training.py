@@ -120,15 +120,16 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
     """One HGPO run on the gridworld with two runners, 16 iterations of 16 layouts x 4 trajectories, 4 minibatches
     (BENCHMARKS 13c's setting, seed 0):
 
-    - held-out greedy success on 64 held-out layouts rises above the warm start's by at least one layout (1/64).
-      The run is seeded and repeats to the last bit on one machine (runners' groups merged in runner order, seeded
-      sampling and minibatch plans): three runs of this test gave 0.188 -> 0.219 every time. The bar sits below the
-      smallest effect seen across seeds, not at this run's, because another machine's float kernels make its run
-      another draw: `python bench/bench_hgpo.py --settings hgpo --eval-every 16` (this setting with no crash)
-      gained +0.047, +0.063, +0.125 at seeds 0, 1, 2. The effect of 16 iterations is small next to its seed
-      spread, so this bar is a weak check of learning. Sampled success (which the bench reports, and which did
-      not fall at these seeds: +0.004, +0.098, +0.027) is not evaluated here: its 2 x 256 trajectories cost half
-      as much rollout as the 16 training iterations;
+    - held-out success rises above the warm start's: greedy success on 64 held-out layouts by at least one layout
+      (1/64), while sampled success (64 layouts x 4 at temperature 1, fixed evaluation seeds, so before and after
+      draw the same random numbers) falls by no more than 0.03 (8 of 256 trajectories). The run is seeded and
+      repeats to the last bit on one machine (runners' groups merged in runner order, seeded sampling and minibatch
+      plans): three runs of this test gave greedy 0.188 -> 0.219 and sampled 0.488 -> 0.504 every time. The bars
+      sit below the smallest effect seen across seeds, not at this run's, because another machine's float kernels
+      make its run another draw: `python bench/bench_hgpo.py --settings hgpo --eval-every 16` (this setting with no
+      crash) gained greedy +0.047, +0.063, +0.125 and sampled +0.004, +0.098, +0.027 at seeds 0, 1, 2
+      (episode-level GRPO, which does not learn here, lost 0.02-0.08 sampled in BENCHMARKS 13c). The effect of 16
+      iterations is small next to its seed spread, so these bars are a weak check of learning;
     - runner 2's process exits in the middle of iteration 2's rollout (its third lockstep round): that iteration
       trains on runner 1's trajectories, Ray restarts runner 2 and it comes back with the learner's weights;
     - the checkpoint saved after iteration 1 restores the learner's weights, optimizer state and the runners' data
@@ -158,8 +159,10 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
         )
         assert split == merge_eval_counts([alone]) and split["num_queries"] == 8
 
+        sampled_before = algo.evaluate_heldout(64, samples=4)["accuracy"]
         greedy_before = algo.evaluate_heldout(64)["accuracy"]
-        assert greedy_before <= 0.3  # the warm start leaves room (measured: 0.19)
+        # The warm start leaves room (measured: sampled 0.44-0.49, greedy 0.19).
+        assert 0.3 <= sampled_before <= 0.6 and greedy_before <= 0.3
 
         first = algo.train()
         assert first["learner"]["trained_tokens"] > 0 and first["rollout"]["episode_len_mean"] > 1
@@ -203,9 +206,12 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
         for _ in range(14):
             result = algo.train()
             assert result["rollout"]["runners_failed"] == 0 and result["learner"]["trained_tokens"] > 0
+        sampled_after = algo.evaluate_heldout(64, samples=4)["accuracy"]
         greedy_after = algo.evaluate_heldout(64)["accuracy"]
-        print(f"HGPO held-out greedy success: {greedy_before} -> {greedy_after}")
-        assert greedy_after >= greedy_before + 1 / 64, (greedy_before, greedy_after)
+        progress = {"greedy": (greedy_before, greedy_after), "sampled": (sampled_before, sampled_after)}
+        print(f"HGPO held-out success: {progress}")
+        assert greedy_after >= greedy_before + 1 / 64, progress
+        assert sampled_after >= sampled_before - 0.03, progress
 
         algo.restore(checkpoint)
         assert checkpoint_fingerprint(algo) == saved

@@ -182,3 +182,5 @@ def test_run_seeds_draw_different_problems_and_seed_0_keeps_reasoning_gyms_own()
     # A train split longer than the distance to the test split's seeds would reach into them: refused up front.
     with pytest.raises(ValueError, match=r"size and test_size must be in \[1, 1,000,003\]"):
         ReasoningGymEnv(seed=0, **{**kwargs, "size": 1_000_004})
+    with pytest.raises(ValueError, match=r"size and test_size must be in"):
+        ReasoningGymEnv(seed=0, **{**kwargs, "test_size": 1_000_004})
