@@ -3,9 +3,12 @@
 - **Request / gather.** A rollout of ``num_queries`` is split over the healthy runners (the first
   ``num_queries % n`` take one more, as ``envs.data.runner_shards`` assumes) and asked for without waiting; gathering
   waits at most ``rollout_timeout_s`` and merges the answers in worker-id order (:func:`rollout_types.merge_results`).
-- **Timeouts and restarts.** A runner that crashed is skipped for the iteration (RLlib marks it unhealthy); one
-  that has not answered in time is marked unhealthy and killed, and Ray restarts it. ``R3.restore_env_runners``
-  brings either back, at the data position of its last delivered rollout (:attr:`runner_states`).
+- **Errors, timeouts and restarts.** A runner whose rollout raised (its env, its sampling settings, a non-finite
+  reward) answers with a ``RunnerError``, raised here: the run stops with the cause (runner_faults.py). A runner
+  that crashed is skipped for the iteration (RLlib marks it unhealthy); one that has not answered in time is marked
+  unhealthy and killed, and Ray restarts it. ``R3.restore_env_runners`` brings either back, at the data position of
+  its last delivered rollout (:attr:`runner_states`). When every runner asked was lost, the coordinator waits
+  (bounded) for Ray to restart them, restores them and asks again: an iteration never trains on nothing.
 - **Overlap** (``overlap_generation``): the next rollout is requested before the learner trains on this one; a
   checkpoint drains it (:meth:`drain`) so that its samples, whose queries the runners' data order has already
   consumed, are saved rather than lost.
@@ -26,11 +29,15 @@ import ray
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
 from r3_rllib.algorithms.r3.groups import Group, select_dynamic_groups
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, RunnerState, merge_results
+from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
 from r3_rllib.algorithms.r3.settings import max_staleness_of, overlong_shaping
 from r3_rllib.core.reflection import ReflectionSettings
 
 #: RLlib async-request tag of the rollout a runner generates (ahead of the learner with overlap_generation).
 ROLLOUT_TAG = "r3_rollout"
+
+#: Rollouts in a row that every runner asked may lose (crashes) before the iteration gives up.
+MAX_LOST_ROLLOUTS = 3
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +66,17 @@ class RolloutCoordinator:
     """Requests, gathers and merges the runners' rollouts for R3 (see the module docstring).
 
     ``runners`` is the algorithm's EnvRunnerGroup, ``metrics`` its MetricsLogger (rollout/... values are logged
-    here)."""
+    here), ``restore_runners`` brings restarted runners back (``R3.restore_env_runners``; None: a run with no
+    healthy runner fails at once)."""
 
-    def __init__(self, runners, config, metrics) -> None:
+    def __init__(
+        self, runners, config, metrics, restore_runners: Callable[[], list[int]] | None = None
+    ) -> None:
         self.runners = runners
         self.config = config
         self.metrics = metrics
+        self.restore_runners = restore_runners
+        self.delivered = 0  # runners that delivered the last gathered request
         self.epoch = DataEpoch()
         self.in_flight = False  # a rollout request is out on the runners
         self._asked: list[int] = []  # the runners asked for the rollout in flight
@@ -128,35 +140,52 @@ class RolloutCoordinator:
         synchronous rollout."""
         if self.ready is not None:
             ready, self.ready = self.ready, None
-            return ready
+            if ready.groups:  # empty: drained while every runner was down
+                return ready
         if self.in_flight:
-            return self.gather()
+            return self._gather_delivered(num_queries, reflection)
         return self.sample(num_queries, reflection)
 
     def sample(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
         """A synchronous rollout: request and gather."""
         self.request(num_queries, reflection)
-        return self.gather()
+        return self._gather_delivered(num_queries, reflection)
+
+    def _gather_delivered(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:
+        """Gather the request in flight; when every runner asked was lost (crashed), wait for them to be restarted
+        and ask again (at most MAX_LOST_ROLLOUTS times): a rollout with no samples is never trained or reported."""
+        rollout = self.gather()
+        for _ in range(MAX_LOST_ROLLOUTS):
+            if self.delivered or not self._asked:
+                return rollout
+            logger.warning(
+                "every EnvRunner asked (%s) was lost during the rollout: asking again", self._asked
+            )
+            self.request(num_queries, reflection)
+            rollout = self.gather()
+        if not self.delivered:
+            raise RuntimeError(f"every EnvRunner was lost in {MAX_LOST_ROLLOUTS + 1} rollouts in a row")
+        return rollout
 
     # -- request / gather -------------------------------------------------------------------------------------
     def request(self, num_queries: int, reflection: ReflectionSettings | None) -> None:
-        """Split ``num_queries`` over the healthy runners and ask each for its share, without waiting."""
-        ids = sorted(self.runners.healthy_worker_ids())
-        if not ids:
-            raise RuntimeError("no healthy EnvRunner left to sample from")
+        """Split ``num_queries`` over the healthy runners and ask each for its share, without waiting (with none
+        healthy, after waiting for Ray to restart them: runner_faults.wait_for_runners)."""
+        ids = wait_for_runners(self.runners, self.restore_runners, self.config)
         share = query_shares(num_queries, ids)
 
         def sample(runner, _share=share, _refl=reflection):
             n = _share.get(runner.worker_index, 0)
-            return runner.sample(num_queries=n, reflection=_refl) if n > 0 else None
+            return sample_or_error(runner, num_queries=n, reflection=_refl) if n > 0 else None
 
         self._asked = list(ids)
         self.runners.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=ids)
         self.in_flight = True
 
     def gather(self) -> Rollout:
-        """Wait for the requested rollout. A runner that crashed is skipped for this iteration (RLlib marks it
-        unhealthy), and so is one that has not answered within rollout_timeout_s (it is restarted here)."""
+        """Wait for the requested rollout. A runner whose rollout raised stops the run with its RunnerError; one
+        that crashed is skipped for this iteration (RLlib marks it unhealthy), and so is one that has not answered
+        within rollout_timeout_s (it is restarted here)."""
         # In runner order, not arrival order: the batch must not depend on which runner finished first.
         answers = sorted(
             self.runners.fetch_ready_async_reqs(
@@ -165,11 +194,13 @@ class RolloutCoordinator:
             key=lambda answer: answer[0],
         )
         self.in_flight = False
+        raise_runner_errors(answers)
         answered = {wid for wid, _ in answers}
         healthy = set(self.runners.healthy_worker_ids())
         late = [wid for wid in self._asked if wid in healthy and wid not in answered]
         self._restart_hung_runners(late)
         results: list[RolloutResult] = [out for _, out in answers if out is not None]
+        self.delivered = len(answers)
         self.runner_states.update({r.worker_id: r.runner_state for r in results})
         self._log("runners_failed", len(self._asked) - len(answers))
         self._log("runners_timed_out", len(late))

@@ -26,7 +26,6 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
-from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.multistep import step_groups
 from r3_rllib.algorithms.r3.partial_rollout import NewerWeightsPuller, oldest_version
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
@@ -39,6 +38,8 @@ from r3_rllib.algorithms.r3.runner_env import (
     runner_env_config,
     runner_seed,
 )
+from r3_rllib.algorithms.r3.runner_eval import HeldOutEvaluation
+from r3_rllib.algorithms.r3.runner_faults import check_finite_rewards
 from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors, unpack_weights
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
@@ -46,14 +47,15 @@ from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.models.hub import policy_path
-from r3_rllib.rollout.multistep import episode_stats, episode_totals, rollout_multistep, supports_episodes
+from r3_rllib.rollout.multistep import episode_totals, rollout_multistep, supports_episodes
 from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes, tool_use_totals
 
 logger = logging.getLogger(__name__)
 
 
-class LLMEnvRunner(EnvRunner, Checkpointable):
-    """Samples groups of responses from a TextEnv with a GenerationEngine (see module docstring)."""
+class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
+    """Samples groups of responses from a TextEnv with a GenerationEngine (see module docstring); evaluates held-out
+    queries (runner_eval.py)."""
 
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
@@ -95,6 +97,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._sample_seed = seed
         self._last_call_end: float | None = None  # when the last rollout or weight load ended (idle time)
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on
+        self.query_id: str | None = None  # the query being graded: a RunnerError names it (runner_faults.py)
         self._stop_ids = tuple(i for i in [self.tokenizer.eos_token_id] if i is not None)
 
     # -- RLlib EnvRunner API ------------------------------------------------------------------------------------
@@ -142,12 +145,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def sample(
         self, *, num_queries: int = 1, reflection: ReflectionSettings | None = None, **kwargs
     ) -> RolloutResult:
-        """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given)."""
-        t0 = time.perf_counter()
+        """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given). A non-finite
+        reward raises NonFiniteRewardError naming its query (it would make the batch's advantages NaN)."""
+        t0, self.query_id = time.perf_counter(), None
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
         groups, timings, tokens, totals = self._rollout(num_queries, reflection)
+        check_finite_rewards(groups, type(self.env).__name__)
         self._last_call_end = time.perf_counter()
         return RolloutResult(
             worker_id=int(self.worker_index or 0),
@@ -276,7 +281,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )  # fmt: skip
 
     def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool, str | None]:
-        options = {"query_id": query_id}
+        options, self.query_id = {"query_id": query_id}, query_id
         if user_content is not None:
             options["user_content"] = user_content
         self.env.reset(options=options)
@@ -326,106 +331,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             obs, _ = self.env.reset(options={"query_id": qid, "user_content": content})
             out.append((qid, content, obs))
         return out
-
-    def evaluate(
-        self,
-        num_queries: int,
-        *,
-        with_head: bool | None = None,
-        samples: int = 0,
-        shard: tuple[int, int] = (0, 1),
-    ) -> dict[str, float]:
-        """Counts of a held-out evaluation (merged by `heldout.merge_eval_counts`) on part ``shard = (index,
-        count)`` of the first `num_queries` held-out queries (env_config updated with `eval_env_config`); the same
-        queries every call, so evaluations are comparable. Greedy, one response per query; `samples` > 0: that many
-        responses (trajectories) per query sampled as in training, with the part's fixed evaluation seed.
-
-        R^2PO: evaluated with base logits (head off: the policy that is exported and served) unless `with_head`
-        (None: the config's rollout_head_eval_with_head); training rollouts go back to the head afterwards."""
-        set_head = getattr(self.engine, "set_rollout_logits", None)
-        if set_head is None:
-            return self._evaluate(num_queries, samples, shard)
-        if with_head is None:
-            with_head = bool(self.config.rollout_head_eval_with_head)
-        before = bool(self.engine.rollout_logits)
-        set_head(with_head)
-        try:
-            return self._evaluate(num_queries, samples, shard)
-        finally:
-            set_head(before)
-
-    def _evaluate(self, num_queries: int, samples: int, shard: tuple[int, int]) -> dict[str, float]:
-        if self._eval_env is None:
-            cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
-            self._eval_env = build_env(self.config.env, cfg, self.tokenizer)
-            self._eval_start = self._eval_env.state()
-        env = self._eval_env
-        env.set_state(self._eval_start)
-        n = min(num_queries, len(env)) if _has_len(env) else num_queries
-        part = eval_shard(n, *shard)
-        per_query = max(1, samples)
-        params = self.sampling_params(greedy=samples < 1, seed=eval_seed(self.config.seed or 0, shard[0]))
-        first = [env.reset() for _ in range(part.stop)][part.start :]
-        return self._evaluate_part(env, first, per_query, params)
-
-    def _evaluate_responses(
-        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
-    ) -> dict[str, float]:
-        """Correct responses to the prompts `first` ((observation, info) of env.reset()), `per_query` each."""
-        prompts = [self.tokenizer(obs, add_special_tokens=False)["input_ids"] for obs, _ in first]
-        qids = [info["query_id"] for _, info in first]
-        comps = self.engine.generate(prompts, per_query, params) if prompts else []
-        correct = 0
-        for qid, group in zip(qids, comps, strict=True):
-            for c in group:
-                env.reset(options={"query_id": qid})
-                _, _, _, _, info = env.step(c.text)
-                correct += bool(info.get("correct"))
-        return {
-            "queries": float(len(qids)),
-            "samples": float(len(qids) * per_query),
-            "correct": float(correct),
-        }
-
-    def _evaluate_episodes(
-        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
-    ) -> dict[str, float]:
-        """Successes, trajectory lengths and steps of the successful trajectories on the queries of `first`
-        ((observation, info) of env.reset()), `per_query` trajectories each."""
-        query_ids = [info["query_id"] for _, info in first]
-        counts = {"queries": float(len(query_ids)), "samples": 0.0, "correct": 0.0}
-        counts |= {"length_sum": 0.0, "goal_steps_sum": 0.0}
-        if not query_ids:
-            return counts
-        records = rollout_multistep(
-            self.engine,
-            self.tokenizer,
-            env.episode,
-            query_ids,
-            per_query,
-            params,
-            gamma=self.config.step_gamma,
-            max_steps=self.config.max_episode_steps,
-        )
-        stats = episode_stats(records)
-        wins = stats["successes"]
-        counts["samples"] = stats["trajectories"]
-        counts["correct"] = wins
-        counts["length_sum"] = stats["mean_length"] * stats["trajectories"]
-        counts["goal_steps_sum"] = stats["steps_to_goal"] * wins if wins else 0.0
-        return counts
-
-    def _evaluate_tool_episodes(
-        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
-    ) -> dict[str, float]:
-        """Correct trajectories of a multi-turn tool env on the queries of `first`, `per_query` each."""
-        query_ids = [info["query_id"] for _, info in first]
-        trajs = self._tool_rollout(query_ids, env.tool_episode, params, per_query) if query_ids else []
-        return {
-            "queries": float(len(query_ids)),
-            "samples": float(len(trajs)),
-            "correct": float(sum(t.correct for t in trajs)),
-        }
 
     # -- weights ------------------------------------------------------------------------------------------------
     def set_weight_board(self, board) -> None:  # partial rollouts: newer weights between decoding steps
@@ -490,11 +395,3 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
-
-
-def _has_len(env) -> bool:
-    try:
-        len(env)
-    except TypeError:
-        return False
-    return True

@@ -3,7 +3,8 @@
 - :class:`RunnerState`: where a runner stands in its data and its sampling seed (a restarted runner resumes there);
 - :class:`RolloutResult`: one runner's answer to one rollout request (``LLMEnvRunner.sample``);
 - :class:`Rollout`: the driver's merge of the runners' results, in worker-id order (:func:`merge_results`), and of
-  several rounds of one iteration (dynamic sampling, :meth:`Rollout.merge`).
+  several rounds of one iteration (dynamic sampling, :meth:`Rollout.merge`);
+- :class:`RunnerError`: a runner's answer when its rollout raised (the driver raises it: runner_faults.py).
 """
 
 from __future__ import annotations
@@ -106,6 +107,53 @@ class Rollout:
             generated_tokens=float(info.get("generated_tokens", 0.0)),
             totals=dict(info.get("totals", {})),
         )
+
+
+class RunnerError(RuntimeError):
+    """A runner's rollout raised: which runner, its env, the query it was grading (None when unknown, e.g. the
+    env's ``reset`` raised), the exception's type and message, and the runner-side traceback.
+
+    The runner returns it as a value instead of raising (RLlib's ``apply`` would log the exception in the runner's
+    own log, sleep ``delay_between_env_runner_restarts_s`` and exit the process, and the driver would only see a
+    dead actor); the driver raises it, so the cause reaches the user within seconds."""
+
+    def __init__(
+        self,
+        worker_index: int,
+        error_type: str,
+        message: str,
+        *,
+        env: str | None = None,
+        query_id: str | None = None,
+        remote_traceback: str = "",
+    ) -> None:
+        self.worker_index = int(worker_index)
+        self.error_type = str(error_type)
+        self.message = str(message)
+        self.env = env
+        self.query_id = query_id
+        self.remote_traceback = str(remote_traceback)
+        where = ", ".join(
+            part for part in (env and f"env {env}", query_id is not None and f"query {query_id!r}") if part
+        )
+        text = (
+            f"EnvRunner {self.worker_index}{f' ({where})' if where else ''} failed: {error_type}: {message}"
+        )
+        if self.remote_traceback:
+            text += f"\n\nEnvRunner {self.worker_index} traceback:\n{self.remote_traceback.rstrip()}"
+        super().__init__(text)
+
+    def __reduce__(self):
+        # Crosses process boundaries (runner -> driver, Tune trial -> driver): rebuilt from its fields.
+        return (_rebuild_runner_error, (self.worker_index, self.error_type, self.message, self.env,
+                                        self.query_id, self.remote_traceback))  # fmt: skip
+
+
+def _rebuild_runner_error(*fields: Any) -> RunnerError:
+    worker_index, error_type, message, env, query_id, remote_traceback = fields
+    return RunnerError(
+        worker_index, error_type, message, env=env, query_id=query_id, remote_traceback=remote_traceback
+    )
 
 
 def merge_results(results: Sequence[RolloutResult]) -> Rollout:

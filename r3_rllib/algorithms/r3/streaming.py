@@ -20,7 +20,9 @@
 - **Checkpoints** drain every request in flight into the queue, which is saved whole and restored: each runner's
   saved state is the one after its last delivered request, so after a restore no sample is trained twice or lost.
 - **A runner that crashes** loses only its requests in flight (unfinished groups); restarted, it resumes at the
-  data position of its last delivered request, so those queries are drawn again.
+  data position of its last delivered request, so those queries are drawn again. With every runner down, the
+  iteration waits (bounded) for Ray to restart them and asks again; a runner whose rollout raised stops the run
+  with its ``RunnerError`` (runner_faults.py).
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
-from r3_rllib.algorithms.r3.coordinator import ROLLOUT_TAG, RolloutCoordinator, query_shares
+from r3_rllib.algorithms.r3.coordinator import (
+    MAX_LOST_ROLLOUTS,
+    ROLLOUT_TAG,
+    RolloutCoordinator,
+    query_shares,
+)
 from r3_rllib.algorithms.r3.groups import Group
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, merge_results
+from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
 from r3_rllib.core.reflection import ReflectionSettings
 
 #: Seconds between polls of the requests in flight while the learner waits for groups.
@@ -74,8 +82,8 @@ def split_stale_groups(
 class StreamingCoordinator(RolloutCoordinator):
     """Streaming rollouts with a staleness bound (see the module docstring)."""
 
-    def __init__(self, runners, config, metrics, max_staleness: int) -> None:
-        super().__init__(runners, config, metrics)
+    def __init__(self, runners, config, metrics, max_staleness: int, restore_runners=None) -> None:
+        super().__init__(runners, config, metrics, restore_runners)
         if max_staleness < 2:
             raise ValueError(f"streaming rollouts need max_staleness >= 2, got {max_staleness}")
         self.max_staleness = max_staleness
@@ -100,6 +108,14 @@ class StreamingCoordinator(RolloutCoordinator):
         self._top_up(reflection, policy_version)  # the first iteration, or after a restore or a restart
         t_wait = time.perf_counter()
         self._wait_for(target, policy_version)
+        for _ in range(MAX_LOST_ROLLOUTS):
+            if self.queue or self.ready is not None:
+                break
+            # Every runner was lost with its requests: wait for their restart (in _top_up) and ask again.
+            self._top_up(reflection, policy_version)
+            self._wait_for(target, policy_version)
+        if not self.queue and self.ready is None:
+            raise RuntimeError(f"every EnvRunner was lost in {MAX_LOST_ROLLOUTS + 1} rollouts in a row")
         learner_wait_s = time.perf_counter() - t_wait
         taken = self._take(target)
         rollout = merge_results([q.result for q in taken])
@@ -126,10 +142,9 @@ class StreamingCoordinator(RolloutCoordinator):
         return len(self._in_flight.get(wid, ())) + sum(q.result.worker_id == wid for q in self.queue)
 
     def _top_up(self, reflection: ReflectionSettings | None, policy_version: int) -> None:
-        """Ask every healthy runner for its share until it has ``max_staleness`` requests outstanding."""
-        ids = sorted(self.runners.healthy_worker_ids())
-        if not ids:
-            raise RuntimeError("no healthy EnvRunner left to sample from")
+        """Ask every healthy runner for its share until it has ``max_staleness`` requests outstanding (with none
+        healthy, after waiting for Ray to restart them: runner_faults.wait_for_runners)."""
+        ids = wait_for_runners(self.runners, self.restore_runners, self.config)
         share = query_shares(self.config.queries_per_iteration, ids)
         for wid in ids:
             if share[wid] == 0:
@@ -144,7 +159,7 @@ class StreamingCoordinator(RolloutCoordinator):
         self._issued[number] = policy_version
 
         def sample(runner, _n=num_queries, _refl=reflection, _number=number):
-            return _number, runner.sample(num_queries=_n, reflection=_refl)
+            return _number, sample_or_error(runner, num_queries=_n, reflection=_refl)
 
         sent = self.runners.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=[wid])
         if sent != 1:  # RLlib refuses a request past max_requests_in_flight_per_env_runner
@@ -157,6 +172,7 @@ class StreamingCoordinator(RolloutCoordinator):
     def _receive(self, timeout_s: float) -> int:
         """Collect the requests that finished (waiting at most ``timeout_s``) into the queue; their number."""
         answers = self.runners.fetch_ready_async_reqs(tags=ROLLOUT_TAG, timeout_seconds=timeout_s)
+        raise_runner_errors((wid, out) for wid, (_, out) in answers)
         results = []
         for wid, (number, result) in answers:
             if number in self._in_flight.get(wid, ()):
