@@ -11,6 +11,7 @@ restarts lose nothing, and its state is part of the algorithm's checkpoint (chec
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -32,6 +33,7 @@ from r3_rllib.algorithms.r3.groups import (
     rollout_means,
 )
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
+from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
@@ -73,11 +75,13 @@ class R3(Algorithm):
         self._rng = np.random.default_rng(self.config.seed)
         # Requests, gathers and merges rollouts (overlap, dynamic sampling, timeouts, restarts); owns the data epoch.
         # With max_staleness >= 2 the rollouts stream (streaming.py).
+        # With no healthy runner left it waits for Ray to restart them and restores them here (runner_faults.py).
         staleness = max_staleness_of(self.config)
+        restore = functools.partial(self.restore_env_runners, self.env_runner_group)
         self.coordinator = (
-            StreamingCoordinator(self.env_runner_group, self.config, self.metrics, staleness)
+            StreamingCoordinator(self.env_runner_group, self.config, self.metrics, staleness, restore)
             if staleness >= 2
-            else RolloutCoordinator(self.env_runner_group, self.config, self.metrics)
+            else RolloutCoordinator(self.env_runner_group, self.config, self.metrics, restore)
         )
         # The driver's policy version: the version of the weights the runners were last sent.
         board = WeightBoard.remote() if self.config.partial_rollouts else None
@@ -199,6 +203,7 @@ class R3(Algorithm):
         seed = int(self._rng.integers(2**31))
         # Only R^2PO passes a stage: learners of a run without a head keep their old call.
         kwargs = {"stage": stage} if stage is not None else {}
+        results = None
         try:
             results = self.learner_group.foreach_learner(
                 lambda learner, _ref=ref, _seed=seed, _kw=kwargs: learner.update_from_samples(
@@ -206,8 +211,13 @@ class R3(Algorithm):
                 )
             )
             return _first_result(results)
-        except Exception as err:  # a learner killed for memory: say which process and what to lower
-            oom = learner_memory_error(err, self.config)
+        except Exception as err:
+            # A learner process that died: name its rank (the others only report a broken collective), unless
+            # Ray's memory monitor killed it (then what to lower is the useful message).
+            died = learner_death_error(results or [], int(self.config.num_learners or 0))
+            if died is not None and not isinstance(died[1], ray.exceptions.OutOfMemoryError):
+                raise died[0] from died[1]
+            oom = learner_memory_error(died[1] if died else err, self.config)
             if oom is None:
                 raise
             raise oom from err
