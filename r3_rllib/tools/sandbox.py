@@ -1,30 +1,53 @@
-"""Run model-written Python in a sandbox: a separate process with resource limits, a throwaway scratch directory,
-no network and no writes outside that directory.
+"""Run model-written Python in a sandbox that holds against hostile programs.
 
-Model-written code is hostile until proven otherwise. :func:`run_python` runs it as follows.
+Model-written code is hostile until proven otherwise. :func:`run_python` starts the launcher
+(:mod:`r3_rllib.tools.sandbox_init`), which starts the program under one of two isolations.
 
-- **Isolation ``"namespaces"``** (used when the process may create Linux namespaces, e.g. as root, and
-  ``unshare``/``setpriv`` exist): the program runs in fresh PID, network and mount namespaces (util-linux
-  ``unshare``), as an unprivileged user id of its own (``setpriv``, no new privileges, no supplementary groups).
-  The network namespace has no interface but a down loopback, so no connection leaves it (a local server included).
-  The world-writable directories (``/tmp``, ``/var/tmp``, ``/dev/shm``) are mounted read-only inside it and every
-  other path is owned by other users, so the only writable place is the scratch directory. The program is PID 1 of
-  its PID namespace: when it ends or is killed, the kernel kills every process it started (fork bombs, daemons,
-  ``setsid`` escapes included).
-- **Isolation ``"rlimits"``** (the weaker fallback, where namespaces are not available): the same resource limits,
-  scratch directory and process group, but the program runs as the calling user, can reach the network, can write
-  wherever that user can, and a process that leaves the group with ``setsid`` survives the timeout kill. Pass
-  ``isolation="namespaces"`` to refuse to run without the strong form.
+**Isolation ``"namespaces"``** (root or CAP_SYS_ADMIN; what holds, and why each piece):
 
-Resource limits in both: CPU seconds (``RLIMIT_CPU``), address space (``memory_mb``, ``RLIMIT_AS``), processes
-(``RLIMIT_NPROC``; per sandbox user under namespaces), file size (``RLIMIT_FSIZE``), open files, no core dumps; a
-wall-clock timeout (the whole process tree is killed when it passes), and output capped at ``max_output_bytes``
-(the program is killed when it writes more). The scratch directory is removed afterwards, whatever the program did.
+- *Its own filesystem* (:mod:`r3_rllib.tools.rootfs`): a fresh mount namespace whose root is a minimal read-only
+  tree (system directories, the interpreter's prefixes, ``/dev`` nodes, a fresh ``/proc``), entered with
+  ``pivot_root``. Host paths outside it do not exist inside: ``/work``, ``/home``, ``/tmp/ray``, ``/run/lock`` and
+  the rest of ``/root`` are absent, so nothing of the host can be read or written beyond the read-only system and
+  Python files.
+- *A disk and inode quota*: the only writable places, the working directory ``/scratch``, ``/tmp`` and
+  ``/dev/shm``, share one tmpfs of ``disk_mb`` and ``64 * disk_mb`` inodes (at least 1024): a full disk is ENOSPC
+  inside. Its pages are freed with the namespace when the run ends; there is no scratch directory on the host.
+- *Memory outside the address space refused* (:mod:`r3_rllib.tools.seccomp`): ``RLIMIT_AS`` does not count pages
+  held by a file descriptor or a filesystem, so a seccomp filter denies ``memfd_create``, SysV shared memory, new
+  namespaces (``unshare``/``clone`` with namespace flags, so no user namespace and no tmpfs of one's own), ``mount``,
+  ``ptrace``, ``bpf``, ``io_uring``, ``userfaultfd``, ``perf_event_open``, keyrings, and more. What a program can hold
+  is then bounded by ``max_processes * memory_mb + disk_mb`` (plus kernel buffers of at most 64 open files per
+  process).
+- *No network*: a new network namespace with only a down loopback interface; new IPC and UTS namespaces too.
+- *Its own user*: a user id drawn per run from :data:`SANDBOX_UID_RANGE`, no groups, no new privileges (setuid
+  binaries gain nothing, and the bind mounts are ``nosuid``); ``RLIMIT_NPROC`` counts that user's processes.
+- *Not PID 1, and the whole tree dies*: PID 1 of the new PID namespace is the launcher's waiter, the program is
+  PID 2, so its own signals work as usual. When the program ends, times out or floods its output, PID 1 exits and
+  the kernel kills every process of the namespace (``setsid`` and double-fork daemons included) before the run
+  returns.
+
+**Isolation ``"rlimits"``** (the fallback where namespaces are not available). It gives: the resource limits below,
+a scratch directory on the host (removed afterwards), the seccomp filter where the kernel allows one (no memfd, no
+user namespaces, no ptrace), a wall-clock timeout measured independently of the program's pipes (a program that
+closes stdout/stderr is still killed at ``timeout_s`` and reported ``timed_out``), and a launcher that is a child
+subreaper and kills every descendant when the program ends or times out. It does NOT give: a private filesystem
+(the program reads and writes whatever the calling user can, ``/tmp``, ``/dev/shm``, ``/run/lock`` and the checkout
+included), a disk quota (``max_file_mb`` bounds each file, not their number), a memory bound for files in a tmpfs
+such as ``/dev/shm``, network isolation, a process-count limit (``RLIMIT_NPROC`` would count all of the user's
+processes), or protection of the launcher: the program runs as the same user and may kill it, and its orphans then
+outlive the run. Pass ``isolation="namespaces"`` to refuse to run without the strong form.
+
+Resource limits in both: CPU seconds (``RLIMIT_CPU``, a backstop), address space per process (``memory_mb``,
+``RLIMIT_AS``), file size (``max_file_mb``, ``RLIMIT_FSIZE``), 64 open files, no core dumps; a wall-clock timeout,
+and output capped at ``max_output_bytes`` (the program is killed when it writes more).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
 import resource
 import secrets
@@ -40,26 +63,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from r3_rllib.tools import rootfs
+
 Isolation = Literal["auto", "namespaces", "rlimits"]
 
 #: Sandboxed programs run as a user id drawn from this range (ids with no account: they own nothing but the
-#: scratch directory, and two concurrent sandboxes almost never share one).
+#: scratch filesystem, and two concurrent sandboxes almost never share one).
 SANDBOX_UID_RANGE = (200_000, 260_000)
-
-# Inside the namespaces: make the world-writable directories read-only, re-open the scratch directory for
-# writing, mount a /proc of the new PID namespace, drop to the sandbox user and run the program.
-_INNER_SCRIPT = """set -e
-scratch="$1"; uid="$2"; shift 2
-mount --make-rprivate /
-for d in /tmp /var/tmp /dev/shm; do
-  if [ -d "$d" ]; then mount --bind "$d" "$d"; mount -o remount,bind,ro "$d"; fi
-done
-mount --bind "$scratch" "$scratch"
-mount -o remount,bind,rw "$scratch"
-mount -t proc proc /proc
-cd "$scratch"
-exec setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs -- "$@" 2>&1
-"""
+_LAUNCHER = str(Path(__file__).with_name("sandbox_init.py"))
+_SETUP_FAILED = 125
+# Upper bounds of the arguments: far above any sensible use, low enough that no limit overflows a C long.
+_MAX = {
+    "timeout_s": 86_400,
+    "memory_mb": 2**20,
+    "max_output_bytes": 2**30,
+    "max_processes": 4096,
+    "max_file_mb": 2**20,
+    "disk_mb": 2**20,
+}
 
 
 @dataclass(frozen=True)
@@ -90,27 +111,19 @@ class SandboxResult:
 
 @functools.cache
 def namespaces_available() -> bool:
-    """Whether this process can run programs under the "namespaces" isolation (probed once, by running it)."""
-    if not (shutil.which("unshare") and shutil.which("setpriv")) or os.geteuid() != 0:
+    """Whether this process can run programs under the "namespaces" isolation (probed once, by running one)."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
         return False
     try:
-        scratch = tempfile.mkdtemp(prefix="r3-sandbox-probe-")
-        try:
-            probe = subprocess.run(
-                _namespace_prefix(scratch, SANDBOX_UID_RANGE[0]) + ["/bin/true"],
-                capture_output=True,
-                timeout=10,
-            )
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    except (OSError, subprocess.SubprocessError):
+        probe = _run_checked("pass", "namespaces", timeout_s=10.0, limits=_Limits())
+    except (OSError, ValueError):
         return False
-    return probe.returncode == 0
+    return probe.exit_code == 0
 
 
 def resolve_isolation(isolation: Isolation) -> str:
     """The isolation a run with `isolation` uses: 'auto' picks namespaces where available, else rlimits;
-    'namespaces' raises where they are not available."""
+    'namespaces' raises RuntimeError where they are not available."""
     if isolation not in ("auto", "namespaces", "rlimits"):
         raise ValueError(f"isolation must be 'auto', 'namespaces' or 'rlimits', got {isolation!r}")
     if isolation == "rlimits":
@@ -119,10 +132,21 @@ def resolve_isolation(isolation: Isolation) -> str:
         return "namespaces"
     if isolation == "namespaces":
         raise RuntimeError(
-            "sandbox isolation 'namespaces' is not available here: it needs root (or CAP_SYS_ADMIN) and "
-            "util-linux's unshare and setpriv; use isolation='auto' to fall back to 'rlimits'"
+            "sandbox isolation 'namespaces' is not available here: it needs Linux and root (or CAP_SYS_ADMIN) to "
+            "create mount, PID and network namespaces; use isolation='auto' to fall back to 'rlimits' (weaker: see "
+            "r3_rllib.tools.sandbox)"
         )
     return "rlimits"
+
+
+@dataclass(frozen=True)
+class _Limits:
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_output_bytes: int = 16_384
+    max_processes: int = 16
+    max_file_mb: int = 16
+    disk_mb: int = 64
 
 
 def run_python(
@@ -133,148 +157,170 @@ def run_python(
     max_output_bytes: int = 16_384,
     max_processes: int = 16,
     max_file_mb: int = 16,
+    disk_mb: int = 64,
     isolation: Isolation = "auto",
     python: str | None = None,
 ) -> SandboxResult:
     """Run `code` as a Python program in a sandbox (see the module docstring) and return its output.
 
-    `timeout_s` bounds the wall-clock time (the run returns within it plus process start-up and teardown, well under
-    a second); `memory_mb` the address space of each process; `max_processes` the processes alive at once;
-    `max_file_mb` the size of any file written; `max_output_bytes` the output kept (the program is killed when it
-    writes more). `python`: the interpreter (default: this one, so the program sees the same installed packages).
-    Never raises for anything the program does; raises ValueError for invalid limits and RuntimeError when
-    ``isolation="namespaces"`` is asked for where it is not available.
+    `timeout_s` bounds the wall-clock time (the run returns within it plus start-up and teardown, well under a
+    second); `memory_mb` the address space of each process; `max_processes` the processes alive at once (under
+    namespaces); `max_file_mb` the size of any file written; `disk_mb` all files written together (under
+    namespaces); `max_output_bytes` the output kept (the program is killed when it writes more). `python`: the
+    interpreter (default: this one, so the program sees the same installed packages; under namespaces its prefix
+    directories are mounted read-only inside). Never raises for anything the program does; raises ValueError for an
+    invalid argument (naming it) and RuntimeError when ``isolation="namespaces"`` is not available here.
     """
-    _check_limits(timeout_s, memory_mb, max_output_bytes, max_processes, max_file_mb)
-    mode = resolve_isolation(isolation)
-    scratch = Path(tempfile.mkdtemp(prefix="r3-sandbox-"))
-    uid = secrets.randbelow(SANDBOX_UID_RANGE[1] - SANDBOX_UID_RANGE[0]) + SANDBOX_UID_RANGE[0]
-    try:
-        (scratch / "main.py").write_text(code, encoding="utf-8")
-        command = [python or sys.executable, "-I", "main.py"]
-        if mode == "namespaces":
-            os.chown(scratch, uid, uid)
-            os.chown(scratch / "main.py", uid, uid)
-            os.chmod(scratch, 0o700)
-            command = _namespace_prefix(str(scratch), uid) + command
-        limits = _limits(timeout_s, memory_mb, max_processes, max_file_mb, per_user=mode == "namespaces")
-        result = _run(command, scratch, limits, timeout_s, max_output_bytes, mode)
-        return replace(result, uid=uid) if mode == "namespaces" else result
-    finally:
-        _remove_tree(scratch)
+    limits = _Limits(timeout_s, memory_mb, max_output_bytes, max_processes, max_file_mb, disk_mb)
+    _check_limits(limits)
+    if not isinstance(code, str):
+        raise ValueError(f"code must be a str, got {type(code).__name__}")
+    return _run_checked(code, resolve_isolation(isolation), limits.timeout_s, limits, python)
 
 
-def _check_limits(
-    timeout_s: float, memory_mb: int, max_output_bytes: int, max_processes: int, max_file_mb: int
-) -> None:
-    for name, value in (
-        ("timeout_s", timeout_s),
-        ("memory_mb", memory_mb),
-        ("max_output_bytes", max_output_bytes),
-        ("max_processes", max_processes),
-        ("max_file_mb", max_file_mb),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    if memory_mb < 64:
-        raise ValueError(f"memory_mb must be >= 64 (the interpreter alone needs ~30 MB), got {memory_mb}")
+def _check_limits(limits: _Limits) -> None:
+    """ValueError naming the first argument that is not a finite number in its range."""
+    for name, top in _MAX.items():
+        value = getattr(limits, name)
+        integer = name != "timeout_s"
+        kind = int if integer else int | float
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
+        if not (math.isfinite(value) and 0 < value <= top):
+            raise ValueError(f"{name} must be finite, > 0 and <= {top}, got {value!r}")
+    if limits.memory_mb < 64:
+        raise ValueError(
+            f"memory_mb must be >= 64 (the interpreter alone needs ~30 MB), got {limits.memory_mb}"
+        )
 
 
-def _namespace_prefix(scratch: str, uid: int) -> list[str]:
-    # --kill-child: if the sandbox's unshare process is killed, its child (PID 1 of the namespace) gets SIGKILL,
-    # and with it every process in the namespace.
-    return [
-        "unshare",
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--net",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "/bin/sh",
-        "-c",
-        _INNER_SCRIPT,
-        "r3-sandbox",
-        scratch,
-        str(uid),
-    ]
-
-
-def _limits(
-    timeout_s: float, memory_mb: int, max_processes: int, max_file_mb: int, *, per_user: bool
-) -> list[tuple[int, int]]:
-    cpu = int(timeout_s) + 1  # a backstop: the wall-clock timeout normally ends the run first
-    limits = [
-        (resource.RLIMIT_CPU, cpu),
-        (resource.RLIMIT_AS, int(memory_mb) * 2**20),
-        (resource.RLIMIT_FSIZE, int(max_file_mb) * 2**20),
+def _rlimits(limits: _Limits, per_user: bool) -> list[tuple[int, int]]:
+    out = [
+        (
+            resource.RLIMIT_CPU,
+            math.ceil(limits.timeout_s) + 1,
+        ),  # a backstop: the wall clock normally ends it first
+        (resource.RLIMIT_AS, limits.memory_mb * 2**20),
+        (resource.RLIMIT_FSIZE, limits.max_file_mb * 2**20),
         (resource.RLIMIT_NOFILE, 64),
         (resource.RLIMIT_CORE, 0),
     ]
     if per_user:
         # Counted per user id: under namespaces the sandbox user runs nothing else. As the calling user the count
         # would include all of that user's processes, so the fallback leaves it to the timeout kill.
-        limits.append((resource.RLIMIT_NPROC, int(max_processes)))
-    return limits
+        out.append((resource.RLIMIT_NPROC, limits.max_processes))
+    return out
 
 
-def _run(
-    command: list[str],
-    scratch: Path,
-    limits: list[tuple[int, int]],
-    timeout_s: float,
-    max_output_bytes: int,
-    mode: str,
-) -> SandboxResult:
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(scratch),
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "OMP_NUM_THREADS": "1",
+@functools.lru_cache(maxsize=8)
+def _layout(python: str) -> list[rootfs.Op]:
+    return rootfs.root_layout(rootfs.interpreter_prefixes(python))
+
+
+def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str) -> dict:
+    """The launcher's configuration (see :mod:`r3_rllib.tools.sandbox_init`)."""
+    namespaces = mode == "namespaces"
+    uid = secrets.randbelow(SANDBOX_UID_RANGE[1] - SANDBOX_UID_RANGE[0]) + SANDBOX_UID_RANGE[0]
+    cwd = rootfs.WORKDIR if namespaces else workdir
+    return {
+        "mode": mode,
+        "code": code,
+        "parent_pid": os.getpid(),
+        "argv": [python, "-I", "main.py"],
+        "env": {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": cwd,
+            "TMPDIR": "/tmp" if namespaces else cwd,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+        },
+        "cwd": cwd,
+        "uid": uid if namespaces else None,
+        "limits": _rlimits(limits, per_user=namespaces),
+        "require_seccomp": namespaces,
+        "root": workdir,  # under namespaces: an empty host directory the new root is mounted on
+        "layout": _layout(python) if namespaces else [],
+        "disk_mb": limits.disk_mb,
+        "inodes": max(1024, 64 * limits.disk_mb),
     }
+
+
+def _run_checked(
+    code: str, mode: str, timeout_s: float, limits: _Limits, python: str | None = None
+) -> SandboxResult:
+    python = os.path.abspath(python or sys.executable)
+    # Under namespaces this stays an empty mount point (the program's files live in a tmpfs of its own); under
+    # rlimits it is the scratch directory.
+    workdir = tempfile.mkdtemp(prefix="r3-sandbox-")
+    try:
+        if mode == "namespaces":
+            os.chmod(workdir, 0o700)
+        cfg = _config(code, mode, limits, python, workdir)
+        result = _run(cfg, workdir, timeout_s, limits.max_output_bytes, mode)
+        return replace(result, uid=cfg["uid"])
+    finally:
+        _remove_tree(Path(workdir))
+
+
+def _run(cfg: dict, workdir: str, timeout_s: float, max_output_bytes: int, mode: str) -> SandboxResult:
     t0 = time.monotonic()
-    # Under namespaces the program's stderr joins its stdout inside the namespace (see _INNER_SCRIPT); what the
-    # sandbox's own tools (unshare, mount, setpriv) print goes to a file and is shown only when the run failed.
-    setup_log = tempfile.TemporaryFile() if mode == "namespaces" else None
-    try:
-        proc = subprocess.Popen(
-            command,
-            cwd=scratch,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=setup_log or subprocess.STDOUT,
-            start_new_session=True,  # its own process group, killed as a whole
-            preexec_fn=functools.partial(_apply_limits, limits),
-        )
-    except OSError as e:
-        return SandboxResult(f"sandbox could not start: {e}", False, None, False, mode, 0.0)
-    reader = _OutputReader(proc, max_output_bytes)
-    reader.start()
-    timed_out = not reader.finished.wait(timeout_s)
-    if timed_out or reader.overflowed:
-        _kill_tree(proc, mode)
-    reader.join(timeout=5.0)
-    try:
-        exit_code = proc.wait(timeout=5.0)
-    except (
-        subprocess.TimeoutExpired
-    ):  # unreachable after SIGKILL unless the kernel is stuck; do not hang on it
-        exit_code = None
-    output = bytes(reader.data[:max_output_bytes]).decode("utf-8", errors="replace")
-    killed = timed_out or reader.overflowed
-    if setup_log is not None:
-        setup_log.seek(0)
-        setup_errors = setup_log.read(4096).decode("utf-8", errors="replace")
-        setup_log.close()
+    # What the launcher itself prints (setup errors) goes to a file, shown only when the run failed.
+    with tempfile.TemporaryFile() as setup_log:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", _LAUNCHER],
+                cwd=workdir,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=setup_log,
+                start_new_session=True,  # its own process group: the last-resort kill takes the group
+            )
+        except OSError as e:
+            return SandboxResult(f"sandbox could not start: {e}", False, None, False, mode, 0.0)
+        reader = _OutputReader(proc, max_output_bytes)
+        reader.start()
+        _send_config(proc, cfg)
+        timed_out = _wait(proc, reader, t0 + timeout_s)
+        killed = timed_out or reader.overflowed
         if killed:
-            exit_code = -signal.SIGKILL  # unshare reports its killed child as a plain failure
-        elif exit_code and setup_errors:
-            output += setup_errors
+            _kill_tree(proc)
+        reader.join(timeout=5.0)
+        try:
+            exit_code: int | None = proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:  # unreachable after SIGKILL unless the kernel is stuck; do not hang
+            exit_code = None
+        output = bytes(reader.data[:max_output_bytes]).decode("utf-8", errors="replace")
+        if killed:
+            exit_code = -signal.SIGKILL
+        elif exit_code:
+            setup_log.seek(0)
+            output += setup_log.read(4096).decode("utf-8", errors="replace")
     return SandboxResult(output, timed_out, exit_code, reader.overflowed, mode, time.monotonic() - t0)
+
+
+def _send_config(proc: subprocess.Popen, cfg: dict) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(cfg).encode())
+        proc.stdin.close()
+    except BrokenPipeError:  # the launcher died before reading it; its exit status and stderr tell why
+        pass
+
+
+def _wait(proc: subprocess.Popen, reader: _OutputReader, deadline: float) -> bool:
+    """Wait until the program's process tree has exited and its output is read, or the output overflowed, or the
+    deadline passed; True when the deadline passed. The clock runs whatever the program does to its pipes."""
+    reader.finished.wait(max(0.0, deadline - time.monotonic()))
+    if reader.overflowed:
+        return False
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return True
+    reader.finished.wait(max(0.0, deadline - time.monotonic()))
+    return not reader.finished.is_set()
 
 
 class _OutputReader(threading.Thread):
@@ -299,37 +345,20 @@ class _OutputReader(threading.Thread):
             self.finished.set()
 
 
-def _apply_limits(limits: list[tuple[int, int]]) -> None:
-    # Runs in the child between fork and exec; every process the program starts inherits the limits.
-    for which, value in limits:
-        resource.setrlimit(which, (value, value))
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill the program and every process it started, and return once they are gone.
 
-
-def _kill_tree(proc: subprocess.Popen, mode: str) -> None:
-    """Kill the program and every process it started, and return once they are gone."""
-    if mode == "namespaces":
-        # Kill PID 1 of the namespace (unshare's child), not unshare: the kernel then kills every other process
-        # of the namespace and reaps them before unshare's wait returns, so none is left when the run returns.
-        for pid in _children(proc.pid):
-            _signal(pid, os.kill)
-        try:
-            proc.wait(timeout=5.0)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    _signal(proc.pid, os.killpg)
-
-
-def _children(pid: int) -> list[int]:
+    SIGTERM asks the launcher to do it (under namespaces it kills PID 1, and the kernel the rest of the namespace,
+    before the launcher's wait returns; under rlimits it kills every descendant, re-parented to it as subreaper);
+    SIGKILL to the whole process group is the last resort when the launcher does not end in time."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _signal(pid: int, kill) -> None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=2.0)
+        return
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
     try:
-        kill(pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
