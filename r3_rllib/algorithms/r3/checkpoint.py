@@ -1,35 +1,56 @@
-"""Versioned state files: the algorithm's driver state (``r3_state.pkl``) and each runner's state inside it.
+"""Versioned state files: the algorithm's driver state (``r3_state.pkl``) and each runner's state inside it; which
+checkpoint of a trial is complete.
 
-Both carry a ``format_version``; :func:`checked_version` is the one reader of that field, and it refuses a version
-this package does not know with a :class:`CheckpointFormatError` that names the file, the version found and the
-versions supported. A state without the field predates versioning: it reads as :data:`LEGACY_VERSION` (same keys as
-version 1, minus the field itself). Pure (stdlib only): no Ray, no torch.
+Both states carry a ``format_version``; :func:`checked_version` is the one reader of that field, and it refuses a
+version this package does not know with a :class:`CheckpointFormatError` that names the file, the version found and
+the versions supported. A state without the field predates versioning: it reads as :data:`LEGACY_VERSION` (same keys
+as version 1, minus the field itself). Version 2 has the same keys as 1; its checkpoint directory has a
+``manifest.json`` (checkpoint_files.py), so a version-2 directory without one is an interrupted save. The state file is
+read with an allow-list unpickler (safe_pickle.py): it cannot run code. Pure (stdlib only): no Ray, no torch.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from r3_rllib.algorithms.r3.checkpoint_files import (
+    MANIFEST_FILE,
+    CheckpointFormatError,
+    CorruptCheckpointError,
+    Manifest,
+    atomic_open,
+    quarantine,
+    trial_checkpoints,
+    verify_checkpoint,
+)
+from r3_rllib.algorithms.r3.safe_pickle import safe_load
+
+__all__ = [
+    "CheckpointFormatError",
+    "CorruptCheckpointError",
+]  # re-exported: their home is checkpoint_files.py
+
+logger = logging.getLogger(__name__)
+
 #: Key of the format version in every versioned state dict.
 FORMAT_KEY = "format_version"
 #: A state written before states carried a version.
 LEGACY_VERSION = 0
-#: Version written by this package: the algorithm state file and a runner's state.
-ALGORITHM_STATE_VERSION = 1
+#: Version written by this package: the algorithm state file (2: its checkpoint has a manifest) and a runner's state.
+ALGORITHM_STATE_VERSION = 2
 RUNNER_STATE_VERSION = 1
+#: The last algorithm state version whose checkpoints have no manifest.
+UNMANIFESTED_VERSION = 1
 #: Versions each reader understands.
-SUPPORTED_ALGORITHM_STATE_VERSIONS = (LEGACY_VERSION, ALGORITHM_STATE_VERSION)
+SUPPORTED_ALGORITHM_STATE_VERSIONS = (LEGACY_VERSION, UNMANIFESTED_VERSION, ALGORITHM_STATE_VERSION)
 SUPPORTED_RUNNER_STATE_VERSIONS = (LEGACY_VERSION, RUNNER_STATE_VERSION)
 #: The driver's state file inside an algorithm checkpoint directory.
 R3_STATE_FILE = "r3_state.pkl"
-
-
-class CheckpointFormatError(ValueError):
-    """A state written in a format this package cannot read (a newer package's, or not a state at all)."""
 
 
 def checked_version(state: Any, *, supported: tuple[int, ...], source: str) -> int:
@@ -67,20 +88,24 @@ class AlgorithmState:
 
 
 def write_algorithm_state(checkpoint_dir: str, state: AlgorithmState) -> str:
-    """Write ``state`` to ``checkpoint_dir/r3_state.pkl`` with the current format version; return the path."""
+    """Write ``state`` to ``checkpoint_dir/r3_state.pkl`` with the current format version, atomically (the file
+    appears only complete); return the path."""
     path = os.path.join(checkpoint_dir, R3_STATE_FILE)
     data = {FORMAT_KEY: ALGORITHM_STATE_VERSION, **{k: getattr(state, k) for k in _FIELDS}}
-    with open(path, "wb") as f:
-        pickle.dump(data, f)
+    with atomic_open(path) as f:
+        pickle.dump(data, f, protocol=4)
     return path
 
 
 def read_algorithm_state(checkpoint_dir: str) -> AlgorithmState:
     """The driver state of the checkpoint in ``checkpoint_dir``; CheckpointFormatError for a format version (of
-    the file or of a runner state in it) this package does not read."""
+    the file or of a runner state in it) this package does not read, or for a file that references a type other
+    than data (safe_pickle.py); CorruptCheckpointError for a truncated or corrupt file. The file is not checked
+    against the manifest here: :func:`verify_algorithm_checkpoint` does that for the whole directory."""
     path = os.path.join(checkpoint_dir, R3_STATE_FILE)
-    with open(path, "rb") as f:
-        data = pickle.load(f)
+    if not os.path.isfile(path):
+        raise CorruptCheckpointError(f"{path}: missing (not an r3_rllib checkpoint, or an interrupted save)")
+    data = safe_load(path)
     checked_version(data, supported=SUPPORTED_ALGORITHM_STATE_VERSIONS, source=path)
     runners = dict(data["runners"])
     for wid, runner in runners.items():
@@ -113,3 +138,67 @@ _FIELDS = (
     "ready_rollout",
     "stream_queue",
 )
+
+
+def verify_algorithm_checkpoint(checkpoint_dir: str, *, hashes: bool = True) -> Manifest | None:
+    """Check that the checkpoint in ``checkpoint_dir`` is complete and unchanged before anything is loaded from it:
+    every file its manifest lists present with the listed size and (``hashes``) sha256. Return the manifest; None
+    for a checkpoint of format 0/1 (written before manifests existed: loaded with a warning). CorruptCheckpointError
+    naming the file and what differs; for a directory without a manifest whose state file is of format 2 or
+    unreadable (a save that did not finish)."""
+    manifest = verify_checkpoint(checkpoint_dir, hashes=hashes)
+    if manifest is not None:
+        return manifest
+    try:
+        version = checked_version(
+            safe_load(os.path.join(checkpoint_dir, R3_STATE_FILE)),
+            supported=SUPPORTED_ALGORITHM_STATE_VERSIONS,
+            source=os.path.join(checkpoint_dir, R3_STATE_FILE),
+        )
+    except FileNotFoundError:
+        version = None
+    if version is None or version > UNMANIFESTED_VERSION:
+        raise CorruptCheckpointError(
+            f"{checkpoint_dir}: no {MANIFEST_FILE}: the save that wrote it did not finish (a full disk, a killed "
+            f"process), so it is not a complete checkpoint"
+        )
+    logger.warning(
+        "%s has no %s (format version %d, written by an older r3_rllib): its files are not verified",
+        checkpoint_dir,
+        MANIFEST_FILE,
+        version,
+    )
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """The newest complete checkpoint of a trial (None if there is none), its manifest (None for a format 0/1
+    checkpoint), the highest checkpoint index in the trial (complete or not) and why newer ones were refused."""
+
+    path: str | None
+    manifest: Manifest | None
+    max_index: int
+    refused: tuple[str, ...]
+
+
+def newest_complete_checkpoint(
+    trial_dir: str, *, set_aside: bool = True, hashes: bool = True
+) -> CheckpointChoice:
+    """Verify the checkpoints of a Tune trial (``trial_dir/checkpoint_NNNNNN``) newest first and return the first
+    complete one. A refused (incomplete or corrupt) one is moved aside when ``set_aside`` (``<name>.incomplete``,
+    never deleted: see checkpoint_files.quarantine), so neither Tune nor a later resume takes it, and a new
+    checkpoint cannot be written into it. A checkpoint of an unknown format version stops the search (a newer
+    r3_rllib wrote it: resuming from an older one would silently drop progress). ``hashes=False`` checks presence
+    and sizes only (a quick look, e.g. to name the last good checkpoint in an error)."""
+    found = trial_checkpoints(trial_dir)
+    refused: list[str] = []
+    for _index, path in found:
+        try:
+            manifest = verify_algorithm_checkpoint(path, hashes=hashes)
+        except CorruptCheckpointError as e:
+            moved = quarantine(path, str(e)) if set_aside else None
+            refused.append(f"{e}" + (f" (moved to {moved})" if moved else ""))
+            continue
+        return CheckpointChoice(path, manifest, found[0][0], tuple(refused))
+    return CheckpointChoice(None, None, found[0][0] if found else -1, tuple(refused))

@@ -171,16 +171,33 @@ class PolicyStateMixin:
         return {"model": msd, "optim": osd}
 
     def save_dcp(self, path: str) -> None:
+        """Write this rank's shard (DCP: fsynced files, metadata renamed into place) and its RNG state and policy
+        version (``rank{N}_extra.pt``: a tensor and an int, written atomically, readable with weights_only)."""
         import torch.distributed.checkpoint as dcp
 
+        from r3_rllib.algorithms.r3.checkpoint_files import atomic_open
+
         dcp.save(self._dcp_state(), checkpoint_id=path)
-        rng = {"torch": torch.get_rng_state(), "version": self._policy_version}
-        torch.save(rng, os.path.join(path, f"rank{self._rank}_extra.pt"))
+        extra = {"torch": torch.get_rng_state(), "version": int(self._policy_version)}
+        with atomic_open(os.path.join(path, f"rank{self._rank}_extra.pt")) as f:
+            torch.save(extra, f)
 
     def load_dcp(self, path: str) -> None:
+        """Restore :meth:`save_dcp`'s files without running code from them: DCP's pickled ``.metadata`` is read with
+        an allow-list first (safe_pickle.py), the extra file with ``torch.load(weights_only=True)``. The driver has
+        checked every file against the checkpoint's manifest before (R3.load_checkpoint)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        from r3_rllib.algorithms.r3.checkpoint_files import CorruptCheckpointError
+        from r3_rllib.algorithms.r3.safe_pickle import check_dcp_metadata
+
+        check_dcp_metadata(path)
+        extra_path = os.path.join(path, f"rank{self._rank}_extra.pt")
+        try:  # read before anything changes: a bad file leaves the learner as it was
+            extra = torch.load(extra_path, weights_only=True)
+        except Exception as e:  # unpickling errors of any kind; torch's message says what it refused
+            raise CorruptCheckpointError(f"{extra_path}: not readable as a learner state file: {e}") from e
         state = self._dcp_state()
         dcp.load(state, checkpoint_id=path)
         set_state_dict(
@@ -190,7 +207,6 @@ class PolicyStateMixin:
             optim_state_dict=state["optim"],
             options=self._dcp_options(),
         )
-        extra = torch.load(os.path.join(path, f"rank{self._rank}_extra.pt"), weights_only=False)
         torch.set_rng_state(extra["torch"])
         self._policy_version = int(extra["version"])
 

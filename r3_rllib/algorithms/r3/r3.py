@@ -22,6 +22,7 @@ import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
+from r3_rllib.algorithms.r3 import checkpoint_tune
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState, read_algorithm_state, write_algorithm_state
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
@@ -340,13 +341,27 @@ class R3(Algorithm):
         )
         return merge_eval_counts(parts)
 
-    # -- checkpoints ----------------------------------------------------------------------------------------------
+    # -- checkpoints (checkpoint.py, checkpoint_files.py, checkpoint_tune.py) -------------------------------------
+    @override(Algorithm)
+    def save(self, checkpoint_dir: str | None = None, *args, **kwargs):
+        """Trainable.save (save_checkpoint, then Tune's copy into the trial), then the manifest that commits the
+        saved checkpoint: only a complete checkpoint has one. A full disk stops with CheckpointDiskFullError."""
+        self._saved_manifest = None
+        try:
+            result = super().save(checkpoint_dir, *args, **kwargs)
+            checkpoint_tune.commit_checkpoint(result.checkpoint, self._saved_manifest)
+            return result
+        except Exception as err:
+            checkpoint_tune.raise_if_disk_full(err, self, checkpoint_dir)
+            raise
+
     @override(Algorithm)
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Learner shards via DCP (every rank writes its part) + driver, runner and replay state in a versioned
-        state file (checkpoint.py)."""
+        state file (checkpoint.py); then the manifest of these files, which save() writes once they are in place."""
+        self._checkpoint_target = checkpoint_dir
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
-        self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p))
+        _all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p)))
         # The rollout in flight: its queries are already consumed from the runners' env order, keep its samples.
         self.coordinator.drain()
         replay = self._replay.client.get_state() if self._replay_available else None
@@ -366,13 +381,26 @@ class R3(Algorithm):
         write_algorithm_state(checkpoint_dir, state)
         if replay is not None:
             self._replay.remember(replay)
+        self._saved_manifest = checkpoint_tune.build_algorithm_manifest(self, checkpoint_dir)
+
+    @override(Algorithm)
+    def restore(self, checkpoint_path, *args, **kwargs):
+        """Trainable.restore; inside a Tune trial, from the trial's newest complete checkpoint (Tune's record of the
+        latest one lags the disk after a crash, or may name a corrupt one: checkpoint_tune.resume_target)."""
+        checkpoint_path, self._verified = checkpoint_tune.resume_target(
+            checkpoint_path, getattr(self, "_storage", None)
+        )
+        return super().restore(checkpoint_path, *args, **kwargs)
 
     @override(Algorithm)
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        # Read (and refuse an unknown format version) before anything is changed.
+        # Every file checked against the manifest, then the state read (refusing an unknown format version and
+        # anything but data), all before anything is changed.
+        checkpoint_tune.verify_unless_verified(checkpoint_dir, getattr(self, "_verified", None))
+        self._verified = None
         state = read_algorithm_state(checkpoint_dir)
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
-        self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p))
+        _all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
         self.weights.version = state.policy_version
         self._rng.bit_generator.state = state.rng
         self._iteration = state.iteration
