@@ -1,7 +1,8 @@
 """Math problems solved with a Python tool: multi-turn tool use, one trajectory per training sample.
 
 The model may write a fenced ```` ```python ```` block and end its turn; the block runs in the sandbox
-(:func:`r3_rllib.tools.sandbox.run_python`: separate process, limits, no network, throwaway directory) and its output
+(:func:`r3_rllib.tools.sandbox.run_python`: separate process, limits, throwaway directory; private filesystem
+and no network under its ``namespaces`` isolation, see ``tool_isolation``) and its output
 comes back as the next message, in an ```` ```output ```` block; the model continues, and ends with a ``\\boxed{}``
 answer graded as :class:`~r3_rllib.envs.math_env.MathEnv` grades it (the outcome reward, at the end). The loop that
 runs these episodes token in, token out is :func:`r3_rllib.rollout.tool_use.rollout_tool_use`.
@@ -13,6 +14,7 @@ earlier turns are never re-tokenized); without a chat template it is a plain ```
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,10 @@ from typing import Any
 from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.math_env import MathEnv
 from r3_rllib.rewards.math_grader import shared_grader
-from r3_rllib.tools.sandbox import run_python
+from r3_rllib.tools.sandbox import resolve_isolation, run_python
+
+logger = logging.getLogger(__name__)
+_warned_fallback = False
 
 DEFAULT_TOOL_PROMPT = (
     "{problem}\n\nYou may run Python code: write it in a ```python block and end your message; its output will "
@@ -62,13 +67,17 @@ class PythonToolEpisode:
     memory_mb: int
     max_output_chars: int
     grading_timeout_s: float
+    #: The sandbox isolation every tool call of this episode runs under ("namespaces" or "rlimits").
+    isolation: str = "namespaces"
 
     def tool_reply(self, turn_text: str) -> str | None:
         code = last_python_block(turn_text)
         if code is None:
             return None
         try:
-            result = run_python(code, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+            result = run_python(
+                code, timeout_s=self.timeout_s, memory_mb=self.memory_mb, isolation=self.isolation
+            )
             output = result.output
             if result.timed_out:
                 output += f"\n(timed out after {self.timeout_s:g} s)"
@@ -86,7 +95,8 @@ class PythonToolEpisode:
         grade = shared_grader(self.grading_timeout_s).grade(
             model_text, self.problem.answers, think_in_prompt=False
         )
-        return (1.0 if grade.correct else 0.0), grade.correct, {"grade_reason": grade.reason}
+        info = {"grade_reason": grade.reason, "tool_isolation": self.isolation}
+        return (1.0 if grade.correct else 0.0), grade.correct, info
 
 
 class PythonToolEnv(MathEnv):
@@ -95,6 +105,10 @@ class PythonToolEnv(MathEnv):
     Config (besides every :class:`MathEnv` option; the default ``prompt_template`` explains the tool):
         tool_timeout_s: wall-clock limit of one tool call. tool_memory_mb: its address-space limit.
         max_tool_output_chars: the tool output shown to the model is cut here.
+        tool_isolation: the sandbox isolation, "auto" (default: "namespaces" where this process may create them,
+            else the weaker "rlimits", with a warning logged once), "namespaces" (refuse to build the env where
+            they are not available: a RuntimeError that says why) or "rlimits". The isolation in use is
+            ``env.tool_isolation`` and every trajectory's ``info["tool_isolation"]``.
 
     ``tool_episode(query_id, user_content=None)`` hands out one trajectory's task for the tool-use loop; the
     single-step ``reset``/``step`` of :class:`MathEnv` still work (one answer, no tool).
@@ -107,6 +121,7 @@ class PythonToolEnv(MathEnv):
         tool_timeout_s: float = 5.0,
         tool_memory_mb: int = 512,
         max_tool_output_chars: int = 2000,
+        tool_isolation: str = "auto",
         **math_config: Any,
     ) -> None:
         super().__init__(prompt_template=prompt_template, **math_config)
@@ -117,6 +132,7 @@ class PythonToolEnv(MathEnv):
             )
         self.tool_timeout_s, self.tool_memory_mb = float(tool_timeout_s), int(tool_memory_mb)
         self.max_tool_output_chars = int(max_tool_output_chars)
+        self.tool_isolation = _isolation_for_tools(tool_isolation)
 
     def tool_episode(self, query_id: str, user_content: str | None = None) -> PythonToolEpisode:
         """A fresh trajectory task for `query_id` (`user_content`: a reflection prompt's user turn instead)."""
@@ -130,4 +146,22 @@ class PythonToolEnv(MathEnv):
             self.tool_memory_mb,
             self.max_tool_output_chars,
             self.grading_timeout_s,
+            self.tool_isolation,
         )
+
+
+def _isolation_for_tools(requested: str) -> str:
+    """The isolation tool calls run under; 'auto' falling back to 'rlimits' is logged (once per process), since
+    that fallback leaves the host's files and network open to the model's code."""
+    global _warned_fallback
+    if requested not in ("auto", "namespaces", "rlimits"):
+        raise ValueError(f"tool_isolation must be 'auto', 'namespaces' or 'rlimits', got {requested!r}")
+    mode = resolve_isolation(requested)  # type: ignore[arg-type]
+    if requested == "auto" and mode == "rlimits" and not _warned_fallback:
+        _warned_fallback = True
+        logger.warning(
+            "python_tool: sandbox namespaces are not available here (they need root or CAP_SYS_ADMIN); tool code "
+            "runs under the weaker 'rlimits' isolation: it can read and write what this user can and reach the "
+            "network. Set tool_isolation: namespaces to refuse this."
+        )
+    return mode
