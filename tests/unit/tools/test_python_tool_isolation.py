@@ -1,0 +1,59 @@
+"""The python_tool env says which sandbox isolation its tool calls get, and can be told to require one."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from r3_rllib.envs import python_tool
+from r3_rllib.envs.data import MathProblem
+from r3_rllib.envs.python_tool import PythonToolEnv
+from r3_rllib.tools import sandbox
+
+
+def _env(**kw):
+    problems = [MathProblem(id="q1", problem="What is 6*7?", answers=("42",))]
+    return PythonToolEnv(data=problems, tokenizer=None, apply_chat_template=False, **kw)
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: False)
+    monkeypatch.setattr(python_tool, "_warned_fallback", False)
+
+
+def test_isolation_is_reported_in_the_env_and_every_trajectory():
+    env = _env(tool_isolation="rlimits")
+    assert env.tool_isolation == "rlimits"
+    episode = env.tool_episode("q1")
+    assert episode.isolation == "rlimits"
+    assert "42" in episode.tool_reply("```python\nprint(6*7)\n```")
+    _, correct, info = episode.finish("\\boxed{42}")
+    assert correct and info["tool_isolation"] == "rlimits"
+
+
+def test_requiring_namespaces_where_unavailable_is_a_clear_error(no_namespaces):
+    with pytest.raises(RuntimeError, match="namespaces.*not available"):
+        _env(tool_isolation="namespaces")
+
+
+def test_auto_fallback_is_logged_once(no_namespaces, caplog):
+    with caplog.at_level(logging.WARNING, logger="r3_rllib.envs.python_tool"):
+        assert _env().tool_isolation == "rlimits"
+        assert _env().tool_isolation == "rlimits"
+    warnings = [r for r in caplog.records if "rlimits" in r.getMessage()]
+    assert len(warnings) == 1 and "tool_isolation: namespaces" in warnings[0].getMessage()
+
+
+def test_unknown_isolation_is_refused():
+    with pytest.raises(ValueError, match="tool_isolation"):
+        _env(tool_isolation="docker")
+
+
+@pytest.mark.skipif(
+    not sandbox.namespaces_available(), reason="namespaces isolation needs root/CAP_SYS_ADMIN"
+)
+def test_auto_picks_namespaces_where_available():
+    assert _env().tool_isolation == "namespaces"
+    assert _env(tool_isolation="namespaces").tool_episode("q1").isolation == "namespaces"

@@ -1,0 +1,72 @@
+"""The sandbox's parts on their own, no root needed: the seccomp program's shape and the root filesystem's layout."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from r3_rllib.tools import rootfs, seccomp
+
+
+def _insns(program: bytes) -> list[tuple[int, int, int, int]]:
+    return [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+
+
+@pytest.mark.parametrize("arch", sorted(seccomp.ARCHES))
+def test_filter_checks_the_architecture_first_and_every_jump_lands_inside(arch):
+    insns = _insns(seccomp.filter_program(arch))
+    table = seccomp.ARCHES[arch]
+    # Load the arch field, compare with this table's, kill on anything else.
+    assert insns[0] == (0x20, 0, 0, 4) and insns[1][3] == table["audit_arch"]
+    assert insns[2] == (0x06, 0, 0, seccomp.RET_KILL_PROCESS)
+    assert insns[-1] == (0x06, 0, 0, seccomp.RET_ALLOW)
+    for i, (code, jt, jf, _) in enumerate(insns):
+        if code & 0x07 == 0x05:  # a jump
+            assert i + 1 + max(jt, jf) < len(insns)
+    denied = {k for code, _, _, k in insns if code == 0x15}
+    assert set(table["denied"].values()) | {table["clone"], table["clone3"]} <= denied
+    assert len(insns) < 4096  # the kernel's BPF_MAXINSNS
+
+
+def test_both_tables_deny_the_same_calls():
+    x86, arm = (set(seccomp.ARCHES[a]["denied"]) for a in ("x86_64", "aarch64"))
+    assert x86 == arm
+    assert {"memfd_create", "shmget", "unshare", "setns", "mount", "keyctl", "ptrace", "bpf"} <= x86
+    assert {"userfaultfd", "perf_event_open", "io_uring_setup"} <= x86
+
+
+def test_namespace_flags_include_user_namespaces():
+    clone_newuser = 0x10000000
+    assert seccomp.NAMESPACE_CLONE_FLAGS & clone_newuser
+    assert not seccomp.NAMESPACE_CLONE_FLAGS & 0x00010F00  # CLONE_VM|FS|FILES|SIGHAND|THREAD: threads work
+
+
+def test_root_layout_holds_the_interpreter_and_nothing_of_the_checkout():
+    layout = rootfs.root_layout(rootfs.interpreter_prefixes(sys.executable))
+    binds = {op[2] for op in layout if op[0] == "bind"}
+    if not sys.prefix.startswith("/usr/"):
+        assert sys.prefix in binds  # the venv (its packages), read-only
+    repo = str(Path(__file__).resolve().parents[3])
+    # No bind shows the checkout itself or a directory above it (a venv inside it is fine: only the venv shows).
+    assert not [b for b in binds if repo == b or repo.startswith(b.rstrip("/") + "/")]
+    assert not [b for b in binds if b.startswith(("/home", "/run", "/var", "/tmp/"))]
+    assert {b for b in binds if b.startswith("/etc")} <= set(rootfs.ETC_FILES)
+    # Directories made only to reach a prefix (e.g. /root, /work) can be crossed but not listed.
+    system = {"/dev", "/etc", "/proc", "/tmp", "/dev/shm", rootfs.WORKDIR}
+    assert all(op[2] == "711" for op in layout if op[0] == "dir" and op[1] not in system)
+
+
+def test_interpreter_prefixes_follow_the_symlink_chain(tmp_path):
+    base = tmp_path / "base" / "bin"
+    base.mkdir(parents=True)
+    (base / "python3").write_text("")
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(base / "python3")
+    assert rootfs.interpreter_prefixes(str(venv / "python"))[:2] == [
+        str(tmp_path / "venv"),
+        str(tmp_path / "base"),
+    ]
