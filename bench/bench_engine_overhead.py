@@ -21,7 +21,6 @@ token counts differ when responses stop at eos (tiny model); the ``gen`` model n
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -228,5 +227,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sys.exit(main())

@@ -341,5 +341,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sys.exit(main())

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -513,5 +512,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sys.exit(main())

@@ -14,7 +14,6 @@ the last column is the actor rate divided by the in-process rate.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
@@ -107,13 +106,13 @@ def main() -> None:
     )
 
     if not args.no_actor:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         import ray
 
+        from r3_rllib.ray_session import init_ray
         from r3_rllib.replay.actor import ReplayBufferClient, create_replay_actor
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=1, address="local", include_dashboard=False, log_to_driver=False)
+        init_ray("local", num_cpus=1, log_to_driver=False)
         print(f"ray.init {time.perf_counter() - t0:.1f}s")
         try:
             for packed in (False, True):

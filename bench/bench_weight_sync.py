@@ -21,7 +21,6 @@ measurement; on GPUs the transfer path (CUDA IPC / NCCL into vLLM) is a differen
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -261,5 +260,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     sys.exit(main())

@@ -42,8 +42,7 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 
 
 def setup_process(threads: int = 1) -> None:
-    """Offline hub, no token-auth warning, and one torch thread (2 threads collapse on a shared 2-core machine)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """Offline hub and one torch thread (2 threads collapse on a shared 2-core machine)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
@@ -114,14 +113,12 @@ def load_note() -> str:
 # -- Ray ----------------------------------------------------------------------------------------------------------
 def start_ray(num_cpus: int = 2) -> bool:
     """Start a private local Ray instance unless one is running (tests share theirs); True if started here."""
-    import ray
+    from r3_rllib.ray_session import init_ray
 
-    if ray.is_initialized():
-        return False
-    ray.init(
+    # Token authentication on (r3_rllib/ray_session.py); False when Ray already runs here.
+    return init_ray(
+        "local",
         num_cpus=num_cpus,
-        address="local",
-        include_dashboard=False,
         log_to_driver=False,
         runtime_env={
             "env_vars": {
@@ -134,7 +131,6 @@ def start_ray(num_cpus: int = 2) -> bool:
             }
         },
     )
-    return True
 
 
 def stop_ray(started: bool) -> None:

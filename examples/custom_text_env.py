@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import sys
 from typing import Any
 
 from r3_rllib.envs import TextEnv, register_text_env
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 ENV_NAME = "digit_sort"
 PROMPT_SUFFIX = "<"  # "53<": the tiny model tends to answer such prompts with a digit and stop
@@ -216,10 +213,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    ray.init(
-        address=args.address,
+    from r3_rllib.ray_session import init_ray
+
+    # A private Ray (no --address) keeps token authentication on.
+    init_ray(
+        args.address,
         num_cpus=args.num_cpus,
-        include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
     )

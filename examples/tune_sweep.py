@@ -22,8 +22,6 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
 METRIC = "rollout/accuracy"
 
 
@@ -150,16 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     iterations = args.iterations or (1 if args.quick else 30)
     num_samples = args.num_samples or (1 if args.quick else 2)
 
-    import ray
+    from r3_rllib.ray_session import init_ray
 
-    if not ray.is_initialized():
-        ray.init(
-            address=args.address,
-            num_cpus=args.num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
-        )
+    # A private Ray (no --address) keeps token authentication on; a no-op when this
+    # process already runs Ray.
+    init_ray(
+        args.address,
+        num_cpus=args.num_cpus,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
     results = run_sweep(
         iterations=iterations,
         quick=args.quick,

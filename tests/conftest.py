@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Token authentication stays on in tests too: Ray's ports listen on every interface (r3_rllib/ray_session.py).
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")

@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def make_config(model_path: str):

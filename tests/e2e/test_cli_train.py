@@ -21,7 +21,7 @@ from r3_rllib.train_config import ConfigError, load_run_file
 
 TINY = REPO / "examples" / "tiny_arithmetic_cpu.yaml"
 R3 = str(Path(sys.executable).parent / "r3")
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _write(path: Path, text: str) -> Path:

@@ -102,7 +102,7 @@ def test_tiny_default_trains_across_two_ray_start_nodes(tmp_path):
     temp_dir = tempfile.mkdtemp(prefix="r3c_", dir="/tmp")
     env = {
         **os.environ,
-        "RAY_AUTH_MODE": "disabled",
+        "RAY_AUTH_MODE": "token",  # as examples/cluster.md starts one
         "RAY_USAGE_STATS_ENABLED": "0",
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",

@@ -204,7 +204,7 @@ def test_tune_sweep_quick(ray_session, tiny_random_model, tmp_path, capsys):
 @pytest.mark.slow
 def test_custom_text_env_quick_trains_and_reports_rewards(tmp_path):
     """Runs as a user would: its own Ray, the env registered in the driver only."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "custom_text_env.py"), "--quick", "--num-cpus", "2"],
         capture_output=True,

@@ -10,7 +10,7 @@ def _run(code: str) -> str:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"RAY_AUTH_MODE": "disabled", "PATH": ""},
+        env={"PATH": ""},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()

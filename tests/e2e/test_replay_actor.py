@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 ray = pytest.importorskip("ray")
 
 from r3_rllib.replay.actor import ReplayBufferActor, ReplayBufferClient, create_replay_actor  # noqa: E402

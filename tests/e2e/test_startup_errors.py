@@ -22,7 +22,7 @@ from r3_rllib.engines.budget import (
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 
 R3 = str(Path(sys.executable).parent / "r3")
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 KV_MESSAGE = r"To serve at least one request with the model's max seq len \(2048\)"
 
 
