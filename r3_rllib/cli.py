@@ -62,6 +62,8 @@ def _train(args) -> int:
     if args.resume and not tune.Tuner.can_restore(exp_dir):
         print(f"r3 train: nothing to resume in {exp_dir}", file=sys.stderr)
         return 2
+    if args.resume and not check_resume(exp_dir):
+        return 2
     # A private cluster keeps token authentication on (ray_session.py).
     init_ray(args.address, log_to_driver=args.verbose, num_cpus=args.num_cpus)
     reporter = tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5)
@@ -98,6 +100,49 @@ def _train(args) -> int:
             print(f"r3 train: {error} (traceback: {os.path.join(r.path, 'error.txt')})", file=sys.stderr)
     print(f"results in {exp_dir}")
     return 1 if failed else 0
+
+
+def check_resume(exp_dir: str) -> bool:
+    """Before Tune restores ``exp_dir``: its experiment state must be readable (Tune would otherwise log "Failed to
+    restore the run state" and start every trial again from iteration 1, e.g. after a full disk truncated it), and
+    each trial's checkpoints are verified newest first (checkpoint.newest_complete_checkpoint): refused ones are set
+    aside (renamed ``<name>.incomplete``), and the one each trial resumes from is printed. The trial itself restores
+    its newest complete checkpoint (R3.restore), also one newer than Tune's experiment state records."""
+    import glob
+    import json
+
+    from r3_rllib.algorithms.r3.checkpoint import CheckpointFormatError, newest_complete_checkpoint
+
+    states = sorted(glob.glob(os.path.join(exp_dir, "experiment_state-*.json")))
+    choices, ok = {}, True
+    for trial in sorted(p for p in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(p)):
+        try:
+            choices[trial] = newest_complete_checkpoint(trial)
+        except CheckpointFormatError as e:
+            print(f"r3 train: {e}", file=sys.stderr)
+            ok = False
+    for trial, choice in choices.items():
+        for reason in choice.refused:
+            print(f"r3 train: checkpoint refused: {reason}", file=sys.stderr)
+        if choice.path is not None:
+            iteration = (choice.manifest.meta if choice.manifest else {}).get("iteration", "?")
+            print(f"r3 train: {os.path.basename(trial)} resumes from {choice.path} (iteration {iteration})")
+        elif choice.refused:
+            print(f"r3 train: {trial}: no complete checkpoint left", file=sys.stderr)
+    try:
+        with open(states[-1], "rb") as f:
+            json.loads(f.read())
+    except (IndexError, ValueError, OSError) as e:
+        where = states[-1] if states else os.path.join(exp_dir, "experiment_state-*.json")
+        good = [c.path for c in choices.values() if c.path] or ["none"]
+        print(
+            f"r3 train: cannot resume: Tune's experiment state {where} is unreadable ({type(e).__name__}: {e}; "
+            f"truncated by a full disk?), and Tune would start the run again from iteration 1. The complete "
+            f"checkpoints are still usable (R3.restore / Algorithm.restore): {', '.join(good)}",
+            file=sys.stderr,
+        )
+        return False
+    return ok
 
 
 def _check_schedule(spec) -> bool:
