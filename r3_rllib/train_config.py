@@ -19,7 +19,6 @@ other strings are left as they are (they may be hub names).
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -38,15 +37,8 @@ BUILDER_SECTIONS = (
     "debugging",
     "reporting",
 )
-RUN_KEYS = {
-    "name",
-    "storage_path",
-    "checkpoint_frequency",
-    "checkpoint_at_end",
-    "num_samples",
-    "verbose",
-    "keep_checkpoints_num",
-}
+#: The sections that are not builder calls, with their declared keys and rules (r3_rllib/config/settings.py).
+SCHEMA_SECTIONS = ("run", "stop")
 TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run"}
 PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
 
@@ -78,8 +70,27 @@ class RunSpec:
 
 
 def _unknown(key: str, known, where: str) -> ConfigError:
-    hint = difflib.get_close_matches(key, sorted(known), n=1)
-    return ConfigError(f"unknown key {key!r} in {where}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    from r3_rllib.config.field import unknown_key_message
+
+    return ConfigError(unknown_key_message(key, known, where))
+
+
+def _schema(section: str) -> type:
+    """The settings class declaring the keys of ``run`` or ``stop``."""
+    from r3_rllib.config import RunSettings, StopCriteria
+
+    return RunSettings if section == "run" else StopCriteria
+
+
+def key_errors(section: str, values: dict) -> list[str]:
+    """What breaks a rule among ``values``, the keys of run-file ``section``: every key of ``run``/``stop`` against
+    its declared schema (unknown keys too), a builder section's keys against the rules of the settings they name
+    (the rules ``R3Config.validate`` applies; a key without one is the builder's to check)."""
+    from r3_rllib.config import mapping_errors, setting_error
+
+    if section in SCHEMA_SECTIONS:
+        return mapping_errors(_schema(section), values, section)
+    return [m for key, value in values.items() if (m := setting_error(str(key), value)) is not None]
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -90,13 +101,29 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set has an empty key in {text!r}")
-    return parts, _load_yaml(value)
+    try:
+        parsed = _load_yaml(value)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"--set {text}: not a YAML value ({problem})") from None
+    return parts, parsed
+
+
+def _check_override(text: str, parts: list[str], value: Any) -> None:
+    """Refuse ``--set section.key=value`` whose value breaks the key's rule, naming the override as typed."""
+    if len(parts) == 2 and (parts[0] in BUILDER_SECTIONS or parts[0] in SCHEMA_SECTIONS):
+        errors = key_errors(parts[0], {parts[1]: value})
+        if errors:
+            raise ConfigError(f"--set {text}: " + "; ".join(errors))
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """``raw`` with each ``--set key=value`` applied (a value that breaks its key's rule is refused here, named
+    as typed)."""
     raw = copy.deepcopy(raw)
     for text in overrides:
         parts, value = parse_override(text)
+        _check_override(text, parts, value)
         node = raw
         for p in parts[:-1]:
             node = node.setdefault(p, {})
@@ -130,17 +157,24 @@ def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
     for section in BUILDER_SECTIONS:
         if raw.get(section) is not None:
             _apply_section(config, section, raw[section], base_dir)
-    stop = raw.get("stop") or {}
-    run = raw.get("run") or {}
-    for key in run:
-        if key not in RUN_KEYS:
-            raise _unknown(key, RUN_KEYS, "section 'run'")
+    stop, run = _schema_section(raw, "stop"), _schema_section(raw, "run")
     _check_paths(config)
     try:
         config.validate()
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return RunSpec(config=config, stop=dict(stop), run=dict(run))
+
+
+def _schema_section(raw: dict, section: str) -> dict:
+    """Section ``run`` or ``stop`` of the run file, every key checked against its declared schema."""
+    values = raw.get(section) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"section {section!r} must be a mapping")
+    errors = key_errors(section, values)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    return values
 
 
 def _preset_config(preset: Any):
@@ -183,6 +217,9 @@ def _apply_section(config: Any, section: str, values: Any, base_dir: Path | None
     for key in values:
         if key not in known:
             raise _unknown(key, known, f"section {section!r}")
+    errors = key_errors(section, values)
+    if errors:
+        raise ConfigError(f"section {section!r}: " + "; ".join(errors))
     try:
         getattr(config, section)(**values)
     except (TypeError, ValueError) as e:

@@ -8,21 +8,34 @@ The RLlib builder (`R3Config`, in :mod:`r3_rllib.algorithms.r3.config`) holds th
 validates with :func:`check_config`; nothing here imports Ray, transformers or vLLM.
 """
 
-from r3_rllib.config.field import Rule, field_errors, field_rule, setting
-from r3_rllib.config.rules import CROSS_FIELD_RULES, ConfigRule, check_config, config_errors
-from r3_rllib.config.settings import R3_FIELDS, RANKING_ENTROPY_SOURCES, R3Settings, default_values
+from r3_rllib.config.field import Rule, field_errors, field_rule, mapping_errors, setting
+from r3_rllib.config.rules import CROSS_FIELD_RULES, ConfigRule, check_config, config_errors, setting_error
+from r3_rllib.config.settings import (
+    R3_FIELDS,
+    RANKING_ENTROPY_SOURCES,
+    RLLIB_FIELD_RULES,
+    R3Settings,
+    RunSettings,
+    StopCriteria,
+    default_values,
+)
 
 __all__ = [
     "CROSS_FIELD_RULES",
     "R3_FIELDS",
     "RANKING_ENTROPY_SOURCES",
+    "RLLIB_FIELD_RULES",
     "ConfigRule",
     "R3Settings",
     "Rule",
+    "RunSettings",
+    "StopCriteria",
     "check_config",
     "config_errors",
     "default_values",
     "field_errors",
     "field_rule",
+    "mapping_errors",
     "setting",
+    "setting_error",
 ]

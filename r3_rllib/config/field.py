@@ -11,6 +11,7 @@ registered after the settings class was defined (``register_loss``, ``register_p
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
 import re
@@ -49,6 +50,11 @@ class Rule:
     """None is accepted (it means "off" or "derive it")."""
     also: tuple[Any, ...] = ()
     """Literal values accepted besides the range (e.g. ``"auto"``)."""
+    types: tuple[type, ...] = ()
+    """The value must be an instance of one of these (a bool is not an int here); empty: any type."""
+    also_types: tuple[type, ...] = ()
+    """Values of these types are accepted as they are: their owner checks their form (RLlib's ``lr`` schedule,
+    a list)."""
     expect: str | None = None
     """What the error message says the value must be; None: written from the parts above."""
     note: str = ""
@@ -67,13 +73,18 @@ class Rule:
         if self.expect is not None:
             return self.expect
         parts = []
+        if self.types:
+            parts.append(" or ".join(_TYPE_WORDS.get(t, t.__name__) for t in self.types))
         if self.choices is not None:
             parts.append(f"one of {_shown(self.pool())}")
         if self.range is not None:
             text = self.range if _BOUND.match(self.range.strip()) else f"in {self.range}"
             parts.append(("finite and " if self.finite else "") + text)
         alternatives = (
-            [" and ".join(parts)] + [repr(a) for a in self.also] + (["None"] if self.none_ok else [])
+            [" and ".join(parts)]
+            + [repr(a) for a in self.also]
+            + [_TYPE_WORDS.get(t, t.__name__) for t in self.also_types]
+            + (["None"] if self.none_ok else [])
         )
         if len(alternatives) == 1:
             return alternatives[0]
@@ -83,6 +94,10 @@ class Rule:
         """The message naming ``name`` when ``value`` breaks the rule, else None."""
         if (value is None and self.none_ok) or any(_same(value, a) for a in self.also):
             return None
+        if self.also_types and isinstance(value, self.also_types) and not isinstance(value, bool):
+            return None
+        if self.types and not _of_types(value, self.types):
+            return self._message(name, value)
         if self.choices is not None and not _member(value, self.pool()):
             return self._message(name, value)
         if self.range is None and not self.integer:
@@ -98,6 +113,17 @@ class Rule:
     def _message(self, name: str, value: Any) -> str:
         note = f" ({self.note})" if self.note else ""
         return f"{name} must be {self.expectation()}{note}, got {value!r}"
+
+
+#: How the expectation names a type.
+_TYPE_WORDS = {bool: "true or false", str: "a string", int: "an int", float: "a number", list: "a list"}
+
+
+def _of_types(value: Any, types: tuple[type, ...]) -> bool:
+    """``isinstance`` where a bool is only a bool (YAML's ``yes`` must not pass as the int 1, nor 1 as True)."""
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
 
 
 def _same(value: Any, literal: Any) -> bool:
@@ -145,9 +171,19 @@ def setting(
     return dataclasses.field(default=default, metadata=metadata)
 
 
+#: Rules read from a field's annotation when it declares none: a switch is true or false (a -1 or a "yes" in a
+#: run file would otherwise pass as true).
+_ANNOTATION_RULES = {"bool": Rule(types=(bool,)), "bool | None": Rule(types=(bool,), none_ok=True)}
+
+
 def field_rule(field: dataclasses.Field) -> Rule | None:
-    """The rule declared with ``field`` (None: any value)."""
-    return field.metadata.get("rule")
+    """The rule declared with ``field``, else the one its annotation implies (a bool field), else None (any
+    value)."""
+    rule = field.metadata.get("rule")
+    if rule is None:
+        annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", None)
+        return _ANNOTATION_RULES.get(annotation)
+    return rule
 
 
 def field_errors(settings_class: type, values: Any, rules: Mapping[str, Rule] | None = None) -> list[str]:
@@ -162,4 +198,44 @@ def field_errors(settings_class: type, values: Any, rules: Mapping[str, Rule] | 
             message = rule.error(field.name, getattr(values, field.name))
             if message is not None:
                 errors.append(message)
+    return errors
+
+
+def rules_errors(rules: Mapping[str, Rule], values: Any) -> list[str]:
+    """One message per name of ``rules`` whose attribute on ``values`` breaks its rule (an absent attribute is not
+    checked: it is the owner's default)."""
+    errors = []
+    for name, rule in rules.items():
+        value = getattr(values, name, dataclasses.MISSING)
+        message = None if value is dataclasses.MISSING else rule.error(name, value)
+        if message is not None:
+            errors.append(message)
+    return errors
+
+
+def unknown_key_message(key: Any, known: Collection[str], where: str) -> str:
+    """``"unknown key 'x' in <where>; did you mean 'y'?"`` (the hint when a known key is close; else the known keys
+    when they are few, as a run's stop criteria)."""
+    hint = difflib.get_close_matches(str(key), sorted(known), n=1)
+    if hint:
+        return f"unknown key {key!r} in {where}; did you mean {hint[0]!r}?"
+    if len(known) <= 8:
+        return f"unknown key {key!r} in {where}; known keys: {', '.join(sorted(known))}"
+    return f"unknown key {key!r} in {where}"
+
+
+def mapping_errors(settings_class: type, values: Mapping[str, Any], where: str) -> list[str]:
+    """What is wrong with ``values``, a mapping from a file, against the dataclass ``settings_class``: every key
+    that is not one of its fields, and every value that breaks its field's rule, each message prefixed
+    ``where.key``."""
+    fields = {f.name: f for f in dataclasses.fields(settings_class)}
+    errors = []
+    for key, value in values.items():
+        if key not in fields:
+            errors.append(unknown_key_message(key, fields, f"section {where!r}"))
+            continue
+        rule = field_rule(fields[key])
+        message = rule.error(f"{where}.{key}", value) if rule is not None else None
+        if message is not None:
+            errors.append(message)
     return errors

@@ -9,11 +9,12 @@ names the problem.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from r3_rllib.config.field import Rule, field_errors
-from r3_rllib.config.settings import R3Settings
+from r3_rllib.config.field import Rule, field_errors, field_rule, rules_errors
+from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
 
@@ -276,9 +277,10 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
 def config_errors(
     config: Any, extra_rules: Iterable[ConfigRule] = (), field_rules: Mapping[str, Rule] | None = None
 ) -> list[str]:
-    """Every problem of ``config``: each field against its own rule (or its rule in ``field_rules``), then every
-    cross-field rule and ``extra_rules``."""
-    errors = field_errors(R3Settings, config, field_rules)
+    """Every problem of ``config``: each field against its own rule (or its rule in ``field_rules``), RLlib's
+    settings against :data:`~r3_rllib.config.settings.RLLIB_FIELD_RULES`, then every cross-field rule and
+    ``extra_rules``."""
+    errors = field_errors(R3Settings, config, field_rules) + rules_errors(RLLIB_FIELD_RULES, config)
     for rule in (*CROSS_FIELD_RULES, *extra_rules):
         try:
             message = rule(config)
@@ -289,6 +291,17 @@ def config_errors(
         if message:
             errors.append(message)
     return errors
+
+
+_R3_RULES = {f.name: field_rule(f) for f in dataclasses.fields(R3Settings)}
+
+
+def setting_error(name: str, value: Any) -> str | None:
+    """The message when ``value`` breaks the rule of setting ``name`` (an R3 field or one of RLlib's in
+    :data:`~r3_rllib.config.settings.RLLIB_FIELD_RULES`), else None: the check of one key of a run file or
+    ``--set``, by the rule :func:`config_errors` applies to the whole config."""
+    rule = _R3_RULES.get(name) or RLLIB_FIELD_RULES.get(name)
+    return rule.error(name, value) if rule is not None else None
 
 
 def check_config(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from r3_rllib.config.field import setting
+from r3_rllib.config.field import Rule, setting
 from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.hgpo import HGPO_BASE_STATS, HGPO_MODES, HGPO_SETTINGS
 from r3_rllib.core.losses import (
@@ -69,18 +69,23 @@ class R3Settings:
     """G: responses sampled per query."""
     queries_per_iteration: int = setting(16, range=">= 1", integer=True)
     """Queries per training iteration, summed over all EnvRunners."""
-    max_new_tokens: int = 16
+    max_new_tokens: int = setting(16, range=">= 1", integer=True)
     """Maximum response length in tokens (responses that hit it are 'truncated')."""
-    temperature: float = 1.0
+    temperature: float = setting(
+        1.0, range="> 0", finite=True, note="the learner divides logits by it; greedy decoding is eval's"
+    )
     """Sampling temperature for rollouts."""
-    top_p: float = 1.0
+    top_p: float = setting(1.0, range="(0, 1]")
     """Nucleus sampling for rollouts."""
-    top_k: int = -1
+    top_k: int = setting(-1, range=">= 1", integer=True, also=(-1,), note="-1: off")
     """Top-k for rollouts (-1: off)."""
-    rollout_timeout_s: float | None = setting(None, range="> 0", none_ok=True)
-    """Seconds the driver waits for the runners' rollouts. A runner that has not answered by then (a hung engine)
-    is restarted like a crashed one and the iteration trains on the others' samples. None: wait as long as it
-    takes. RLlib's sample_timeout_s is not used: its 60 s default is shorter than long generations."""
+    rollout_timeout_s: float | None = setting(1800.0, range="> 0", finite=True, none_ok=True)
+    """Seconds the driver waits for the runners' rollouts. A runner that has not answered by then (a hung engine,
+    a reward function that never returns) is restarted like a crashed one and the iteration trains on the others'
+    samples. 1800 (30 min) bounds a hang by default while leaving room for slow rollouts: the shipped CPU examples'
+    rollouts take seconds to a few minutes; runs generating thousands of tokens per response on a slow device
+    should raise it (the DeepScaleR examples set 3600). None: wait as long as it takes. RLlib's sample_timeout_s
+    is not used: its 60 s default is shorter than long generations."""
 
     # --- learner ---------------------------------------------------------------------------------------------
     num_minibatches: int = setting(1, range=">= 1", integer=True)
@@ -94,9 +99,9 @@ class R3Settings:
     micro_batch_size: sequences are packed longest first, so short responses share a pass and a long one gets its
     own (verl's dynamic batch size). 'auto': 16384 tokens for a pretrained model (`model_path` set; verl's default
     per GPU), micro_batch_size rows for the shipped tiny model. None: micro_batch_size rows per pass."""
-    clip_low: float = 0.2
+    clip_low: float = setting(0.2, range="[0, 1)", note="the ratio's lower clip 1 - clip_low must stay > 0")
     """PPO ratio clip below: 1 - clip_low."""
-    clip_high: float = 0.28
+    clip_high: float = setting(0.28, range=">= 0", finite=True)
     """PPO ratio clip above: 1 + clip_high (DAPO's clip-higher; equal to clip_low for symmetric PPO)."""
     clip_ratio_c: float | None = setting(
         DEFAULT_CLIP_RATIO_C, range="> 1", finite=True, none_ok=True, note="dual clip"
@@ -124,17 +129,17 @@ class R3Settings:
     cispo_clip_low: float | None = setting(None, range="[0, 1)", none_ok=True)
     """'cispo': lower bound 1 - cispo_clip_low on the token weight; None (default): no lower bound, as in the
     MiniMax-M1 paper. In [0, 1) or None."""
-    kl_coef: float = 0.0
+    kl_coef: float = setting(0.0, range=">= 0", finite=True)
     """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
     kl_type: str = setting("k3", choices=KL_KINDS)
     """KL estimator: 'k1', 'k2' or 'k3'."""
-    weight_decay: float = 0.0
+    weight_decay: float = setting(0.0, range=">= 0", finite=True)
     """AdamW weight decay."""
     advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)
     """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha,
     lambda), 'rloo' (leave-one-out baseline), 'reinforce_pp' (REINFORCE++-baseline: group mean, then the batch's
     std), 'hgpo' (step advantages for multi-step envs, see hgpo_*)."""
-    adv_eps: float = 1e-6
+    adv_eps: float = setting(1e-6, range=">= 0", finite=True)
     """The epsilon in GRPO's (R - mean) / (std + eps) and in reinforce_pp's division by the batch std."""
     adv_std_ddof: int = setting(0, choices=(0, 1), expect="0 or 1")
     """'grpo' only: the std's delta degrees of freedom, 0 (population std) or 1 (sample std, as torch.std in verl
@@ -210,7 +215,7 @@ class R3Settings:
     dynamic_sampling: bool = False
     """DAPO: drop uninformative groups (see dynamic_sampling_metric), sample more queries until queries_per_iteration
     groups survive, and train on exactly that many (the first ones sampled; out of rounds: on those there are)."""
-    dynamic_sampling_max_rounds: int = 3
+    dynamic_sampling_max_rounds: int = setting(3, range=">= 0", integer=True)
     """Extra sampling rounds allowed per iteration with dynamic sampling."""
     dynamic_sampling_metric: str = setting("accuracy", choices=FILTER_METRICS)
     """What dynamic sampling filters on: 'accuracy' (DAPO: drop groups whose responses are all correct or all wrong)
@@ -219,7 +224,7 @@ class R3Settings:
     overlong_shaping: bool = False
     """DAPO's soft overlong penalty: responses longer than max_new_tokens - overlong_buffer_len tokens get a penalty
     growing linearly to -overlong_penalty_factor at max_new_tokens, added to their reward before advantages."""
-    overlong_buffer_len: int | None = None
+    overlong_buffer_len: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
     """L_cache, the length of the penalised buffer at the end of the response budget. None: max_new_tokens // 5
     (DAPO's 4,096 of 20,480 tokens)."""
     overlong_penalty_factor: float = setting(1.0, range=">= 0", finite=True)
@@ -243,7 +248,7 @@ class R3Settings:
     alone): named settings of r3_rllib.core.hgpo.hgpo_advantages."""
     hgpo_history_length: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
     """H: the deepest history level is H + 1 observations. None: the setting's (2 for 'hgpo', 0 for 'gigpo')."""
-    hgpo_alpha: float = 1.0
+    hgpo_alpha: float = setting(1.0, range="> -inf", finite=True, expect="a finite number")
     """Level weights (k + 1) ** alpha: larger alpha trusts the deeper, more context-consistent groups more (unused
     by 'gigpo', which adds its two levels)."""
     hgpo_mode: str = setting("mean_std_norm", choices=HGPO_MODES)
@@ -263,22 +268,22 @@ class R3Settings:
     """k: replayed samples per collapsed group."""
     replay_start_epoch: int = setting(1, range=">= 0", integer=True)
     """First dataset epoch (0-based) in which replay is active (the paper: epoch 1 is plain GRPO)."""
-    adv_alpha: float = 1.0
+    adv_alpha: float = setting(1.0, range=">= 0", finite=True)
     """alpha in A = (R - mean(G_mix)) / (alpha * std(G_mix) + lambda)."""
-    adv_lambda: float = 1e-6
+    adv_lambda: float = setting(1e-6, range=">= 0", finite=True)
     """lambda in the same formula."""
-    replay_max_per_query: int = ReplayConfig.max_per_query
+    replay_max_per_query: int = setting(ReplayConfig.max_per_query, range=">= 1", integer=True)
     """Replay buffer bound per query and outcome class."""
-    replay_max_total: int = ReplayConfig.max_total_samples
+    replay_max_total: int = setting(ReplayConfig.max_total_samples, range=">= 1", integer=True)
     """Replay buffer bound in samples over all queries."""
     replay_priority: str = setting(ReplayConfig.priority, choices=PRIORITY_FNS)
     """Which stored samples a collapsed group gets: a name in r3_rllib.replay.PRIORITY_FNS ('recency_length',
     'uniform', or one added with register_priority in a module the replay actor imports)."""
-    replay_recency_decay: float = ReplayConfig.recency_decay
+    replay_recency_decay: float = setting(ReplayConfig.recency_decay, range="(0, 1]")
     """recency_length: priority factor per policy version of lag (fresher samples need less IS correction)."""
-    replay_correct_length_power: float = ReplayConfig.correct_length_power
+    replay_correct_length_power: float = setting(ReplayConfig.correct_length_power, range=">= 0", finite=True)
     """recency_length: prefer shorter correct samples, (L_min / L) ** power (0: no length preference)."""
-    replay_truncated_priority: float = ReplayConfig.truncated_priority
+    replay_truncated_priority: float = setting(ReplayConfig.truncated_priority, range=">= 0", finite=True)
     """recency_length: priority factor of truncated samples (0: never replay them)."""
     replay_max_staleness: int | None = setting(
         None,
@@ -293,7 +298,7 @@ class R3Settings:
     A value shorter than that is warned about at setup (see algorithms/r3/schedule.py)."""
     reflection: bool = False
     """In-context self-reflection: hard queries get an extra prompt with a past wrong answer and guidance."""
-    reflection_tau: float = 0.3
+    reflection_tau: float = setting(0.3, range=">= 0", finite=True)
     """tau: a query is hard when its past score (reflection_hardness) is below tau."""
     reflection_hardness: str = setting("accuracy", choices=REFLECTION_HARDNESS)
     """The past score of a query that tau bounds: 'accuracy' (the fraction of its past samples graded correct, so
@@ -305,9 +310,9 @@ class R3Settings:
     """p_r: the guidance appended to reflection prompts."""
     reflection_template: str | None = None
     """Template with {query}, {wrong_answer}, {guidance}; None: the default of r3_rllib.core.reflection."""
-    reflection_max_per_batch: int | None = None
+    reflection_max_per_batch: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
     """Cap on reflection prompts per EnvRunner batch (None: one per hard query)."""
-    reflection_max_answer_chars: int | None = 4000
+    reflection_max_answer_chars: int | None = setting(4000, range=">= 1", integer=True, none_ok=True)
     """Keep at most this many characters (the tail) of the wrong answer in a reflection prompt."""
     ranking: bool = False
     """Structural entropy ranking reward for groups whose fresh samples are all wrong."""
@@ -375,11 +380,11 @@ class R3Settings:
     """R^2PO: held-out evaluation samples with the head on (False: the base policy, what is exported and served)."""
 
     # --- evaluation ------------------------------------------------------------------------------------------
-    eval_interval: int = 0
+    eval_interval: int = setting(0, range=">= 0", integer=True)
     """Held-out greedy accuracy every this many iterations (0: off)."""
     eval_env_config: dict = dataclasses.field(default_factory=lambda: {"split": "test"})
     """Overrides of env_config for the held-out env."""
-    eval_num_queries: int = 64
+    eval_num_queries: int = setting(64, range=">= 1", integer=True)
     """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""
 
 
@@ -393,3 +398,54 @@ def default_values() -> dict[str, object]:
         f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         for f in dataclasses.fields(R3Settings)
     }
+
+
+#: Rules of the RLlib settings (``AlgorithmConfig``'s own attributes) that an R3 run sets, checked with R3's fields
+#: by :func:`~r3_rllib.config.rules.config_errors`. RLlib checks few of them, and some not at all: ``num_epochs=0``
+#: trained with no optimizer step and logged a NaN grad norm, ``num_learners=-2`` started a run.
+RLLIB_FIELD_RULES: dict[str, Rule] = {
+    "lr": Rule(range="> 0", finite=True, also_types=(list, tuple), note="a list is RLlib's lr schedule"),
+    "num_epochs": Rule(range=">= 1", integer=True, note="0 epochs would run no optimizer step"),
+    "num_learners": Rule(range=">= 0", integer=True, note="0: one learner in the driver process"),
+    "num_env_runners": Rule(range=">= 0", integer=True),
+    "seed": Rule(range=">= 0", integer=True, none_ok=True),
+    "grad_clip": Rule(range="> 0", finite=True, none_ok=True),
+    "num_cpus_per_env_runner": Rule(range=">= 0", finite=True),
+    "num_gpus_per_env_runner": Rule(range=">= 0", finite=True),
+    "num_cpus_per_learner": Rule(range=">= 0", finite=True, also=("auto",)),
+    "num_gpus_per_learner": Rule(range=">= 0", finite=True),
+}
+
+
+@dataclasses.dataclass
+class RunSettings:
+    """A run file's ``run`` section: how ``r3 train`` names, stores and checkpoints the Tune experiment."""
+
+    name: str | None = setting(None, types=(str,), none_ok=True)
+    """The experiment's name (its folder under storage_path); None: the run file's name."""
+    storage_path: str = setting("runs", types=(str,))
+    """Folder of the experiments."""
+    checkpoint_frequency: int = setting(0, range=">= 0", integer=True)
+    """Checkpoint every this many iterations (0: only at the end)."""
+    checkpoint_at_end: bool = True
+    """Checkpoint when the run stops."""
+    num_samples: int = setting(1, range=">= 1", integer=True)
+    """Trials of the param space (Tune's num_samples)."""
+    verbose: int = setting(1, choices=(0, 1, 2, 3), expect="0, 1, 2 or 3")
+    """Tune's console verbosity."""
+    keep_checkpoints_num: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """Checkpoints kept (the newest); None: all."""
+
+
+@dataclasses.dataclass
+class StopCriteria:
+    """A run file's ``stop`` section: Tune stops a trial once a result reaches one of these values. The keys are the
+    results' counters that only grow (a criterion on a metric that goes up and down, such as accuracy, is Tune's
+    to write in Python)."""
+
+    training_iteration: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """Iterations to train (also what `r3 train` checks R^3's schedule against)."""
+    time_total_s: float | None = setting(None, range="> 0", finite=True, none_ok=True)
+    """Seconds of training (Tune's clock of the trial)."""
+    num_env_steps_sampled_lifetime: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """Samples generated over the run (the R3 algorithm's lifetime counter)."""

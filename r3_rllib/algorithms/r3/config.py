@@ -222,11 +222,12 @@ class R3Config(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
-        """RLlib's checks, then every field against its rule and every cross-field rule (one ValueError naming all
-        problems)."""
+        """Every field against its rule (RLlib's own settings included) and every cross-field rule (one ValueError
+        naming all problems), then RLlib's checks: ours first, so a bad value is named by its rule rather than by
+        whatever RLlib's code makes of it."""
+        check_config(self, extra_rules=(stage_b_wrapper_is_internal,), field_rules=ALGORITHM_FIELD_RULES)
         with _algorithm_named_only(self):
             super().validate()
-        check_config(self, extra_rules=(stage_b_wrapper_is_internal,), field_rules=ALGORITHM_FIELD_RULES)
         # Streaming rollouts keep max_staleness requests on each runner, and a weight load behind each (RLlib
         # counts requests per tag; twice the bound leaves room for a runner that falls behind).
         staleness = max_staleness_of(self)
@@ -234,6 +235,21 @@ class R3Config(AlgorithmConfig):
             self.max_requests_in_flight_per_env_runner = max(
                 self.max_requests_in_flight_per_env_runner, 2 * staleness + 1
             )
+
+    @override(AlgorithmConfig)
+    def get_state(self) -> dict[str, Any]:
+        """RLlib's state, keeping every setting whose value is -1.
+
+        ``Algorithm.__init__`` rebuilds its config as ``from_state(config.get_state())``, and RLlib's ``get_state``
+        drops every attribute equal to its ``DEPRECATED_VALUE`` (-1), so ``from_state`` gave such a setting its
+        default back: ``temperature=-1`` sampled at 1.0, ``clip_low=-1`` clipped at 0.2. Kept, a -1 reaches
+        ``validate`` (refused where the field's rule excludes it) or the run (where it means "off", as ``top_k``).
+        RLlib's deprecated attributes hold -1 in a fresh config too, so keeping them changes nothing."""
+        state = super().get_state()
+        for name, value in vars(self).items():
+            if name not in state and name not in ("algo_class", "_is_frozen"):
+                state[name] = value
+        return state
 
     # -- derived settings --------------------------------------------------------------------------------------
     @property
