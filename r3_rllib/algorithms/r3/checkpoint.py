@@ -28,7 +28,7 @@ from r3_rllib.algorithms.r3.checkpoint_files import (
     trial_checkpoints,
     verify_checkpoint,
 )
-from r3_rllib.algorithms.r3.safe_pickle import safe_load
+from r3_rllib.algorithms.r3.safe_pickle import safe_load, safe_loads
 
 __all__ = [
     "CheckpointFormatError",
@@ -89,11 +89,20 @@ class AlgorithmState:
 
 def write_algorithm_state(checkpoint_dir: str, state: AlgorithmState) -> str:
     """Write ``state`` to ``checkpoint_dir/r3_state.pkl`` with the current format version, atomically (the file
-    appears only complete); return the path."""
+    appears only complete); return the path. CheckpointFormatError, before anything is written, for a state that
+    holds a type :func:`read_algorithm_state` would refuse."""
     path = os.path.join(checkpoint_dir, R3_STATE_FILE)
     data = {FORMAT_KEY: ALGORITHM_STATE_VERSION, **{k: getattr(state, k) for k in _FIELDS}}
+    blob = pickle.dumps(data, protocol=4)
+    # A state that would not load is refused now, naming the type, not after a crash when it is needed.
+    try:
+        safe_loads(blob, f"{path} (being written)")
+    except CheckpointFormatError as e:
+        raise CheckpointFormatError(
+            f"{e}. Add the type to safe_pickle.DRIVER_STATE_GLOBALS if it is data"
+        ) from e
     with atomic_open(path) as f:
-        pickle.dump(data, f, protocol=4)
+        f.write(blob)
     return path
 
 

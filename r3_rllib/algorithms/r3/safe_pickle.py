@@ -12,10 +12,11 @@ checked here first). Stdlib only; numpy and torch are imported only when a file 
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import pickle
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 from r3_rllib.algorithms.r3.checkpoint_files import CheckpointFormatError, CorruptCheckpointError
 
@@ -95,14 +96,24 @@ def safe_load(path: str, allowed: Callable[[str, str], bool] = driver_state_glob
     ``path``, for a refused global; CorruptCheckpointError (a subclass) for a file that is not a complete pickle
     (truncated, corrupt)."""
     with open(path, "rb") as f:
-        try:
-            return _AllowListUnpickler(f, allowed=allowed, source=path).load()
-        except CheckpointFormatError:
-            raise
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
-            raise CorruptCheckpointError(
-                f"{path}: not a readable checkpoint file (truncated or corrupt?): {type(e).__name__}: {e}"
-            ) from e
+        return _load(f, allowed, path)
+
+
+def safe_loads(data: bytes, source: str, allowed: Callable[[str, str], bool] = driver_state_global) -> Any:
+    """:func:`safe_load` of pickled bytes (``source`` names them in errors): a writer checks that what it is about
+    to save will load."""
+    return _load(io.BytesIO(data), allowed, source)
+
+
+def _load(f: IO[bytes], allowed: Callable[[str, str], bool], source: str) -> Any:
+    try:
+        return _AllowListUnpickler(f, allowed=allowed, source=source).load()
+    except CheckpointFormatError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise CorruptCheckpointError(
+            f"{source}: not a readable checkpoint file (truncated or corrupt?): {type(e).__name__}: {e}"
+        ) from e
 
 
 def check_dcp_metadata(dcp_dir: str) -> None:

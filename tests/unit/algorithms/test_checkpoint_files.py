@@ -9,11 +9,13 @@ import builtins
 import errno
 import os
 import pickle
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
+from r3_rllib.algorithms.r3 import checkpoint as checkpoint_module
 from r3_rllib.algorithms.r3.checkpoint import (
     ALGORITHM_STATE_VERSION,
     FORMAT_KEY,
@@ -174,6 +176,14 @@ def test_state_keeps_its_types_through_the_safe_reader(tmp_path):
     assert state.rng == _state().rng
 
 
+def test_state_with_a_type_the_reader_would_refuse_is_refused_at_save(tmp_path):
+    with pytest.raises(
+        CheckpointFormatError, match=r"references pathlib.PosixPath.*Add the type to safe_pickle"
+    ):
+        write_algorithm_state(str(tmp_path), _state(metrics={"where": tmp_path}))
+    assert os.listdir(tmp_path) == []
+
+
 def test_truncated_state_file_names_the_path(tmp_path):
     path = write_algorithm_state(str(tmp_path), _state())
     os.truncate(path, os.path.getsize(path) // 2)
@@ -216,13 +226,20 @@ def test_disk_full_midway_leaves_no_checkpoint_that_looks_complete(tmp_path, mon
     trial = tmp_path / "trial"
     _checkpoint(trial / "checkpoint_000000", iteration=5)
     new = trial / "checkpoint_000001"
-    real_dump = pickle.dump
+    real_open = checkpoint_module.atomic_open
 
-    def dump_then_fail(obj, f, *args, **kwargs):  # half the state file, then the disk is full
-        real_dump({"partial": True}, f)
-        raise OSError(errno.ENOSPC, "No space left on device", str(new / R3_STATE_FILE))
+    @contextmanager
+    def filling_up(path):  # the state file's writer: half of it written, then the disk is full
+        with real_open(path) as f:
 
-    monkeypatch.setattr(pickle, "dump", dump_then_fail)
+            class HalfThenFull:
+                def write(self, data):
+                    f.write(data[: len(data) // 2])
+                    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+            yield HalfThenFull()
+
+    monkeypatch.setattr(checkpoint_module, "atomic_open", filling_up)
     with pytest.raises(OSError) as err:
         _checkpoint(new, iteration=10)
     monkeypatch.undo()
