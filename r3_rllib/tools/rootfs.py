@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Iterable
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
@@ -56,7 +55,7 @@ def interpreter_prefixes(python: str) -> list[str]:
     return dirs
 
 
-def root_layout(prefixes: Iterable[str]) -> list[Op]:
+def root_layout(prefixes: list[str]) -> list[Op]:
     """The tree of the sandbox's root as a list of operations, in order: ``["dir", path, mode]``,
     ``["bind", source, path]`` (read-only), ``["symlink", target, path]`` and ``["dev", name]``."""
     ops: list[Op] = [["dir", d, "755"] for d in ("/dev", "/etc", "/proc", "/tmp", WORKDIR)]

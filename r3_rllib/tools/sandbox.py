@@ -46,7 +46,7 @@ and output capped at ``max_output_bytes`` (the program is killed when it writes 
 from __future__ import annotations
 
 import functools
-import json
+import marshal
 import math
 import os
 import resource
@@ -303,7 +303,7 @@ def _run(cfg: dict, workdir: str, timeout_s: float, max_output_bytes: int, mode:
 def _send_config(proc: subprocess.Popen, cfg: dict) -> None:
     assert proc.stdin is not None
     try:
-        proc.stdin.write(json.dumps(cfg).encode())
+        proc.stdin.write(marshal.dumps(cfg))
         proc.stdin.close()
     except BrokenPipeError:  # the launcher died before reading it; its exit status and stderr tell why
         pass
