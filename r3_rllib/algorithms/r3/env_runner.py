@@ -39,7 +39,7 @@ from r3_rllib.algorithms.r3.runner_env import (
     runner_seed,
 )
 from r3_rllib.algorithms.r3.runner_eval import HeldOutEvaluation
-from r3_rllib.algorithms.r3.runner_faults import check_finite_rewards
+from r3_rllib.algorithms.r3.runner_faults import check_finite_reward, check_finite_rewards
 from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors, unpack_weights
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
@@ -146,13 +146,13 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         self, *, num_queries: int = 1, reflection: ReflectionSettings | None = None, **kwargs
     ) -> RolloutResult:
         """Sample `num_queries` fresh groups (plus reflection groups when `reflection` is given). A non-finite
-        reward raises NonFiniteRewardError naming its query (it would make the batch's advantages NaN)."""
+        reward raises NonFiniteRewardError naming its query where the env gives it (it would make the batch's
+        advantages NaN)."""
         t0, self.query_id = time.perf_counter(), None
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
         groups, timings, tokens, totals = self._rollout(num_queries, reflection)
-        check_finite_rewards(groups, type(self.env).__name__)
         self._last_call_end = time.perf_counter()
         return RolloutResult(
             worker_id=int(self.worker_index or 0),
@@ -243,6 +243,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         if self.config.sleep_between_rollouts:
             self.engine.sleep()
         groups = step_groups(records, self.engine.version)
+        check_finite_rewards(groups, type(self.env).__name__)  # before the totals (they refuse NaN, unnamed)
         tokens = sum(len(r.response_ids) for r in records)
         return groups, (gen_s, 0.0), tokens, {**rollout_totals(groups), **episode_totals(records)}
 
@@ -266,6 +267,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
                 list(contents), lambda q: self.env.tool_episode(q, contents[q]), self.sampling_params()
             )
             trajs, groups = trajs + extra, groups + trajectory_groups(extra, version, is_reflection=True)
+        check_finite_rewards(groups, type(self.env).__name__)
         gen_s = time.perf_counter() - t_gen  # tool calls included
         if self.config.sleep_between_rollouts:
             self.engine.sleep()
@@ -292,6 +294,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
                 "(rollout_head_rarity_count='outcome') counts the graded outcome; report it, or set "
                 "rollout_head_rarity_count='reward' for an env whose reward values are its outcomes"
             )
+        check_finite_reward(query_id, type(self.env).__name__, reward)
         return float(reward), bool(info.get("correct", reward > 0)), info.get("grade_reason")
 
     def _rarity_counts_outcomes(self) -> bool:

@@ -46,12 +46,17 @@ class NonFiniteRewardError(ValueError):
         return (type(self), (self.query_id, self.env, self.reward))
 
 
+def check_finite_reward(query_id: str, env: str, reward: float) -> None:
+    """Raise :class:`NonFiniteRewardError` when ``reward``, the one ``env`` gave ``query_id``, is NaN or infinite."""
+    if not math.isfinite(float(reward)):
+        raise NonFiniteRewardError(query_id, env, reward)
+
+
 def check_finite_rewards(groups: Iterable[Group], env: str) -> None:
-    """Raise :class:`NonFiniteRewardError` for the first sample of ``groups`` whose reward is NaN or infinite."""
+    """:func:`check_finite_reward` for every sample of ``groups`` (multi-step and tool rollouts)."""
     for group in groups:
         for sample in group.samples:
-            if not math.isfinite(sample.reward):
-                raise NonFiniteRewardError(sample.query_id, env, sample.reward)
+            check_finite_reward(sample.query_id, env, sample.reward)
 
 
 def sample_or_error(runner: Any, **kwargs: Any) -> RolloutResult | RunnerError:

@@ -1,0 +1,159 @@
+"""Faults reach the user with their cause, and the run survives what it can.
+
+- A runner's application error (its env's reset/step raised, sampling settings the engine refuses, a NaN reward)
+  stops ``train()`` within seconds with a ``RunnerError`` naming the runner, the env, the query and the original
+  exception (before: ~60 s, then only "no healthy EnvRunner left to sample from").
+- The only runner killed between iterations: the next iteration waits for Ray's restart, restores the runner and
+  trains on a full batch (before: a fake row with accuracy 0.0, then the trial failed).
+- A learner process killed (num_learners=2): ``train()`` raises ``LearnerDiedError`` naming the rank and how to
+  resume (before: gloo's "Connection reset by peer").
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import time
+
+import faulty_envs
+import pytest
+import ray
+
+from r3_rllib import R3Config
+from r3_rllib.algorithms.r3.learner_faults import LearnerDiedError
+from r3_rllib.algorithms.r3.rollout_types import RunnerError
+
+pytestmark = pytest.mark.slow
+
+QUERIES, GROUP = 4, 2  # per iteration: 8 samples
+#: How soon a runner's error must reach the driver (the old path waited delay_between_env_runner_restarts_s, 60 s).
+ERROR_WITHIN_S = 20.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ship_faulty_envs_by_value():
+    """The runners' processes cannot import tests/: cloudpickle sends the env classes by value."""
+    ray.cloudpickle.register_pickle_by_value(faulty_envs)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(faulty_envs)
+
+
+def _config(model_path: str, env=None, *, env_config: dict | None = None, **training) -> R3Config:
+    return (
+        R3Config.grpo_preset()
+        .environment(env or "arithmetic", env_config={"num_queries": 32, **(env_config or {})})
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
+        .learners(num_learners=0)
+        .training(
+            model_path=model_path, group_size=GROUP, queries_per_iteration=QUERIES, max_new_tokens=4, lr=1e-3,
+            **training,
+        )
+    )  # fmt: skip
+
+
+FAULTY = faulty_envs.FaultyArithmeticEnv
+ENV_ERROR = re.escape(f"ZeroDivisionError: {faulty_envs.FAILURE_MESSAGE}")
+CASES = {
+    "env_reset": (dict(env=FAULTY, env_config={"fail_on": "reset"}), r"\(env FaultyArithmeticEnv\) failed: " + ENV_ERROR),
+    "env_step": (dict(env=FAULTY, env_config={"fail_on": "step"}), r"\(env FaultyArithmeticEnv, query '.+'\) failed: " + ENV_ERROR),
+    "nan_reward": (
+        dict(env=FAULTY, env_config={"fail_on": "nan"}),
+        r"NonFiniteRewardError: FaultyArithmeticEnv gave query '.+' a non-finite reward \(nan\)",
+    ),
+    "engine_refuses_sampling": ({}, re.escape(f"ValueError: {faulty_envs.SAMPLING_REFUSED}")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_runner_error_stops_the_run_with_its_cause(ray_session, tiny_random_model, case):
+    """The error reaches ``train()`` at once, with the runner, env, query and the runner's traceback; the runner
+    process stays up. engine_refuses_sampling: the runner's engine refuses the sampling parameters (config rules
+    already refuse temperature <= 0 and top_p outside (0, 1], see the next test; an engine may refuse more)."""
+    kwargs, message = CASES[case]
+    algo = _config(tiny_random_model, **kwargs).build_algo()
+    try:
+        if case == "engine_refuses_sampling":
+            algo.env_runner_group.foreach_env_runner(
+                faulty_envs.install_refusing_engine, local_env_runner=False
+            )
+        t0 = time.monotonic()
+        with pytest.raises(RunnerError, match=message) as caught:
+            algo.train()
+        elapsed = time.monotonic() - t0
+        print(f"{case}: error after {elapsed:.1f} s")
+        assert elapsed < ERROR_WITHIN_S
+        err = caught.value
+        assert err.worker_index == 1 and str(err).startswith("EnvRunner 1 (")
+        assert "EnvRunner 1 traceback" in str(err)  # the runner's own traceback comes with it
+        copy = pickle.loads(pickle.dumps(err))  # crosses process boundaries (Tune trial -> driver) whole
+        assert str(copy) == str(err) and copy.query_id == err.query_id
+        # The runner process is still up (its error was returned, not raised into RLlib, which exits it).
+        assert algo.env_runner_group.healthy_worker_ids() == [1]
+    finally:
+        algo.stop()
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (dict(temperature=-1.0), "temperature must be finite and > 0"),
+        (dict(temperature=float("nan")), "temperature must be finite and > 0"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+    ],
+)
+def test_bad_sampling_settings_are_refused_before_any_runner_starts(tiny_random_model, setting, message):
+    with pytest.raises(ValueError, match=message):
+        _config(tiny_random_model, **setting).validate()
+
+
+def _runner_handle(algo, worker_id: int):
+    return algo.env_runner_group._worker_manager.actors()[worker_id]
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2], ids=["sync", "streaming"])
+def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_random_model, max_staleness):
+    """Killed between iterations (as by the OS for memory), the only runner is restarted by Ray; the next iteration
+    waits for it, restores it (current weights, data position) and trains on a full batch of real samples."""
+    algo = _config(tiny_random_model, max_staleness=max_staleness).build_algo()
+    try:
+        before = algo.train()
+        [position] = algo.env_runner_group.foreach_env_runner(lambda r: r.env.state(), local_env_runner=False)
+        ray.kill(_runner_handle(algo, 1), no_restart=False)
+        t0 = time.monotonic()
+        result = algo.train()
+        print(f"{max_staleness=}: iteration with the restart took {time.monotonic() - t0:.1f} s")
+        samples = result["num_env_steps_sampled_lifetime"] - before["num_env_steps_sampled_lifetime"]
+        assert samples == QUERIES * GROUP  # a full batch, not a fake row of nothing
+        assert result["learner"]["optimizer_steps"] >= 1
+        assert algo.env_runner_group.healthy_worker_ids() == [1]
+        [version] = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.engine.version, local_env_runner=False
+        )
+        assert version == algo.learner_call(lambda lr: lr._policy_version)[0]
+        if max_staleness == 0:  # synchronous: the restored runner went on from its last delivered rollout
+            [after] = algo.env_runner_group.foreach_env_runner(
+                lambda r: r.env.state(), local_env_runner=False
+            )
+            assert after["cursor"] == position["cursor"] + QUERIES
+        assert algo.train()["training_iteration"] == 3
+    finally:
+        algo.stop()
+
+
+def test_a_dead_learner_is_named(ray_session, tiny_random_model):
+    """num_learners=2 (FSDP2 over gloo): learner rank 1's process is killed between iterations; the next update
+    fails with LearnerDiedError naming rank 1 and how to resume, not with gloo's "Connection reset by peer"."""
+    config = _config(tiny_random_model).learners(num_learners=2, num_cpus_per_learner=1)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        ranks = algo.learner_call(lambda lr: lr._rank)
+        assert ranks == [0, 1]  # RLlib's actor ids are the ranks
+        ray.kill(algo.learner_group._workers[1], no_restart=True)
+        t0 = time.monotonic()
+        with pytest.raises(LearnerDiedError, match=r"learner rank 1 died \(.*\).*--resume") as caught:
+            algo.train()
+        print(f"learner death reported after {time.monotonic() - t0:.1f} s")
+        assert caught.value.ranks == (1,)
+    finally:
+        algo.stop()
