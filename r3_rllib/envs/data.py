@@ -8,7 +8,8 @@ or starts with ``/``, ``.`` or ``~``; anything else is a hub name.
 Answer normalisation (the ``answer`` column and the optional ``answers`` column, whose forms are all accepted):
 
 - ``str``: stripped; empty is a bad row. The string ``"142.0"`` stays ``"142.0"`` (the grader handles it).
-- ``int``: ``str(value)``; ``float``: ``"142"`` when integral (AMC answers are stored as ``142.0``), else
+- ``int``: ``str(value)`` (an integer of more than Python's 4,300 digits is read from JSON as its digit string;
+  one handed over as an int, from parquet or a list of rows, is a bad row); ``float``: ``"142"`` when integral (AMC answers are stored as ``142.0``), else
   ``repr(value)``; NaN/inf are bad rows.
 - ``list``/``tuple`` of the above: several accepted forms (duplicates dropped, order kept).
 - ``None``, ``bool``, ``dict`` and anything else: a bad row.
@@ -90,6 +91,32 @@ class _BadRow(Exception):
         self.field = field
 
 
+def _json_int(digits: str) -> int | str:
+    """A JSON integer literal as an int, or as its digit string when Python refuses to convert that many digits
+    (``sys.get_int_max_str_digits()``, 4300 by default). Such a number can only be an answer (an id or problem of
+    that size is junk), and answers are strings for the grader: ``"1234...9"`` grades as the int would."""
+    try:
+        return int(digits)
+    except ValueError:
+        return digits
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` reading over-long integers as strings (:func:`_json_int`) instead of raising a ValueError
+    that names neither file nor row."""
+    return json.loads(text, parse_int=_json_int)
+
+
+def _integer_text(item: numbers.Integral, field: str) -> str:
+    """``str(item)``, or a bad row when the int has more digits than Python converts to a string."""
+    try:
+        return str(int(item))
+    except ValueError:
+        raise _BadRow(
+            field, "an integer with more digits than Python converts to text: store the answer as a string"
+        ) from None
+
+
 def normalize_answer_value(value: Any, field: str = "answer") -> tuple[str, ...]:
     """Accepted answer strings for one ``answer``/``answers`` cell (rules in the module docstring)."""
     items = list(value) if isinstance(value, list | tuple) else [value]
@@ -104,7 +131,7 @@ def normalize_answer_value(value: Any, field: str = "answer") -> tuple[str, ...]
         elif isinstance(item, bool) or item is None:
             raise _BadRow(field, f"{item!r} is not an answer")
         elif isinstance(item, numbers.Integral):
-            text = str(int(item))
+            text = _integer_text(item, field)
         elif isinstance(item, numbers.Real):
             x = float(item)
             if not math.isfinite(x):
@@ -144,7 +171,7 @@ def _parse_row(
     elif isinstance(raw_id, bool) or not isinstance(raw_id, str | numbers.Integral):
         raise _BadRow(id_key, f"expected a string or integer, got {type(raw_id).__name__}")
     else:
-        qid = str(raw_id).strip()
+        qid = (raw_id if isinstance(raw_id, str) else _integer_text(raw_id, id_key)).strip()
         if not qid:
             raise _BadRow(id_key, "empty string")
     return MathProblem(id=qid, problem=problem, answers=answers)
@@ -174,7 +201,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, str, Any]]:
                     continue
                 where = f"row {row} (line {lineno})"
                 try:
-                    value = json.loads(line)
+                    value = _loads(line)
                 except json.JSONDecodeError as exc:
                     value = _BadRow("<json>", f"invalid JSON: {exc}")
                 yield row, where, value
@@ -185,7 +212,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, str, Any]]:
 
 def _read_json(path: Path) -> Iterator[tuple[int, str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read: {exc}") from exc
     except json.JSONDecodeError as exc:

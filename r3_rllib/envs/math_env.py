@@ -8,6 +8,7 @@ answers counted in tokens.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,13 @@ from r3_rllib.rewards.math_grader import DEFAULT_TIMEOUT_S, shared_grader
 
 # DeepScaleR's instruction; rendered text: "... output the final answer within \boxed{}."
 DEFAULT_PROMPT_TEMPLATE = "{problem} Let's think step by step and output the final answer within \\boxed{}."
+
+logger = logging.getLogger(__name__)
+
+#: Values of ``apply_chat_template`` (True is "auto", False is "none").
+CHAT_TEMPLATE_MODES = ("auto", "required", "none")
+# Tokenizers already warned about (by name or path): one warning per tokenizer per process, not per env or split.
+_WARNED_NO_TEMPLATE: set[str] = set()
 
 DataSource = str | os.PathLike
 DataSpec = DataSource | Sequence[DataSource] | Sequence[MathProblem] | Mapping[str, Any]
@@ -50,6 +58,45 @@ def load_tokenizer(tokenizer: Any) -> Any:
 def render_user_text(problem: str, template: str) -> str:
     """``template`` with ``{problem}`` replaced. Not ``str.format``: templates contain ``\\boxed{}``."""
     return template.replace("{problem}", problem)
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """What names a tokenizer in a message: its folder or hub name, else its class."""
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+
+
+def use_chat_template(tokenizer: Any, mode: bool | str) -> bool:
+    """Whether prompts are rendered with ``tokenizer``'s chat template under ``apply_chat_template=mode``.
+
+    ``"auto"`` (or True): when the tokenizer has one; a tokenizer without one renders plain text, with a warning
+    once per tokenizer naming it (the model then sees no chat turns, which an instruct model was not trained on).
+    ``"required"``: a tokenizer without one is an error naming it (verl and TRL apply the template and fail without
+    one, as transformers' ``apply_chat_template`` does). ``"none"`` (or False): plain text."""
+    mode = {True: "auto", False: "none"}.get(mode, mode) if isinstance(mode, bool) else mode
+    if mode not in CHAT_TEMPLATE_MODES:
+        raise ValueError(
+            f"apply_chat_template must be one of {list(CHAT_TEMPLATE_MODES)} or a bool, got {mode!r}"
+        )
+    if mode == "none" or tokenizer is None:
+        if mode == "required":
+            raise ValueError("apply_chat_template='required' needs a tokenizer (none was given)")
+        return False
+    if getattr(tokenizer, "chat_template", None):
+        return True
+    name = tokenizer_name(tokenizer)
+    if mode == "required":
+        raise ValueError(
+            f"tokenizer {name!r} has no chat template, and apply_chat_template='required': give a tokenizer with "
+            "one (tokenizer_path), or set apply_chat_template 'auto' or 'none' to render plain text"
+        )
+    if name not in _WARNED_NO_TEMPLATE:
+        _WARNED_NO_TEMPLATE.add(name)
+        logger.warning(
+            "tokenizer %r has no chat template: prompts are plain text (set apply_chat_template='none' to say so, "
+            "or 'required' to refuse such a tokenizer)",
+            name,
+        )
+    return False
 
 
 def _check_options(
@@ -82,9 +129,15 @@ class MathEnv(PooledTextEnv):
         tokenizer: a tokenizer object or folder; renders the chat template and counts tokens.
         prompt_template: the user turn, ``{problem}`` replaced (default: DeepScaleR's instruction).
         system_prompt: an optional system turn (plain text: prepended with a blank line).
-        apply_chat_template: render with the tokenizer's chat template when it has one (else plain text).
+        apply_chat_template: ``"auto"`` (default, or True): the tokenizer's chat template when it has one, else
+            plain text with a warning naming the tokenizer; ``"required"``: a tokenizer without one is an error;
+            ``"none"`` (or False): plain text (see :func:`use_chat_template`).
         max_prompt_tokens: prompts longer than this (rendered, in tokens) raise ``DataError`` naming the row, or
             are skipped and counted (``data_report["skipped_too_long"]``) with ``on_bad_row="skip"``.
+        model_max_positions, max_new_tokens: the model's context (``max_position_embeddings``) and the response
+            budget; a prompt whose tokens + max_new_tokens exceed the context raises ``DataError`` naming the query,
+            its length and the limit (skipped, counted and warned about with ``on_bad_row="skip"``). The EnvRunner
+            fills both in from the model's config and ``R3Config.max_new_tokens``; None: no check.
         length_bonus_max_tokens: ``L``; correct answers get ``max(0, 1 - tokens / L)`` more reward.
         seed, shuffle, shard: the per-epoch order and this env's shard of it, as in ``ArithmeticEnv``.
         grading_timeout_s: hard limit per graded answer (math-verify runs in a worker subprocess).
@@ -106,8 +159,10 @@ class MathEnv(PooledTextEnv):
         tokenizer: Any = None,
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         system_prompt: str | None = None,
-        apply_chat_template: bool = True,
+        apply_chat_template: bool | str = "auto",
         max_prompt_tokens: int | None = None,
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
         length_bonus_max_tokens: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
@@ -122,11 +177,7 @@ class MathEnv(PooledTextEnv):
             raise ValueError("max_prompt_tokens and length_bonus_max_tokens count tokens: pass a tokenizer")
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
-        self.use_chat_template = bool(
-            apply_chat_template
-            and self.tokenizer is not None
-            and getattr(self.tokenizer, "chat_template", None)
-        )
+        self.use_chat_template = use_chat_template(self.tokenizer, apply_chat_template)
         self.length_bonus_max_tokens = length_bonus_max_tokens
         self.grading_timeout_s = float(grading_timeout_s)
         self.think_in_prompt = think_in_prompt
@@ -142,9 +193,8 @@ class MathEnv(PooledTextEnv):
         )
         problems, reports = _load(data, split, loader_options)
         self.load_reports: list[LoadReport] = reports
-        skipped_long = 0
-        if max_prompt_tokens is not None:
-            problems, skipped_long = self._drop_long_prompts(problems, max_prompt_tokens, on_bad_row)
+        limits = _PromptLimits(max_prompt_tokens, model_max_positions, int(max_new_tokens))
+        problems, skipped_long = self._drop_long_prompts(problems, limits, on_bad_row)
         if not problems:
             raise DataError(f"no usable problems in {_describe_data(data)} (split {split!r})")
         self.problems: list[MathProblem] = problems
@@ -176,22 +226,29 @@ class MathEnv(PooledTextEnv):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _drop_long_prompts(
-        self, problems: list[MathProblem], max_tokens: int, on_bad_row: str
+        self, problems: list[MathProblem], limits: _PromptLimits, on_bad_row: str
     ) -> tuple[list[MathProblem], int]:
+        """The problems whose rendered prompt passes ``limits``, and how many were dropped (``on_bad_row='skip'``;
+        with 'error' the first one raises DataError naming it)."""
+        if not limits.active or self.tokenizer is None:
+            return problems, 0
         prompts = [self.render_prompt(self.user_text(p)) for p in problems]
         # Special tokens written as text in a rendered template count as one token each (add_special_tokens=False
         # keeps a BOS from being added twice).
         lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
-        kept = []
+        kept, reasons = [], []
         for problem, n in zip(problems, lengths, strict=True):
-            if n <= max_tokens:
+            reason = limits.violation(n)
+            if reason is None:
                 kept.append(problem)
-            elif on_bad_row == "error":
-                raise DataError(
-                    f"query {problem.id!r}: prompt has {n} tokens > max_prompt_tokens={max_tokens} "
-                    f"(pass on_bad_row='skip' to drop such rows)"
-                )
-        return kept, len(problems) - len(kept)
+                continue
+            message = f"query {problem.id!r}: prompt has {n} tokens{reason}"
+            if on_bad_row == "error":
+                raise DataError(f"{message} (pass on_bad_row='skip' to drop such rows)")
+            reasons.append(message)
+        if reasons:
+            logger.warning("skipped %d prompt(s) too long; first: %s", len(reasons), "; ".join(reasons[:3]))
+        return kept, len(reasons)
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -246,6 +303,38 @@ class MathEnv(PooledTextEnv):
     @property
     def query_ids(self) -> list[str]:
         return [p.id for p in self.problems]
+
+
+class _PromptLimits:
+    """The bounds on a prompt's tokens: ``max_prompt_tokens`` (the user's) and the model's context less the
+    response budget (a longer sequence would run past the model's position embeddings while it trains)."""
+
+    def __init__(
+        self, max_prompt_tokens: int | None, model_max_positions: int | None, max_new_tokens: int
+    ) -> None:
+        if model_max_positions is not None and model_max_positions <= max_new_tokens:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                f"max_position_embeddings={model_max_positions}"
+            )
+        self.max_prompt_tokens = max_prompt_tokens
+        self.model_max_positions = model_max_positions
+        self.max_new_tokens = max_new_tokens
+
+    @property
+    def active(self) -> bool:
+        return self.max_prompt_tokens is not None or self.model_max_positions is not None
+
+    def violation(self, n: int) -> str | None:
+        """What a prompt of ``n`` tokens breaks (the end of the message naming it), or None."""
+        if self.max_prompt_tokens is not None and n > self.max_prompt_tokens:
+            return f" > max_prompt_tokens={self.max_prompt_tokens}"
+        if self.model_max_positions is not None and n + self.max_new_tokens > self.model_max_positions:
+            return (
+                f" + max_new_tokens={self.max_new_tokens} > the model's max_position_embeddings="
+                f"{self.model_max_positions}"
+            )
+        return None
 
 
 def _describe_data(data: Any) -> str:

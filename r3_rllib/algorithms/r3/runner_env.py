@@ -73,7 +73,7 @@ def runner_env_config(config, worker_index: int | None, *, shardable: bool = Tru
     """
     from r3_rllib.envs.data import runner_shards
 
-    env_config = dict(config.env_config)
+    env_config = {**model_context_config(config), **dict(config.env_config)}
     if not shardable:
         return {**env_config, "seed": env_config.get("seed", 0) + runner_seed(config, worker_index)}
     num_runners = int(config.num_env_runners or 0)
@@ -83,6 +83,27 @@ def runner_env_config(config, worker_index: int | None, *, shardable: bool = Tru
     else:
         shard = runner_shards(batch, num_runners)[int(worker_index) - 1]
     return {**env_config, "seed": env_config.get("seed", 0) + int(config.seed or 0), "shard": shard.as_dict()}
+
+
+def model_context_config(config) -> dict:
+    """``model_max_positions`` (the model config's position limit) and ``max_new_tokens`` for an env that checks
+    its prompts against the model's context (its factory names ``model_max_positions``, as ``MathEnv``): a prompt
+    whose tokens + max_new_tokens exceed it is refused there, naming the query, instead of training past the
+    model's positions. Empty for other envs, and when the model's config is unreadable (the engine names that)."""
+    factory = config.env if callable(config.env) else _text_env_factory(config.env)
+    try:
+        if "model_max_positions" not in inspect.signature(factory).parameters:
+            return {}
+        from transformers import AutoConfig
+
+        from r3_rllib.engines.budget import model_max_positions
+
+        positions = model_max_positions(AutoConfig.from_pretrained(policy_path(config.model_path)))
+    except (OSError, TypeError, ValueError):
+        return {}
+    return (
+        {"model_max_positions": positions, "max_new_tokens": int(config.max_new_tokens)} if positions else {}
+    )
 
 
 def load_policy_tokenizer(config):
