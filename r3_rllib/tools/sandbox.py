@@ -364,14 +364,18 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    """Remove the scratch directory even if the program made parts of it unreadable or unwritable."""
+    """Remove the scratch directory even if the program made parts of it unreadable or unwritable (its processes
+    are gone by now, so nothing changes under the walk)."""
 
-    def make_writable(func, target, _exc) -> None:
-        try:
-            os.chmod(os.path.dirname(target), stat.S_IRWXU)
-            os.chmod(target, stat.S_IRWXU)
-            func(target)
-        except OSError:
-            pass
+    def open_up(target: str) -> None:
+        if not os.path.islink(target):  # chmod follows symlinks: never touch what one points to
+            try:
+                os.chmod(target, stat.S_IRWXU)
+            except OSError:
+                pass
 
-    shutil.rmtree(path, onerror=make_writable)
+    open_up(str(path))
+    for root, dirs, _ in os.walk(path):  # top-down: each directory is opened up before the walk enters it
+        for name in dirs:
+            open_up(os.path.join(root, name))
+    shutil.rmtree(path, ignore_errors=True)

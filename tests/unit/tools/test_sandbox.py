@@ -187,3 +187,9 @@ def test_exit_status_comes_back_exactly(isolation):
     assert run_python("raise SystemExit(137)", isolation=isolation).exit_code == 137
     r = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", isolation=isolation)
     assert r.exit_code == -15 and not r.timed_out
+
+
+def test_rlimits_scratch_is_removed_even_when_the_program_locks_it():
+    code = "import os\nos.makedirs('a/b')\nos.chmod('a/b', 0)\nos.chmod('a', 0)\nos.chmod('.', 0)\nprint(os.getcwd())"
+    r = run_python(code, isolation="rlimits")
+    assert r.ok and not Path(r.output.strip()).exists()

