@@ -85,12 +85,33 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
-def is_disk_full(error: BaseException) -> bool:
-    """True for an ENOSPC (or quota) error, also when a library reports it only in its message (pyarrow's copy)."""
+#: Free space below which a failed write is taken for a full disk (a write fails with less left than it needed).
+NEARLY_FULL_BYTES = 16 << 20
+
+
+def is_disk_full(error: BaseException, path: str | None = None) -> bool:
+    """True for an ENOSPC (or quota) error, also when a library reports it only in its message (pyarrow's copy), or
+    when ``path``'s file system has under :data:`NEARLY_FULL_BYTES` free after the error (torch's zip writer, inside
+    DCP, turns ENOSPC into "RuntimeError: unexpected pos", measured on a full tmpfs)."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(error)
-    return "No space left on device" in text or f"[errno {errno.ENOSPC}]" in text.lower()
+    if "No space left on device" in text or f"[errno {errno.ENOSPC}]" in text.lower():
+        return True
+    free = free_bytes(path) if path else None
+    return free is not None and free < NEARLY_FULL_BYTES
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes available to this user on the file system of ``path`` (its nearest existing parent); None if unknown."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 # -- manifest ----------------------------------------------------------------------------------------------------

@@ -77,14 +77,14 @@ def commit_checkpoint(checkpoint: Any, manifest: Manifest) -> None:
 def raise_if_disk_full(error: BaseException, algo: Any, checkpoint_dir: str | None) -> None:
     """Raise :func:`disk_full_error` for ``error`` if it is a full disk during ``algo.save(checkpoint_dir)``: the
     target is the trial's new checkpoint when Tune's copy failed, else the directory save_checkpoint wrote."""
-    if not is_disk_full(error):
-        return
     storage = getattr(algo, "_storage", None)
     copying = (
         getattr(algo, "_saved_manifest", None) is not None and storage is not None and checkpoint_dir is None
     )
     target = storage.checkpoint_fs_path if copying else getattr(algo, "_checkpoint_target", checkpoint_dir)
     target = str(target or "(checkpoint directory)")
+    if not is_disk_full(error, target):
+        return
     trial_dir = storage.trial_fs_path if storage is not None else os.path.dirname(target)
     raise disk_full_error(error, target, trial_dir) from error
 

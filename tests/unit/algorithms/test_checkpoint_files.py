@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from r3_rllib.algorithms.r3 import checkpoint as checkpoint_module
+from r3_rllib.algorithms.r3 import checkpoint_files
 from r3_rllib.algorithms.r3.checkpoint import (
     ALGORITHM_STATE_VERSION,
     FORMAT_KEY,
@@ -256,9 +257,15 @@ def test_disk_full_midway_leaves_no_checkpoint_that_looks_complete(tmp_path, mon
     assert os.path.isdir(str(new) + ".incomplete") and not new.exists()
 
 
-def test_pyarrow_style_disk_full_message_is_recognised():
+def test_disk_full_is_recognised_from_errno_message_or_free_space(tmp_path, monkeypatch):
     assert is_disk_full(OSError("Error writing bytes to file. Detail: [errno 28] No space left on device"))
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    # torch's zip writer inside DCP reports a full disk as this (measured on a full tmpfs): the free space tells.
+    lost = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(checkpoint_files, "free_bytes", lambda path: 4096)
+    assert is_disk_full(lost, str(tmp_path / "checkpoint_000001"))
+    monkeypatch.setattr(checkpoint_files, "free_bytes", lambda path: 10 << 30)
+    assert not is_disk_full(lost, str(tmp_path / "checkpoint_000001"))
 
 
 # -- a trial's newest complete checkpoint --------------------------------------------------------------------------
