@@ -110,15 +110,25 @@ class SandboxResult:
 
 
 @functools.cache
-def namespaces_available() -> bool:
-    """Whether this process can run programs under the "namespaces" isolation (probed once, by running one)."""
-    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        return False
+def namespaces_unavailable_reason() -> str | None:
+    """Why this process cannot run programs under the "namespaces" isolation, or None when it can (probed once,
+    by running one)."""
+    if not sys.platform.startswith("linux"):
+        return f"it needs Linux, this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "it needs root (mount, PID and network namespaces, pivot_root, a user id of its own)"
     try:
         probe = _run_checked("pass", "namespaces", timeout_s=10.0, limits=_Limits())
-    except (OSError, ValueError):
-        return False
-    return probe.exit_code == 0
+    except (OSError, ValueError) as e:
+        return f"a probe run could not start: {e}"
+    if probe.exit_code != 0:
+        return f"a probe run failed (exit {probe.exit_code}): {probe.output.strip()[-500:]}"
+    return None
+
+
+def namespaces_available() -> bool:
+    """Whether this process can run programs under the "namespaces" isolation."""
+    return namespaces_unavailable_reason() is None
 
 
 def resolve_isolation(isolation: Isolation) -> str:
@@ -131,10 +141,10 @@ def resolve_isolation(isolation: Isolation) -> str:
     if namespaces_available():
         return "namespaces"
     if isolation == "namespaces":
+        reason = namespaces_unavailable_reason() or "it needs Linux and root"
         raise RuntimeError(
-            "sandbox isolation 'namespaces' is not available here: it needs Linux and root (or CAP_SYS_ADMIN) to "
-            "create mount, PID and network namespaces; use isolation='auto' to fall back to 'rlimits' (weaker: see "
-            "r3_rllib.tools.sandbox)"
+            f"sandbox isolation 'namespaces' is not available here: {reason}; use isolation='auto' to fall back to "
+            "'rlimits' (weaker: see r3_rllib.tools.sandbox)"
         )
     return "rlimits"
 
