@@ -299,3 +299,27 @@ def test_hub_errors_name_the_dataset(fake_hub):
 def test_default_ids_of_hub_rows_use_the_dataset_name(fake_hub, monkeypatch):
     sys.modules["datasets"].load_dataset = lambda name, split=None: [{"problem": "p", "answer": "1"}]
     assert load_math_problems("org/some-set")[0].id == "some-set:0"
+
+
+HUGE = "9" * 5001  # past Python's int/str conversion limit (4300 digits)
+
+
+def test_an_over_long_json_integer_is_read_as_its_digit_string(tmp_path):
+    # json.loads raised "Exceeds the limit (4300 digits)" with neither file nor row; an answer is a string anyway.
+    jsonl = tmp_path / "big.jsonl"
+    jsonl.write_text(f'{{"id": "a", "problem": "p", "answer": 1}}\n{{"problem": "q", "answer": {HUGE}}}\n')
+    assert load_math_problems(jsonl)[1].answers == (HUGE,)
+    whole = tmp_path / "big.json"
+    whole.write_text(f'[{{"problem": "q", "answer": {HUGE}, "id": {HUGE}}}]')
+    assert load_math_problems(whole)[0] == MathProblem(HUGE, "q", (HUGE,))
+
+
+def test_an_over_long_int_handed_over_as_an_int_is_a_bad_row_naming_file_row_and_field(tmp_path, monkeypatch):
+    import r3_rllib.envs.data as data
+
+    huge = int("1" + "0" * 4000) ** 2  # an int too long to print
+    monkeypatch.setattr(data, "_loads", lambda text: [{"problem": "q", "answer": huge}])
+    path = tmp_path / "rows.json"
+    path.write_text("[]")
+    with pytest.raises(DataError, match=r"rows\.json: row 0: field 'answer': an integer with more digits"):
+        load_math_problems(path)
