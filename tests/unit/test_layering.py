@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"config"},  # typed settings and their validation
     {"warmstart"},  # warm-start SFT and the builders of named models made by training
     {"eval"},  # benchmarks and evaluation (builds a named model before evaluating it)
-    {"algorithms"},  # the only Ray/RLlib code
+    {"algorithms", "ray_session"},  # the only Ray/RLlib code; starting or joining Ray (token auth kept on)
     {
         "train_config",
         "config_reference",

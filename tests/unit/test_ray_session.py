@@ -65,8 +65,6 @@ def test_nothing_in_the_package_examples_benchmarks_or_scripts_switches_token_au
         str(path.relative_to(root))
         for folder in ("r3_rllib", "examples", "bench", "scripts", "tests")
         for path in sorted((root / folder).rglob("*"))
-        if path.suffix in (".py", ".sh")
-        and path.name not in ATTACKERS
-        and DISABLING.search(path.read_text())
+        if path.suffix in (".py", ".sh") and path.name not in ATTACKERS and DISABLING.search(path.read_text())
     ]
     assert not offenders, offenders
