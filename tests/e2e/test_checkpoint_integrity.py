@@ -62,6 +62,7 @@ def test_flipped_bytes_in_a_learner_shard_are_refused_naming_the_file(algo, tmp_
     assert (
         algo.learner_call(lambda lr: lr.parameter_checksum())[0] == before
     )  # refused before anything changed
+    assert algo.iteration == 1  # Tune's counters too
 
 
 @pytest.fixture

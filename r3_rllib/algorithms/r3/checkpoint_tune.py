@@ -77,6 +77,8 @@ def commit_checkpoint(checkpoint: Any, manifest: Manifest) -> None:
 def raise_if_disk_full(error: BaseException, algo: Any, checkpoint_dir: str | None) -> None:
     """Raise :func:`disk_full_error` for ``error`` if it is a full disk during ``algo.save(checkpoint_dir)``: the
     target is the trial's new checkpoint when Tune's copy failed, else the directory save_checkpoint wrote."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return
     storage = getattr(algo, "_storage", None)
     copying = (
         getattr(algo, "_saved_manifest", None) is not None and storage is not None and checkpoint_dir is None
@@ -116,21 +118,23 @@ def resume_target(checkpoint: Any, storage: Any) -> tuple[Any, str | None]:
     """What ``Trainable.restore`` should restore when asked for ``checkpoint`` (a path, a ``ray.tune.Checkpoint`` or
     Tune's ``_TrainingResult``) by a trainable with Tune ``storage`` (None outside Tune). A checkpoint of the
     trainable's own trial (local disk) is replaced by the trial's newest complete checkpoint, with Tune's counters
-    from its manifest; refused newer ones are logged and set aside. Returns the argument for ``Trainable.restore``
-    and the local path of the verified checkpoint (None when nothing was verified here). CorruptCheckpointError
+    from its manifest; refused newer ones are logged and set aside. Any other local checkpoint is verified as it
+    is. Returns the argument for ``Trainable.restore`` and the local path of the verified checkpoint (None when
+    nothing was verified here). CorruptCheckpointError
     when the trial has no complete checkpoint."""
     from ray.train._internal.session import _TrainingResult
     from ray.tune import Checkpoint
 
-    if storage is None:
-        return checkpoint, None
     ckpt = checkpoint.checkpoint if isinstance(checkpoint, _TrainingResult) else checkpoint
     if isinstance(ckpt, str):
         ckpt = Checkpoint.from_directory(ckpt)
-    trial_dir = os.path.normpath(storage.trial_fs_path)
-    own = os.path.dirname(os.path.normpath(ckpt.path)) == trial_dir
-    if not own or ckpt.filesystem.type_name != "local":  # another trial's (PBT) or remote: restore as asked
+    if ckpt.filesystem.type_name != "local":  # remote: verified once downloaded (load_checkpoint)
         return checkpoint, None
+    trial_dir = os.path.normpath(storage.trial_fs_path) if storage is not None else None
+    if os.path.dirname(os.path.normpath(ckpt.path)) != trial_dir:  # not Tune's, or another trial's (PBT)
+        # Verified before Trainable.restore sets its counters: a refused checkpoint changes nothing.
+        verify_algorithm_checkpoint(ckpt.path)
+        return checkpoint, os.path.normpath(ckpt.path)
     choice = newest_complete_checkpoint(trial_dir)
     for reason in choice.refused:
         logger.warning("checkpoint refused: %s", reason)

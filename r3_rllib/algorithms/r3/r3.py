@@ -351,7 +351,7 @@ class R3(Algorithm):
             result = super().save(checkpoint_dir, *args, **kwargs)
             checkpoint_tune.commit_checkpoint(result.checkpoint, self._saved_manifest)
             return result
-        except Exception as err:
+        except BaseException as err:  # DCP's CheckpointException is a BaseException
             checkpoint_tune.raise_if_disk_full(err, self, checkpoint_dir)
             raise
 
