@@ -206,10 +206,9 @@ def test_a_set_value_that_is_not_yaml_is_named(run_file):
         ("learners.num_learners=-2", "r3 train: --set learners.num_learners=-2: num_learners must be >= 0"),
     ],
 )
-def test_r3_train_exits_2_on_a_malformed_set_value(override, message, run_file, capsys, monkeypatch):
+def test_r3_train_exits_2_on_a_malformed_set_value(override, message, run_file, capsys):
     from r3_rllib.cli import main
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert main(["train", str(run_file), "--set", override]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and "Traceback" not in err
