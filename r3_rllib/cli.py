@@ -89,7 +89,19 @@ def _train(args) -> int:
             tune_config=tune.TuneConfig(num_samples=int(run.get("num_samples", 1))),
             run_config=run_config,
         )
-    results = tuner.fit()
+    try:
+        results = tuner.fit()
+    except (
+        Exception
+    ) as e:  # Tune's driver writes results and its experiment state itself: a full disk lands here
+        if not _disk_full(e, storage):
+            raise
+        print(
+            f"r3 train: the disk holding {storage} is full ({type(e).__name__}: {e}). Free space, then continue "
+            f"with `r3 train {args.config} --resume`: it resumes each trial from its newest complete checkpoint.",
+            file=sys.stderr,
+        )
+        return 1
     failed = [r for r in results if r.error]
     for r in results:
         m = r.metrics or {}
@@ -100,6 +112,12 @@ def _train(args) -> int:
             print(f"r3 train: {error} (traceback: {os.path.join(r.path, 'error.txt')})", file=sys.stderr)
     print(f"results in {exp_dir}")
     return 1 if failed else 0
+
+
+def _disk_full(error: BaseException, storage: str) -> bool:
+    from r3_rllib.algorithms.r3.checkpoint_files import is_disk_full
+
+    return is_disk_full(error, storage)
 
 
 def check_resume(exp_dir: str) -> bool:

@@ -3,6 +3,8 @@ them, DreamerV3, prints gymnasium warnings at import time)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("ray.tune")
@@ -21,3 +23,31 @@ def test_tune_resolves_r3_without_importing_every_rllib_algorithm(monkeypatch):
     monkeypatch.setattr(ray.rllib, "_register_all", fail)
     register_with_tune()
     assert get_trainable_cls("R3") is R3
+
+
+def test_a_full_disk_under_tunes_own_writes_ends_with_a_message_not_a_traceback(
+    monkeypatch, tmp_path, capsys
+):
+    """Tune's driver writes result files and its experiment state itself, outside our checkpoint code: a full disk
+    there reaches `r3 train` from `Tuner.fit`, which says so and how to resume (exit 1)."""
+    import errno
+
+    import ray.tune
+
+    import r3_rllib.ray_session
+    from r3_rllib.cli import main
+
+    class FullDiskTuner:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def fit(self):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / "result.json"))
+
+    monkeypatch.setattr(ray.tune, "Tuner", FullDiskTuner)
+    monkeypatch.setattr(r3_rllib.ray_session, "init_ray", lambda *a, **k: False)
+    run_file = Path(__file__).resolve().parents[2] / "examples" / "tiny_arithmetic_cpu.yaml"
+    args = ["train", str(run_file), "--set", f"run.storage_path={tmp_path / 'runs'}"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "is full" in err and "--resume" in err and "Traceback" not in err
