@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from r3_rllib.envs.arithmetic import ArithmeticEnv
@@ -29,6 +30,15 @@ class FaultyArithmeticEnv(ArithmeticEnv):
             raise ZeroDivisionError(FAILURE_MESSAGE)
         obs, reward, terminated, truncated, info = super().step(action)
         return obs, float("nan") if self.fail_on == "nan" else reward, terminated, truncated, info
+
+
+class NoisyRewardEnv(ArithmeticEnv):
+    """ArithmeticEnv graded with a pseudo-random reward of the response text: an untrained model's groups then have
+    nonzero advantages, so every iteration updates the learners."""
+
+    def step(self, action: str):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, zlib.crc32(action.encode()) / 2**32, terminated, truncated, info
 
 
 #: The message of the error a refusing engine raises.

@@ -144,7 +144,9 @@ def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_
 def test_a_dead_learner_is_named(ray_session, tiny_random_model):
     """num_learners=2 (FSDP2 over gloo): learner rank 1's process is killed between iterations; the next update
     fails with LearnerDiedError naming rank 1 and how to resume, not with gloo's "Connection reset by peer"."""
-    config = _config(tiny_random_model).learners(num_learners=2, num_cpus_per_learner=1)
+    config = _config(tiny_random_model, env=faulty_envs.NoisyRewardEnv).learners(
+        num_learners=2, num_cpus_per_learner=1
+    )
     algo = config.build_algo()
     try:
         algo.train()
