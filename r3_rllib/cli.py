@@ -89,16 +89,20 @@ def _train(args) -> int:
             tune_config=tune.TuneConfig(num_samples=int(run.get("num_samples", 1))),
             run_config=run_config,
         )
+    return _fit_and_report(tuner, args.config, storage, exp_dir)
+
+
+def _fit_and_report(tuner, config_path: str, storage: str, exp_dir: str) -> int:
+    """Run the experiment and print one line per trial (and its error); 1 if a trial failed or the disk filled."""
     try:
         results = tuner.fit()
-    except (
-        Exception
-    ) as e:  # Tune's driver writes results and its experiment state itself: a full disk lands here
+    # Tune's driver writes results and its experiment state itself: a full disk there lands here.
+    except Exception as e:
         if not _disk_full(e, storage):
             raise
         print(
             f"r3 train: the disk holding {storage} is full ({type(e).__name__}: {e}). Free space, then continue "
-            f"with `r3 train {args.config} --resume`: it resumes each trial from its newest complete checkpoint.",
+            f"with `r3 train {config_path} --resume`: it resumes each trial from its newest complete checkpoint.",
             file=sys.stderr,
         )
         return 1
