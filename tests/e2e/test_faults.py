@@ -84,7 +84,7 @@ def test_a_runner_error_stops_the_run_with_its_cause(ray_session, tiny_random_mo
         assert elapsed < ERROR_WITHIN_S
         err = caught.value
         assert err.worker_index == 1 and str(err).startswith("EnvRunner 1 (")
-        assert "EnvRunner 1 traceback" in str(err)  # the runner's own traceback comes with it
+        assert "in sample_or_error" in str(err.__cause__)  # raised from the runner's own traceback
         copy = pickle.loads(pickle.dumps(err))  # crosses process boundaries (Tune trial -> driver) whole
         assert str(copy) == str(err) and copy.query_id == err.query_id
         # The runner process is still up (its error was returned, not raised into RLlib, which exits it).

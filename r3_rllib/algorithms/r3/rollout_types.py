@@ -111,7 +111,8 @@ class Rollout:
 
 class RunnerError(RuntimeError):
     """A runner's rollout raised: which runner, its env, the query it was grading (None when unknown, e.g. the
-    env's ``reset`` raised), the exception's type and message, and the runner-side traceback.
+    env's ``reset`` raised), the exception's type and message, and the runner-side traceback (the driver raises it
+    as the error's cause, :class:`RunnerTraceback`).
 
     The runner returns it as a value instead of raising (RLlib's ``apply`` would log the exception in the runner's
     own log, sleep ``delay_between_env_runner_restarts_s`` and exit the process, and the driver would only see a
@@ -136,17 +137,22 @@ class RunnerError(RuntimeError):
         where = ", ".join(
             part for part in (env and f"env {env}", query_id is not None and f"query {query_id!r}") if part
         )
-        text = (
-            f"EnvRunner {self.worker_index}{f' ({where})' if where else ''} failed: {error_type}: {message}"
-        )
-        if self.remote_traceback:
-            text += f"\n\nEnvRunner {self.worker_index} traceback:\n{self.remote_traceback.rstrip()}"
-        super().__init__(text)
+        # One line (``r3 train`` shows a failed trial's last line); the traceback is raised as its cause.
+        label = f"EnvRunner {self.worker_index}" + (f" ({where})" if where else "")
+        super().__init__(f"{label} failed: {error_type}: {message}")
 
     def __reduce__(self):
         # Crosses process boundaries (runner -> driver, Tune trial -> driver): rebuilt from its fields.
         return (_rebuild_runner_error, (self.worker_index, self.error_type, self.message, self.env,
                                         self.query_id, self.remote_traceback))  # fmt: skip
+
+
+class RunnerTraceback(Exception):
+    """The traceback of a runner's exception, as text: raised as a RunnerError's cause, so that a printed traceback
+    shows where in the runner the error happened."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0]).rstrip() if self.args else ""
 
 
 def _rebuild_runner_error(*fields: Any) -> RunnerError:

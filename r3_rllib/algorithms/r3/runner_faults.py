@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from r3_rllib.algorithms.r3.groups import Group
-from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RunnerError
+from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RunnerError, RunnerTraceback
 
 #: Seconds between two attempts to restore restarted runners while none is healthy.
 RESTORE_POLL_S = 0.5
@@ -78,8 +78,8 @@ def sample_or_error(runner: Any, **kwargs: Any) -> RolloutResult | RunnerError:
 
 
 def raise_runner_errors(outputs: Iterable[tuple[int, Any]]) -> None:
-    """Raise the RunnerError of the lowest-indexed runner among ``(worker id, answer)`` pairs (the others are
-    logged); nothing when no answer is one."""
+    """Raise the RunnerError of the lowest-indexed runner among ``(worker id, answer)`` pairs, from its runner-side
+    traceback (the others are logged); nothing when no answer is one."""
     errors = sorted(
         ((wid, out) for wid, out in outputs if isinstance(out, RunnerError)), key=lambda pair: pair[0]
     )
@@ -87,7 +87,8 @@ def raise_runner_errors(outputs: Iterable[tuple[int, Any]]) -> None:
         return
     for _, other in errors[1:]:
         logger.error("%s", other)
-    raise errors[0][1]
+    first = errors[0][1]
+    raise first from RunnerTraceback(first.remote_traceback)
 
 
 def runner_restart_timeout_s(config: Any) -> float:

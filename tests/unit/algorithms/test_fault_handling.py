@@ -46,7 +46,9 @@ def test_a_runner_error_names_the_runner_env_query_and_cause_and_survives_pickli
     assert isinstance(err, RunnerError)
     assert (err.worker_index, err.env, err.query_id, err.error_type) == (3, "_Env", "q7", "ZeroDivisionError")
     assert str(err).startswith("EnvRunner 3 (env _Env, query 'q7') failed: ZeroDivisionError: boom")
-    assert "EnvRunner 3 traceback:" in str(err) and "raise self.error" in str(err)
+    assert (
+        "\n" not in str(err) and "raise self.error" in err.remote_traceback
+    )  # one line; the traceback apart
     copy = pickle.loads(pickle.dumps(err))
     assert type(copy) is RunnerError and str(copy) == str(err) and copy.query_id == "q7"
     assert sample_or_error(_Runner(None), num_queries=2) == "result"
@@ -71,10 +73,13 @@ def test_non_finite_rewards_are_named_by_query():
 
 
 def test_the_lowest_runner_error_is_raised_and_results_pass():
-    first, second = RunnerError(1, "ValueError", "a"), RunnerError(2, "KeyError", "b")
+    first = RunnerError(1, "ValueError", "a", remote_traceback="Traceback ...\nValueError: a")
+    second = RunnerError(2, "KeyError", "b")
     raise_runner_errors([(1, "result"), (2, None)])
-    with pytest.raises(RunnerError, match="EnvRunner 1 failed: ValueError: a"):
+    with pytest.raises(RunnerError, match="^EnvRunner 1 failed: ValueError: a$") as caught:
         raise_runner_errors([(2, second), (1, first)])
+    # raised from the runner's traceback: a printed traceback shows where in the runner it happened
+    assert str(caught.value.__cause__) == "\nTraceback ...\nValueError: a"
 
 
 class _Runners:
