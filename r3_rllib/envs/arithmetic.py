@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from r3_rllib.envs.base import PooledTextEnv
+from r3_rllib.envs.context import check_prompts_fit
 from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 
 ALLOWED_OPERATORS = "+-*"
@@ -155,7 +156,10 @@ class ArithmeticEnv(PooledTextEnv):
         split: ``"train"`` or ``"test"`` (a disjoint pool of the same size and configuration).
         eos_text: text(s) removed from responses before grading; default the tokenizer's eos token when a
             tokenizer is given, else :data:`DEFAULT_EOS_TEXTS`.
-        tokenizer: optional; only its ``eos_token`` is used.
+        tokenizer: optional; its ``eos_token``, and it counts the prompts' tokens for the context check.
+        model_max_positions, max_new_tokens: the model's context and the response budget (the EnvRunner fills
+            them in); a prompt too long for them raises ``DataError`` naming the query
+            (:mod:`r3_rllib.envs.context`). None: no check.
     """
 
     def __init__(
@@ -173,6 +177,8 @@ class ArithmeticEnv(PooledTextEnv):
         split: Literal["train", "test"] = "train",
         eos_text: str | Sequence[str] | None = None,
         tokenizer: Any = None,
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
     ) -> None:
         super().__init__()
         if split not in ("train", "test"):
@@ -205,6 +211,8 @@ class ArithmeticEnv(PooledTextEnv):
         self._by_id = {p.query_id: p for p in self.problems}
         self._order = QueryOrder(len(self.problems), seed=seed, shuffle=shuffle, shard=shard)
         self._current: ArithmeticProblem | None = None
+        prompts = ((p.query_id, p.prompt) for p in self.problems)
+        check_prompts_fit(prompts, tokenizer, model_max_positions, max_new_tokens, env_name="arithmetic")
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -14,6 +14,8 @@ import re
 from typing import Any, Literal
 
 from r3_rllib.envs.arithmetic import ArithmeticEnv
+from r3_rllib.envs.chat import use_chat_template
+from r3_rllib.envs.context import check_prompts_fit
 from r3_rllib.envs.data import parse_reset_options
 from r3_rllib.envs.math_env import load_tokenizer
 
@@ -42,7 +44,12 @@ class ChatArithmeticEnv(ArithmeticEnv):
     """:class:`ArithmeticEnv`'s pools and data order, asked through a chat template and graded leniently.
 
     Config (besides every :class:`ArithmeticEnv` option except ``length_bonus_max_tokens``):
-        tokenizer: a tokenizer object or folder with a chat template (required: the runner hands over the policy's).
+        tokenizer: a tokenizer object or folder with a chat template (the runner hands over the policy's).
+        apply_chat_template: ``"required"`` (default: this env exists to ask through the template; a tokenizer
+            without one is an error naming it), ``"auto"`` or ``"none"`` (plain text; see
+            :mod:`r3_rllib.envs.chat`).
+        model_max_positions, max_new_tokens: the model's context and the response budget (the EnvRunner fills
+            them in); a prompt too long for them raises ``DataError`` naming the query. None: no check.
         prompt_template: the user turn; ``{expression}`` is replaced by e.g. ``"3+5"``.
         system_prompt: a system turn; None keeps the template's default (SmolLM2's names the assistant).
         answer: ``"last_integer"`` (default) grades the last integer of the response; ``"exact"`` requires the
@@ -59,6 +66,9 @@ class ChatArithmeticEnv(ArithmeticEnv):
         prompt_template: str = DEFAULT_CHAT_PROMPT,
         system_prompt: str | None = None,
         answer: Literal["last_integer", "exact"] = "last_integer",
+        apply_chat_template: bool | str = "required",
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
         **arithmetic_config: Any,
     ) -> None:
         if "{expression}" not in prompt_template:
@@ -70,20 +80,26 @@ class ChatArithmeticEnv(ArithmeticEnv):
             # characters would reward short prose, not short token sequences.
             raise ValueError("ChatArithmeticEnv has no length bonus; use ArithmeticEnv or MathEnv for one")
         tokenizer = load_tokenizer(tokenizer)
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        try:
+            chat = use_chat_template(tokenizer, apply_chat_template)
+        except ValueError as e:
             raise ValueError(
-                "ChatArithmeticEnv needs a tokenizer with a chat template (got "
-                + ("none" if tokenizer is None else f"{type(tokenizer).__name__} without one")
-                + "); use ArithmeticEnv for models that complete '3+5=' directly"
-            )
+                f"ChatArithmeticEnv: {e}; use ArithmeticEnv for models that complete '3+5=' directly"
+            ) from None
         super().__init__(tokenizer=tokenizer, **arithmetic_config)
         self.tokenizer = tokenizer
+        self.use_chat_template = chat
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
         self.answer = answer
+        prompts = ((qid, self.render_prompt(self.user_text(qid))) for qid in self.query_ids)
+        check_prompts_fit(prompts, tokenizer, model_max_positions, max_new_tokens, env_name="chat_arithmetic")
 
     def render_prompt(self, user_text: str) -> str:
-        """The chat template applied to one user turn (after the optional system turn), ready for the reply."""
+        """The chat template applied to one user turn (after the optional system turn), ready for the reply; plain
+        text (the system turn, a blank line, the user turn) without one."""
+        if not self.use_chat_template:
+            return f"{self.system_prompt}\n\n{user_text}" if self.system_prompt else user_text
         messages = [{"role": "user", "content": user_text}]
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})

@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from r3_rllib.envs.base import EpisodicTextEnv
+from r3_rllib.envs.context import check_prompts_fit
 from r3_rllib.envs.data import QueryOrder, Shard
+from r3_rllib.envs.math_env import load_tokenizer
 
 WALL, FREE, GOAL, AGENT = "#", ".", "G", "@"
 #: Move name -> (row delta, column delta); the order is the expert's tie-break among equally good moves.
@@ -373,7 +375,11 @@ class GridWorldEnv(EpisodicTextEnv):
             epoch. None: the whole pool.
         split: ``"train"``, ``"test"`` (held-out layouts) or ``"sft"`` (layouts for warm-start data).
         tokenizer, eos_text: accepted for the runner's uniform env construction; eos texts in responses are
-            ignored by the lenient move parser anyway.
+            ignored by the lenient move parser anyway. The tokenizer counts the prompts' tokens for the context
+            check.
+        model_max_positions, max_new_tokens: the model's context and the response budget (the EnvRunner fills
+            them in); a layout whose first prompt is too long for them raises ``DataError`` naming it
+            (:mod:`r3_rllib.envs.context`). None: no check.
     """
 
     def __init__(
@@ -395,9 +401,11 @@ class GridWorldEnv(EpisodicTextEnv):
         split: Literal["train", "test", "sft"] = "train",
         tokenizer: Any = None,
         eos_text: str | Sequence[str] | None = None,
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
     ) -> None:
         super().__init__()
-        del tokenizer, eos_text
+        del eos_text
         # None stands for "not given" (DEFAULTS, or the preset's value); see resolve_settings.
         settings = resolve_settings(
             preset,
@@ -423,6 +431,11 @@ class GridWorldEnv(EpisodicTextEnv):
         self._by_id = {lay.query_id: lay for lay in self.layouts}
         self._order = QueryOrder(len(self.layouts), seed=seed, shuffle=shuffle, shard=shard)
         self._episode: GridEpisode | None = None
+        prompts = ((qid, self.episode(qid).prompt) for qid in self._by_id)
+        counter = (
+            None if model_max_positions is None else load_tokenizer(tokenizer)
+        )  # a folder loads only here
+        check_prompts_fit(prompts, counter, model_max_positions, max_new_tokens, env_name="gridworld")
 
     @property
     def settings(self) -> dict[str, Any]:

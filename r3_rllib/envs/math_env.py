@@ -16,6 +16,13 @@ from typing import Any, Literal
 
 from r3_rllib.envs.arithmetic import length_bonus
 from r3_rllib.envs.base import PooledTextEnv
+from r3_rllib.envs.chat import (  # noqa: F401 (re-exported: their home was here)
+    _WARNED_NO_TEMPLATE,
+    CHAT_TEMPLATE_MODES,
+    tokenizer_name,
+    use_chat_template,
+)
+from r3_rllib.envs.context import PromptLimits
 from r3_rllib.envs.data import (
     DataError,
     LoadReport,
@@ -31,11 +38,6 @@ from r3_rllib.rewards.math_grader import DEFAULT_TIMEOUT_S, shared_grader
 DEFAULT_PROMPT_TEMPLATE = "{problem} Let's think step by step and output the final answer within \\boxed{}."
 
 logger = logging.getLogger(__name__)
-
-#: Values of ``apply_chat_template`` (True is "auto", False is "none").
-CHAT_TEMPLATE_MODES = ("auto", "required", "none")
-# Tokenizers already warned about (by name or path): one warning per tokenizer per process, not per env or split.
-_WARNED_NO_TEMPLATE: set[str] = set()
 
 DataSource = str | os.PathLike
 DataSpec = DataSource | Sequence[DataSource] | Sequence[MathProblem] | Mapping[str, Any]
@@ -58,45 +60,6 @@ def load_tokenizer(tokenizer: Any) -> Any:
 def render_user_text(problem: str, template: str) -> str:
     """``template`` with ``{problem}`` replaced. Not ``str.format``: templates contain ``\\boxed{}``."""
     return template.replace("{problem}", problem)
-
-
-def tokenizer_name(tokenizer: Any) -> str:
-    """What names a tokenizer in a message: its folder or hub name, else its class."""
-    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
-
-
-def use_chat_template(tokenizer: Any, mode: bool | str) -> bool:
-    """Whether prompts are rendered with ``tokenizer``'s chat template under ``apply_chat_template=mode``.
-
-    ``"auto"`` (or True): when the tokenizer has one; a tokenizer without one renders plain text, with a warning
-    once per tokenizer naming it (the model then sees no chat turns, which an instruct model was not trained on).
-    ``"required"``: a tokenizer without one is an error naming it (verl and TRL apply the template and fail without
-    one, as transformers' ``apply_chat_template`` does). ``"none"`` (or False): plain text."""
-    mode = {True: "auto", False: "none"}.get(mode, mode) if isinstance(mode, bool) else mode
-    if mode not in CHAT_TEMPLATE_MODES:
-        raise ValueError(
-            f"apply_chat_template must be one of {list(CHAT_TEMPLATE_MODES)} or a bool, got {mode!r}"
-        )
-    if mode == "none" or tokenizer is None:
-        if mode == "required":
-            raise ValueError("apply_chat_template='required' needs a tokenizer (none was given)")
-        return False
-    if getattr(tokenizer, "chat_template", None):
-        return True
-    name = tokenizer_name(tokenizer)
-    if mode == "required":
-        raise ValueError(
-            f"tokenizer {name!r} has no chat template, and apply_chat_template='required': give a tokenizer with "
-            "one (tokenizer_path), or set apply_chat_template 'auto' or 'none' to render plain text"
-        )
-    if name not in _WARNED_NO_TEMPLATE:
-        _WARNED_NO_TEMPLATE.add(name)
-        logger.warning(
-            "tokenizer %r has no chat template: prompts are plain text (set apply_chat_template='none' to say so, "
-            "or 'required' to refuse such a tokenizer)",
-            name,
-        )
-    return False
 
 
 def _check_options(
@@ -193,7 +156,7 @@ class MathEnv(PooledTextEnv):
         )
         problems, reports = _load(data, split, loader_options)
         self.load_reports: list[LoadReport] = reports
-        limits = _PromptLimits(max_prompt_tokens, model_max_positions, int(max_new_tokens))
+        limits = PromptLimits(max_prompt_tokens, model_max_positions, int(max_new_tokens))
         problems, skipped_long = self._drop_long_prompts(problems, limits, on_bad_row)
         if not problems:
             raise DataError(f"no usable problems in {_describe_data(data)} (split {split!r})")
@@ -226,7 +189,7 @@ class MathEnv(PooledTextEnv):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _drop_long_prompts(
-        self, problems: list[MathProblem], limits: _PromptLimits, on_bad_row: str
+        self, problems: list[MathProblem], limits: PromptLimits, on_bad_row: str
     ) -> tuple[list[MathProblem], int]:
         """The problems whose rendered prompt passes ``limits``, and how many were dropped (``on_bad_row='skip'``;
         with 'error' the first one raises DataError naming it)."""
@@ -303,38 +266,6 @@ class MathEnv(PooledTextEnv):
     @property
     def query_ids(self) -> list[str]:
         return [p.id for p in self.problems]
-
-
-class _PromptLimits:
-    """The bounds on a prompt's tokens: ``max_prompt_tokens`` (the user's) and the model's context less the
-    response budget (a longer sequence would run past the model's position embeddings while it trains)."""
-
-    def __init__(
-        self, max_prompt_tokens: int | None, model_max_positions: int | None, max_new_tokens: int
-    ) -> None:
-        if model_max_positions is not None and model_max_positions <= max_new_tokens:
-            raise ValueError(
-                f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
-                f"max_position_embeddings={model_max_positions}"
-            )
-        self.max_prompt_tokens = max_prompt_tokens
-        self.model_max_positions = model_max_positions
-        self.max_new_tokens = max_new_tokens
-
-    @property
-    def active(self) -> bool:
-        return self.max_prompt_tokens is not None or self.model_max_positions is not None
-
-    def violation(self, n: int) -> str | None:
-        """What a prompt of ``n`` tokens breaks (the end of the message naming it), or None."""
-        if self.max_prompt_tokens is not None and n > self.max_prompt_tokens:
-            return f" > max_prompt_tokens={self.max_prompt_tokens}"
-        if self.model_max_positions is not None and n + self.max_new_tokens > self.model_max_positions:
-            return (
-                f" + max_new_tokens={self.max_new_tokens} > the model's max_position_embeddings="
-                f"{self.model_max_positions}"
-            )
-        return None
 
 
 def _describe_data(data: Any) -> str:

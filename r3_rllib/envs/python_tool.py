@@ -109,6 +109,10 @@ class PythonToolEnv(MathEnv):
             else the weaker "rlimits", with a warning logged once), "namespaces" (refuse to build the env where
             they are not available: a RuntimeError that says why) or "rlimits". The isolation in use is
             ``env.tool_isolation`` and every trajectory's ``info["tool_isolation"]``.
+        model_max_positions, max_new_tokens: :class:`MathEnv`'s context check, named here so that the EnvRunner
+            fills them in (it hands them to envs whose signature names them).
+        apply_chat_template: as for :class:`MathEnv`; the tool's messages follow it (plain ```output blocks
+            when prompts are plain text).
 
     ``tool_episode(query_id, user_content=None)`` hands out one trajectory's task for the tool-use loop; the
     single-step ``reset``/``step`` of :class:`MathEnv` still work (one answer, no tool).
@@ -122,9 +126,16 @@ class PythonToolEnv(MathEnv):
         tool_memory_mb: int = 512,
         max_tool_output_chars: int = 2000,
         tool_isolation: str = "auto",
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
         **math_config: Any,
     ) -> None:
-        super().__init__(prompt_template=prompt_template, **math_config)
+        super().__init__(
+            prompt_template=prompt_template,
+            model_max_positions=model_max_positions,
+            max_new_tokens=max_new_tokens,
+            **math_config,
+        )
         if not tool_timeout_s > 0 or tool_memory_mb < 64 or max_tool_output_chars < 1:
             raise ValueError(
                 "need tool_timeout_s > 0, tool_memory_mb >= 64 and max_tool_output_chars >= 1; got "
@@ -141,7 +152,9 @@ class PythonToolEnv(MathEnv):
         return PythonToolEpisode(
             problem,
             prompt,
-            self.tokenizer,
+            self.tokenizer
+            if self.use_chat_template
+            else None,  # None: tool output as a plain ```output block
             self.tool_timeout_s,
             self.tool_memory_mb,
             self.max_tool_output_chars,

@@ -25,7 +25,12 @@ the task's own ``score_answer`` (a number in [0, 1]; 1 is correct).
 - **Failures**: a task that cannot be built raises a ``ValueError`` naming it; a verifier that raises on an answer
   gives reward 0 with reason ``verifier_error`` (the exception type and message in ``info["grade_detail"]``), never
   a crash of the runner. ``info["grade_reason"]`` is one of ``correct``, ``partial``, ``wrong``, ``no_answer``,
-  ``verifier_error``.
+  ``verifier_error``. A verifier that does not return within ``reward_timeout_s`` (default 30 s) gives reward 0
+  with reason ``timeout`` (:func:`r3_rllib.rewards.bounded_call`), instead of hanging the runner.
+- **Chat template** (``apply_chat_template``): ``"auto"``, ``"required"`` or ``"none"``, as for every text env
+  (:mod:`r3_rllib.envs.chat`). **Context**: a prompt whose tokens + ``max_new_tokens`` exceed
+  ``model_max_positions`` (both filled in by the EnvRunner) is refused when the env is built, naming the query
+  (:mod:`r3_rllib.envs.context`).
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from r3_rllib.envs.base import PooledTextEnv
+from r3_rllib.envs.chat import use_chat_template
+from r3_rllib.envs.context import check_prompts_fit
 from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
 from r3_rllib.envs.math_env import load_tokenizer
+from r3_rllib.rewards.bounded import DEFAULT_REWARD_TIMEOUT_S, bounded_call
 
 #: Seed offset of the test split within a run seed's range (train uses offset 0).
 TEST_SEED_OFFSET = 1_000_003
@@ -49,7 +57,7 @@ FEW_SHOT_SEED_OFFSET = 2_000_029
 SEED_STRIDE = 10_000_019
 #: The largest ``size`` / ``test_size``: the train split's seed range must end before the test split's starts.
 MAX_SPLIT_SIZE = TEST_SEED_OFFSET
-GRADE_REASONS = ("correct", "partial", "wrong", "no_answer", "verifier_error")
+GRADE_REASONS = ("correct", "partial", "wrong", "no_answer", "verifier_error", "timeout")
 
 TaskSpec = str | Mapping[str, float] | Mapping[str, Mapping[str, Any]]
 
@@ -124,11 +132,16 @@ class ReasoningGymEnv(PooledTextEnv):
         test_size: number of test problems.
         seed: the run seed (>= 0): the data order's seed, and the generators' through :func:`generator_seed`.
         shuffle, shard: the per-epoch order and this env's shard of it, as in the other envs.
-        tokenizer: a tokenizer object or folder; its chat template renders the prompt when it has one.
+        tokenizer: a tokenizer object or folder; renders the prompt (see ``apply_chat_template``) and counts tokens.
+        apply_chat_template: ``"auto"`` (default), ``"required"`` or ``"none"`` (see :mod:`r3_rllib.envs.chat`).
         system_prompt: the system turn (default: reasoning-gym's, which asks for ``<answer>`` tags); None: none.
         answer_tag: the tag the answer is extracted from.
         few_shot: number of solved examples shown before each problem (0: none; see the module).
         reward: ``"score"`` (the verifier's score in [0, 1]) or ``"binary"`` (1 if the score is 1, else 0).
+        reward_timeout_s: seconds the task's verifier may take per answer (default 30); past it the answer scores
+            0 with reason ``timeout``.
+        model_max_positions, max_new_tokens: the model's context and the response budget (the EnvRunner fills
+            them in); a prompt too long for them raises ``DataError`` naming the query. None: no check.
     """
 
     def __init__(
@@ -146,6 +159,10 @@ class ReasoningGymEnv(PooledTextEnv):
         answer_tag: str = "answer",
         reward: Literal["score", "binary"] = "score",
         few_shot: int = 0,
+        apply_chat_template: bool | str = "auto",
+        reward_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
     ) -> None:
         super().__init__()
         if split not in ("train", "test"):
@@ -161,9 +178,13 @@ class ReasoningGymEnv(PooledTextEnv):
             raise ValueError(f"few_shot must be >= 0, got {few_shot}")
         if seed < 0:  # Python's Random takes |seed|: a negative seed's problems would repeat a positive one's
             raise ValueError(f"seed must be >= 0, got {seed}")
+        if not reward_timeout_s > 0:
+            raise ValueError(f"reward_timeout_s must be > 0, got {reward_timeout_s!r}")
+        self.reward_timeout_s = float(reward_timeout_s)
         self.specs = task_specs(tasks)
         self.split, self.answer_tag, self.reward_mode = split, answer_tag, reward
         self.tokenizer = load_tokenizer(tokenizer)
+        self.use_chat_template = use_chat_template(self.tokenizer, apply_chat_template)
         self.system_prompt = _system_prompt(system_prompt)
         self.dataset, self.entries, dropped = self._split_entries(size, test_size, seed)
         self.data_report = {"loaded": len(self.entries), "dropped_in_test_split": dropped}
@@ -172,6 +193,16 @@ class ReasoningGymEnv(PooledTextEnv):
         self._index = {qid: i for i, qid in enumerate(self.query_ids)}
         self._order = QueryOrder(len(self.entries), seed=seed, shuffle=shuffle, shard=shard)
         self._current: int | None = None
+        check_prompts_fit(
+            (
+                (qid, self.render_prompt(e["question"]))
+                for qid, e in zip(self.query_ids, self.entries, strict=True)
+            ),
+            self.tokenizer,
+            model_max_positions,
+            max_new_tokens,
+            env_name="reasoning_gym",
+        )
 
     def _split_entries(self, size: int, test_size: int, seed: int) -> tuple[Any, list[dict[str, Any]], int]:
         test = build_dataset(self.specs, size=test_size, seed=generator_seed(seed, TEST_SEED_OFFSET))
@@ -202,11 +233,11 @@ class ReasoningGymEnv(PooledTextEnv):
 
     # -- prompts ---------------------------------------------------------------------------------------------
     def render_prompt(self, user_text: str) -> str:
-        """The chat template with the generation prompt when the tokenizer has one, else plain text; the few-shot
+        """The chat template with the generation prompt (``apply_chat_template``), else plain text; the few-shot
         examples come first, as earlier turns."""
         tag = self.answer_tag
         shots = [(e["question"], f"<{tag}>{e['answer']}</{tag}>") for e in self.examples]
-        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
+        if self.use_chat_template:
             messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
             for question, answer in shots:
                 messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
@@ -256,14 +287,20 @@ class ReasoningGymEnv(PooledTextEnv):
 
     def grade(self, response: str, entry: Mapping[str, Any]) -> tuple[float, str, str]:
         """``(score, reason, detail)`` of `response` for `entry`: its extracted answer scored by the task's
-        verifier; a verifier exception scores 0 with reason ``verifier_error``."""
+        verifier; a verifier exception scores 0 with reason ``verifier_error``, a verifier that does not return
+        within ``reward_timeout_s`` scores 0 with reason ``timeout``."""
         from reasoning_gym.utils import extract_answer
 
         answer = extract_answer(response, tag_name=self.answer_tag)
         if answer is None:
             return 0.0, "no_answer", f"no <{self.answer_tag}> block"
         try:
-            score = float(self.dataset.score_answer(answer=answer, entry=entry))
+            scored = bounded_call(
+                self.dataset.score_answer, answer=answer, entry=entry, timeout_s=self.reward_timeout_s
+            )
+            if not scored.ok:  # a verifier stuck on this answer (a huge expression, a regex blow-up)
+                return 0.0, "timeout", f"score_answer did not return within {self.reward_timeout_s:g} s"
+            score = float(scored.value)
         except (
             Exception
         ) as e:  # a verifier bug or an answer it cannot parse: this sample scores 0, the run goes on

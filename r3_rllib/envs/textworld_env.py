@@ -11,13 +11,19 @@ offline. This env serves games of one of its challenges (``tw-coin_collector``, 
   walkthrough equal a training game's.
 - **Prompts**: the objective, a memory window of the last ``memory`` observations and commands, the current
   observation, the inventory and the admissible commands, asking for one command inside ``<action>...</action>``
-  (rendered through the tokenizer's chat template when it has one), in the style of verl-agent's ALFWorld prompt.
+  (rendered through the tokenizer's chat template under ``apply_chat_template``: "auto", "required" or "none", as
+  for every text env, see :mod:`r3_rllib.envs.chat`), in the style of verl-agent's ALFWorld prompt. Each game's
+  first prompt + ``max_new_tokens`` must fit ``model_max_positions`` (both filled in by the EnvRunner): a longer
+  one is refused when the env is built, naming the game (:mod:`r3_rllib.envs.context`).
 - **Actions**: the last ``<action>`` block of a response (else its first non-empty line) is sent to the game as
   typed; a command the game does not understand is answered by the game ("That's not a verb I recognise.") and
   counted in ``info["invalid"]`` when it is not among the admissible commands.
 - **Reward**: the game's score gained at the step, divided by the game's maximum score (an episode's rewards sum to
   its final normalised score); ``correct`` when the game is won. ``obs_key`` (what HGPO groups steps by) is the game
   state: the room description and the inventory.
+- **A game that hangs**: each command runs with a time limit (``step_timeout_s``, default 30 s,
+  :func:`r3_rllib.rewards.bounded_call`); past it the episode ends, truncated, with reward 0 and
+  ``info["grade_reason"] == "timeout"``, instead of hanging the runner.
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from r3_rllib.envs.base import EpisodicTextEnv
+from r3_rllib.envs.chat import use_chat_template
+from r3_rllib.envs.context import check_prompts_fit
 from r3_rllib.envs.data import QueryOrder, Shard
 from r3_rllib.envs.math_env import load_tokenizer
+from r3_rllib.rewards.bounded import DEFAULT_REWARD_TIMEOUT_S, bounded_call
 
 CHALLENGES = ("tw-coin_collector", "tw-treasure_hunter", "tw-cooking", "tw-simple")
 #: Seeds of game i: SPLIT_SEED_OFFSETS[split] + pool_seed * _POOL_STRIDE + i.
@@ -128,6 +137,7 @@ class TextWorldEpisode:
     memory: int
     max_steps: int
     render: Any  # user text -> prompt
+    step_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S  # per command: the game computes the reward
     steps: int = 0
     done: bool = False
     history: list[tuple[str, str]] = field(default_factory=list)  # (observation, command) per past step
@@ -181,9 +191,12 @@ class TextWorldEpisode:
         before = self._state.score or 0
         self.history.append((self._observation, command or "(none)"))
         self.commands.append(command)
-        self._state, _, game_over = self._env.step(command or "look")
-        self._observation = _clean(self._state.feedback)
+        played = bounded_call(self._env.step, command or "look", timeout_s=self.step_timeout_s)
         self.steps += 1
+        if not played.ok:
+            return self._timed_out(command, invalid, acted_key)
+        self._state, _, game_over = played.value
+        self._observation = _clean(self._state.feedback)
         won = bool(self._state.won)
         terminated = bool(game_over or won or self._state.lost)
         truncated = not terminated and self.steps >= self.max_steps
@@ -202,6 +215,29 @@ class TextWorldEpisode:
             "obs_key": None if self.done else self.obs_key,
         }
         return ("" if self.done else self.prompt), float(reward), terminated, truncated, info
+
+    def _timed_out(self, command: str, invalid: bool, acted_key: str) -> tuple[str, float, bool, bool, dict]:
+        """The step of a command the game did not answer within ``step_timeout_s``: the episode ends, truncated,
+        with reward 0. The game is left to its abandoned call (closing it under that call could crash Jericho)."""
+        self.done = True
+        info = {
+            "query_id": self.game.query_id,
+            "correct": False,
+            "reward_components": {"score": 0.0},
+            "grade_reason": "timeout",
+            "command": command,
+            "invalid": invalid,
+            "step": self.steps - 1,
+            "acted_obs_key": acted_key,
+            "obs_key": None,
+        }
+        return "", 0.0, False, True, info
+
+    def close(self) -> None:
+        """End the game's process (an episode that ran to its end has closed it already)."""
+        if not self.done:
+            self.done = True
+            self._env.close()
 
 
 def _clean(text: str | None) -> str:
@@ -223,7 +259,13 @@ class TextWorldEnv(EpisodicTextEnv):
         max_steps: horizon (commands per episode). memory: past observations and commands shown in each prompt.
         split: ``"train"`` or ``"test"`` (held-out games).
         seed, shuffle, shard: the per-epoch order of the games and this env's shard of it, as in the other envs.
-        tokenizer: renders prompts with its chat template when it has one. cache_dir: where compiled games live.
+        tokenizer: renders prompts (see ``apply_chat_template``) and counts tokens. cache_dir: where compiled games
+            live.
+        apply_chat_template: ``"auto"`` (default), ``"required"`` or ``"none"`` (see :mod:`r3_rllib.envs.chat`).
+        step_timeout_s: seconds one command may take in the game (default 30); past it the episode ends with
+            reason ``timeout``.
+        model_max_positions, max_new_tokens: the model's context and the response budget (the EnvRunner fills
+            them in); a game whose first prompt is too long for them raises ``DataError`` naming it. None: no check.
     """
 
     def __init__(
@@ -243,19 +285,39 @@ class TextWorldEnv(EpisodicTextEnv):
         tokenizer: Any = None,
         cache_dir: str | os.PathLike | None = None,
         eos_text: Any = None,
+        apply_chat_template: bool | str = "auto",
+        step_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
+        model_max_positions: int | None = None,
+        max_new_tokens: int = 0,
     ) -> None:
         super().__init__()
         del eos_text  # accepted for the runner's uniform env construction
         _check(challenge, split, num_games, max_steps, memory)
+        if not step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {step_timeout_s!r}")
+        self.step_timeout_s = float(step_timeout_s)
         self.challenge, self.split, self.memory, self.max_steps = challenge, split, memory, max_steps
         self.settings = ({"level": level} if level is not None else {}) | dict(settings or {})
         self.pool_seed = pool_seed
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.tokenizer = load_tokenizer(tokenizer)
+        self.use_chat_template = use_chat_template(self.tokenizer, apply_chat_template)
         self.games = self._pool(split, num_games)
         self._by_id = {g.query_id: g for g in self.games}
         self._order = QueryOrder(len(self.games), seed=seed, shuffle=shuffle, shard=shard)
         self._episode: TextWorldEpisode | None = None
+        check_prompts_fit(
+            self._first_prompts(), self.tokenizer, model_max_positions, max_new_tokens, env_name="textworld"
+        )
+
+    def _first_prompts(self) -> Iterator[tuple[str, str]]:
+        """``(query_id, first prompt)`` of every game (a game process started and closed each)."""
+        for game in self.games:
+            episode = self.episode(game.query_id)
+            try:
+                yield game.query_id, episode.prompt
+            finally:
+                episode.close()
 
     def _seeds(self, split: str) -> Iterator[int]:
         start = SPLIT_SEED_OFFSETS[split] + self.pool_seed * _POOL_STRIDE
@@ -279,8 +341,8 @@ class TextWorldEnv(EpisodicTextEnv):
         )
 
     def render(self, user_text: str) -> str:
-        """The chat template with the generation prompt when the tokenizer has one, else plain text."""
-        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
+        """The chat template with the generation prompt (``apply_chat_template``), else plain text."""
+        if self.use_chat_template:
             messages = [{"role": "user", "content": user_text}]
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return user_text + "\n"
@@ -293,7 +355,9 @@ class TextWorldEnv(EpisodicTextEnv):
         """A fresh, independent episode on that game (for lockstep rollouts of a query's G trajectories)."""
         if query_id not in self._by_id:
             raise ValueError(f"unknown query_id {query_id!r}: not in this env's {self.split} pool")
-        return TextWorldEpisode(self._by_id[query_id], self.memory, self.max_steps, self.render)
+        return TextWorldEpisode(
+            self._by_id[query_id], self.memory, self.max_steps, self.render, self.step_timeout_s
+        )
 
     # -- TextEnv ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -86,14 +86,24 @@ def runner_env_config(config, worker_index: int | None, *, shardable: bool = Tru
 
 
 def model_context_config(config) -> dict:
-    """``model_max_positions`` (the model config's position limit) and ``max_new_tokens`` for an env that checks
-    its prompts against the model's context (its factory names ``model_max_positions``, as ``MathEnv``): a prompt
-    whose tokens + max_new_tokens exceed it is refused there, naming the query, instead of training past the
-    model's positions. Empty for other envs, and when the model's config is unreadable (the engine names that)."""
+    """:func:`model_context` for an env that checks its prompts against the model's context (its factory names
+    ``model_max_positions``, as every shipped env does: ``envs/context.py``): a prompt whose tokens + max_new_tokens
+    exceed it is refused there, naming the query, instead of training past the model's positions. Empty for other
+    envs (they would not know the keys)."""
     factory = config.env if callable(config.env) else _text_env_factory(config.env)
     try:
         if "model_max_positions" not in inspect.signature(factory).parameters:
             return {}
+    except (TypeError, ValueError):
+        return {}
+    return model_context(config)
+
+
+def model_context(config) -> dict:
+    """``model_max_positions`` (the model config's position limit) and ``max_new_tokens`` of the run; empty when the
+    model's config is unreadable or names no limit (the engine names that). Also the bound a reflection prompt is
+    held to (``envs.context.drop_long_prompts``)."""
+    try:
         from transformers import AutoConfig
 
         from r3_rllib.engines.budget import model_max_positions
@@ -104,6 +114,12 @@ def model_context_config(config) -> dict:
     return (
         {"model_max_positions": positions, "max_new_tokens": int(config.max_new_tokens)} if positions else {}
     )
+
+
+def eval_env_config(config) -> dict:
+    """The held-out env's config: the training env's with ``eval_env_config`` on top, and the model's context as
+    for the training env (:func:`model_context_config`), so held-out prompts are checked too."""
+    return {**model_context_config(config), **dict(config.env_config), **dict(config.eval_env_config)}
 
 
 def load_policy_tokenizer(config):

@@ -5,7 +5,7 @@ response, multi-step ones as trajectories of steps, tool envs as multi-turn traj
 from __future__ import annotations
 
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
-from r3_rllib.algorithms.r3.runner_env import build_env
+from r3_rllib.algorithms.r3.runner_env import build_env, eval_env_config
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
@@ -44,8 +44,7 @@ class HeldOutEvaluation:
 
     def _evaluate(self, num_queries: int, samples: int, shard: tuple[int, int]) -> dict[str, float]:
         if self._eval_env is None:
-            cfg = {**dict(self.config.env_config), **dict(self.config.eval_env_config)}
-            self._eval_env = build_env(self.config.env, cfg, self.tokenizer)
+            self._eval_env = build_env(self.config.env, eval_env_config(self.config), self.tokenizer)
             self._eval_start = self._eval_env.state()
         env = self._eval_env
         env.set_state(self._eval_start)

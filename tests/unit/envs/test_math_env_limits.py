@@ -99,4 +99,11 @@ def test_the_runner_hands_math_envs_the_models_context(tiny_random_model):
     context = model_context_config(config)
     assert context["max_new_tokens"] == 16 and context["model_max_positions"] >= 64
     assert runner_env_config(config, 1)["model_max_positions"] == context["model_max_positions"]
-    assert model_context_config(R3Config()) == {}  # arithmetic takes no such parameter
+    # Every shipped env checks its prompts (envs/context.py); a factory that names no such parameter gets none.
+    arithmetic = R3Config().training(model_path=tiny_random_model)
+    assert model_context_config(arithmetic) == context
+
+    def plain_env(*, seed: int = 0):
+        raise AssertionError("not built here")
+
+    assert model_context_config(R3Config().environment(plain_env).training(model_path=tiny_random_model)) == {}
