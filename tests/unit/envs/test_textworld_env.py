@@ -113,3 +113,53 @@ def test_lockstep_rollout_loop_runs_textworld_episodes(env):
 
 def test_clean_drops_prompt_markers_but_keeps_the_games_own_text():
     assert _clean("> \n\n-= Cellar =-\nA sign says -> north.\n>") == "-= Cellar =- A sign says -> north."
+
+
+def test_a_game_step_that_hangs_ends_the_episode_as_a_timeout(cache, monkeypatch):
+    import threading
+    import time
+
+    env = TextWorldEnv(
+        level=2, num_games=2, max_steps=4, memory=1, cache_dir=cache, seed=0, step_timeout_s=0.2
+    )
+    episode = env.episode(env.query_ids[0])
+    release = threading.Event()
+
+    def hang(command):
+        release.wait(30)  # the game stuck on a command
+        raise RuntimeError("released")
+
+    monkeypatch.setattr(episode._env, "step", hang)
+    start = time.monotonic()
+    try:
+        obs, reward, terminated, truncated, info = episode.step("<action>go east</action>")
+    finally:
+        release.set()
+    assert time.monotonic() - start < 2.0
+    assert (obs, reward, terminated, truncated) == ("", 0.0, False, True) and episode.done
+    assert info["grade_reason"] == "timeout" and not info["correct"]
+    assert env.step_timeout_s == 0.2 and TextWorldEnv.__init__.__kwdefaults__["step_timeout_s"] == 30.0
+
+
+class _CharTokenizer:
+    chat_template = None
+    name_or_path = "/models/tw-char-tok"
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [list(range(len(t))) for t in text]}
+
+
+def test_first_prompts_are_checked_against_the_context_and_chat_modes_apply(env, cache):
+    from r3_rllib.envs.data import DataError
+
+    longest = max(len(env.episode(q).prompt) for q in env.query_ids)
+    kw = dict(
+        level=2, num_games=2, max_steps=4, memory=1, cache_dir=cache, seed=0, tokenizer=_CharTokenizer()
+    )
+    with pytest.raises(
+        DataError, match=rf"textworld: query 'tw-coin_collector/.*': prompt has {longest} tokens"
+    ):
+        TextWorldEnv(**kw, model_max_positions=longest + 7, max_new_tokens=8)
+    assert not TextWorldEnv(**kw, model_max_positions=longest + 8, max_new_tokens=8).use_chat_template
+    with pytest.raises(ValueError, match="tokenizer '/models/tw-char-tok' has no chat template"):
+        TextWorldEnv(**kw, apply_chat_template="required")
