@@ -14,7 +14,8 @@ FAILURE_MESSAGE = "grader exploded on purpose"
 
 class FaultyArithmeticEnv(ArithmeticEnv):
     """ArithmeticEnv whose ``reset`` (``fail_on="reset"``) or ``step`` (``"step"``) raises ``ZeroDivisionError``, or
-    whose ``step`` grades with a NaN reward (``"nan"``)."""
+    whose ``step`` grades with a NaN reward (``"nan"``); any other mode (``"none"``) is a plain ArithmeticEnv. The
+    tests switch ``fail_on`` on a running runner."""
 
     def __init__(self, *, fail_on: str, shard: Any = None, **config: Any) -> None:
         super().__init__(shard=shard, **config)

@@ -51,44 +51,50 @@ def _config(model_path: str, env=None, *, env_config: dict | None = None, **trai
     )  # fmt: skip
 
 
-FAULTY = faulty_envs.FaultyArithmeticEnv
 ENV_ERROR = re.escape(f"ZeroDivisionError: {faulty_envs.FAILURE_MESSAGE}")
+#: fail_on mode of the env -> what the error says. One algorithm goes through them all (its runner survives each).
 CASES = {
-    "env_reset": (dict(env=FAULTY, env_config={"fail_on": "reset"}), r"\(env FaultyArithmeticEnv\) failed: " + ENV_ERROR),
-    "env_step": (dict(env=FAULTY, env_config={"fail_on": "step"}), r"\(env FaultyArithmeticEnv, query '.+'\) failed: " + ENV_ERROR),
-    "nan_reward": (
-        dict(env=FAULTY, env_config={"fail_on": "nan"}),
-        r"NonFiniteRewardError: FaultyArithmeticEnv gave query '.+' a non-finite reward \(nan\)",
-    ),
-    "engine_refuses_sampling": ({}, re.escape(f"ValueError: {faulty_envs.SAMPLING_REFUSED}")),
-}  # fmt: skip
+    "reset": r"^EnvRunner 1 \(env FaultyArithmeticEnv\) failed: " + ENV_ERROR,
+    "step": r"^EnvRunner 1 \(env FaultyArithmeticEnv, query 'arith:.+'\) failed: " + ENV_ERROR,
+    "nan": r"NonFiniteRewardError: FaultyArithmeticEnv gave query 'arith:.+' a non-finite reward \(nan\)$",
+    "engine": re.escape(f"ValueError: {faulty_envs.SAMPLING_REFUSED}"),
+}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_a_runner_error_stops_the_run_with_its_cause(ray_session, tiny_random_model, case):
-    """The error reaches ``train()`` at once, with the runner, env, query and the runner's traceback; the runner
-    process stays up. engine_refuses_sampling: the runner's engine refuses the sampling parameters (config rules
-    already refuse temperature <= 0 and top_p outside (0, 1], see the next test; an engine may refuse more)."""
-    kwargs, message = CASES[case]
-    algo = _config(tiny_random_model, **kwargs).build_algo()
+def _fail_on(algo, mode: str) -> None:
+    def switch(runner, _mode=mode):
+        runner.env.fail_on = _mode
+        if _mode == "engine":  # the engine refuses the sampling parameters
+            faulty_envs.install_refusing_engine(runner)
+
+    algo.env_runner_group.foreach_env_runner(switch, local_env_runner=False)
+
+
+def test_a_runner_error_stops_the_iteration_with_its_cause(ray_session, tiny_random_model):
+    """Each error reaches ``train()`` at once, with the runner, env, query and the runner's traceback, and the runner
+    process stays up (a run that catches the error can go on). "engine": the runner's engine refuses the sampling
+    parameters (config rules already refuse temperature <= 0 and top_p outside (0, 1], see the next test; an engine
+    may refuse more)."""
+    algo = _config(
+        tiny_random_model, faulty_envs.FaultyArithmeticEnv, env_config={"fail_on": "none"}
+    ).build_algo()
     try:
-        if case == "engine_refuses_sampling":
-            algo.env_runner_group.foreach_env_runner(
-                faulty_envs.install_refusing_engine, local_env_runner=False
-            )
-        t0 = time.monotonic()
-        with pytest.raises(RunnerError, match=message) as caught:
-            algo.train()
-        elapsed = time.monotonic() - t0
-        print(f"{case}: error after {elapsed:.1f} s")
-        assert elapsed < ERROR_WITHIN_S
-        err = caught.value
-        assert err.worker_index == 1 and str(err).startswith("EnvRunner 1 (")
-        assert "in sample_or_error" in str(err.__cause__)  # raised from the runner's own traceback
-        copy = pickle.loads(pickle.dumps(err))  # crosses process boundaries (Tune trial -> driver) whole
-        assert str(copy) == str(err) and copy.query_id == err.query_id
-        # The runner process is still up (its error was returned, not raised into RLlib, which exits it).
-        assert algo.env_runner_group.healthy_worker_ids() == [1]
+        algo.train()
+        for mode, message in CASES.items():
+            _fail_on(algo, mode)
+            t0 = time.monotonic()
+            with pytest.raises(RunnerError, match=message) as caught:
+                algo.train()
+            elapsed = time.monotonic() - t0
+            print(f"{mode}: error after {elapsed:.2f} s")
+            assert elapsed < ERROR_WITHIN_S
+            err = caught.value
+            assert err.worker_index == 1 and err.env == "FaultyArithmeticEnv"
+            assert "in sample_or_error" in str(err.__cause__)  # raised from the runner's own traceback
+            copy = pickle.loads(pickle.dumps(err))  # crosses process boundaries (Tune trial -> driver) whole
+            assert str(copy) == str(err) and copy.query_id == err.query_id
+            # The runner process is still up (its error was returned, not raised into RLlib, which exits it).
+            assert algo.env_runner_group.healthy_worker_ids() == [1]
     finally:
         algo.stop()
 
