@@ -4,7 +4,7 @@ the R^3 ablation (without replay / reflection / ranking), several seeds each, in
     python bench/bench_learning.py                        # probe + 12 methods x 3 seeds (~25 min on 2 CPU cores)
     python bench/bench_learning.py --quick                # GRPO, DAPO, R^3; 1 seed; 30 iterations (~3 min)
     python bench/bench_learning.py --methods grpo,r3 --seeds 0,1 --iterations 30
-    python bench/bench_learning.py --methods grpo,rloo,reinforce_pp,gspo,cispo --no-probe   # estimators and losses
+    python bench/bench_learning.py --methods grpo,rloo,reinforce_plus_plus_baseline,gspo,cispo --no-probe   # estimators and losses
     python bench/bench_learning.py --smoke                # CI: R^3, one iteration
     r3 plot runs/bench_learning/runs/r3 runs/bench_learning/runs/grpo   # curves of individual runs
 
@@ -39,7 +39,7 @@ import common
 #: GRPO with one part replaced: the advantage estimator or the policy loss (everything else as GRPO's preset).
 ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "rloo": {"advantage_estimator": "rloo"},
-    "reinforce_pp": {"advantage_estimator": "reinforce_pp"},
+    "reinforce_plus_plus_baseline": {"advantage_estimator": "reinforce_plus_plus_baseline"},
     "gspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
     "cispo": {"policy_loss": "cispo"},
 }

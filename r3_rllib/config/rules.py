@@ -134,6 +134,17 @@ def rarity_is_not_a_policy_estimator(config: Any) -> str | None:
     return None
 
 
+def renamed_estimators_name_the_new_one(config: Any) -> str | None:
+    """An estimator's old name is refused with the name that replaced it (``reinforce_pp`` is verl's
+    ``reinforce_plus_plus_baseline`` now, with verl's statistics)."""
+    errors = [
+        f"{field} {getattr(config, field)!r} was renamed: use {ADVANTAGE_FNS.renamed[getattr(config, field)]!r}"
+        for field in ("advantage_estimator", "rollout_head_advantage")
+        if getattr(config, field) in ADVANTAGE_FNS.renamed
+    ]
+    return "; ".join(errors) or None
+
+
 def registry_entries_find_their_fields(config: Any) -> str | None:
     """The chosen estimator and loss read config fields by name (declared at registration): they must exist."""
     errors = []
@@ -261,6 +272,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     streaming_excludes_dynamic_sampling,
     partial_rollouts_need_overlap_and_a_stepping_engine,
     rarity_is_not_a_policy_estimator,
+    renamed_estimators_name_the_new_one,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,
     head_schedule_has_a_stage,

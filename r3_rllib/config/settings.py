@@ -138,10 +138,13 @@ class R3Settings:
     """AdamW weight decay."""
     advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)
     """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha,
-    lambda), 'rloo' (leave-one-out baseline), 'reinforce_pp' (REINFORCE++-baseline: group mean, then the batch's
-    std), 'hgpo' (step advantages for multi-step envs, see hgpo_*)."""
+    lambda), 'rloo' (leave-one-out baseline), 'reinforce_plus_plus_baseline' (verl's: group mean, then whitened
+    over the batch's tokens), 'reinforce_plus_plus' (verl's: the reward whitened over the batch's tokens, gamma 1,
+    no group baseline), 'hgpo' (step advantages for multi-step envs, see hgpo_*). 'reinforce_pp' was renamed
+    'reinforce_plus_plus_baseline'."""
     adv_eps: float = setting(1e-6, range=">= 0", finite=True)
-    """The epsilon in GRPO's (R - mean) / (std + eps) and in reinforce_pp's division by the batch std."""
+    """The epsilon in GRPO's (R - mean) / (std + eps) (the REINFORCE++ whitening adds verl's fixed 1e-8 to the
+    variance instead)."""
     adv_std_ddof: int = setting(0, choices=(0, 1), expect="0 or 1")
     """'grpo' only: the std's delta degrees of freedom, 0 (population std) or 1 (sample std, as torch.std in verl
     and DeepScaleR). At G = 8, ddof=1 divides advantages by a std sqrt(8/7) = 1.069 times larger."""

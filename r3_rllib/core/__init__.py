@@ -52,8 +52,8 @@ _HOMES: dict[str, str] = {
     "rarity_rewards": "rarity",
     "register_advantage": "advantages",
     "register_loss": "losses",
-    "reinforce_pp_advantages": "advantages",
-    "reinforce_pp_batch_std": "advantages",
+    "reinforce_plus_plus_advantages": "advantages",
+    "reinforce_plus_plus_baseline_advantages": "advantages",
     "reward_frequencies": "rarity",
     "rloo_advantages": "advantages",
     "select_reflection_queries": "reflection",
@@ -61,6 +61,7 @@ _HOMES: dict[str, str] = {
     "stage_position": "rollout_schedule",
     "strip_think": "reflection",
     "structural_entropy_rewards": "ranking",
+    "token_whiten": "advantages",
     "truncated_importance_weights": "losses",
 }
 

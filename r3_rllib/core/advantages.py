@@ -5,7 +5,7 @@ Every estimator takes a 1-D array of rewards and returns one advantage per respo
 code loops over groups (or calls :func:`compute_advantages_by_group`); keeping the per-group functions pure makes
 their formulas testable by hand and lets new estimators (HGPO, R^2PO, ...) plug in through
 :func:`register_advantage` without touching the trainer. An estimator whose formula needs a statistic of the whole
-batch (REINFORCE++-baseline's std) declares a batch step, applied once after the per-group pass
+batch (REINFORCE++'s whitening over the batch's tokens) declares a batch step, applied once after the per-group pass
 (:func:`apply_batch_step`).
 
 The standard deviation is the *population* std (``ddof=0``) everywhere by default. This is a choice, not a
@@ -37,6 +37,7 @@ def register_advantage(
     sample_inputs: tuple[str, ...] = (),
     batch_fn: Callable[..., np.ndarray] | None = None,
     batch_config_params: Mapping[str, str] | None = None,
+    batch_sample_inputs: tuple[str, ...] = (),
 ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator adding an estimator to :data:`ADVANTAGE_FNS` under ``name`` (names are unique).
 
@@ -44,7 +45,10 @@ def register_advantage(
     ``sample_inputs`` names per-sample fields it needs besides the rewards (passed as keyword sequences).
     ``batch_fn(advantages, **batch_params) -> advantages`` is an optional batch step: applied once to the per-group
     advantages of every group of a batch, concatenated (:func:`apply_batch_step`), with its parameters read from
-    ``batch_config_params``. It must map a zero advantage to zero (a group without gradient stays without one).
+    ``batch_config_params`` and the per-sample sequences named by ``batch_sample_inputs`` (e.g.
+    ``"token_counts"``: each sample's trained tokens, for statistics over tokens). A batch step may shift the
+    advantages (verl's whitening gives an all-equal group a non-zero advantage): the batch builder judges a group's
+    gradient after it.
     Step-level estimators (multi-step envs) cannot declare one: their samples are steps, so a batch statistic would
     weigh each episode by its number of steps."""
     if batch_fn is not None and STEP_SAMPLE_INPUTS & set(sample_inputs):
@@ -58,6 +62,7 @@ def register_advantage(
         sample_inputs=sample_inputs,
         batch_fn=batch_fn,
         batch_config_params=batch_config_params,
+        batch_sample_inputs=batch_sample_inputs,
     )
 
 
@@ -153,35 +158,68 @@ def rloo_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
     return r - (r.sum() - r) / (g - 1)
 
 
-def reinforce_pp_batch_std(advantages: Sequence[float] | np.ndarray, *, eps: float = 1e-6) -> np.ndarray:
-    """REINFORCE++-baseline's batch step: the group-centred advantages of the whole batch divided by their
-    population std over the batch's samples, ``A / (std_batch(A) + eps)``.
+#: The constant verl's ``masked_whiten`` adds to the variance under the square root (``rsqrt(var + 1e-8)``).
+WHITEN_EPS = 1e-8
 
-    verl (``compute_reinforce_plus_plus_baseline_outcome_advantage``) whitens over the batch's *tokens*, mean shift
-    included; here advantages are per response, so the statistics are over responses, and the mean is not
-    subtracted: the group-centred advantages of every group sum to zero, so the batch mean is zero up to rounding,
-    and subtracting that rounding would turn the exact zeros of no-gradient groups into tiny non-zero values.
-    An all-zero batch stays zero."""
-    if not (np.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+#: Old estimator names -> the names that replaced them; naming an old one is refused with the new name.
+ADVANTAGE_FNS.renamed["reinforce_pp"] = "reinforce_plus_plus_baseline"
+
+
+def token_whiten(
+    advantages: Sequence[float] | np.ndarray, *, token_counts: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """verl's ``masked_whiten`` of per-token advantages that are constant along each response: the batch step of
+    REINFORCE++ and REINFORCE++-baseline.
+
+    Response ``i``'s advantage ``a_i`` stands for its ``n_i = token_counts[i]`` trained tokens, so the statistics
+    are over the batch's *tokens*: ``mu = sum_i n_i a_i / N`` and the unbiased token variance
+    ``var = sum_i n_i (a_i - mu)^2 / (N - 1)`` with ``N = sum_i n_i``; each response gets
+    ``(a_i - mu) / sqrt(var + 1e-8)``, which is again constant along it. A long response weighs more in both
+    statistics, as in verl. The mean is subtracted (verl's ``shift_mean=True``): an all-equal group, whose
+    group-centred advantages are 0, gets ``-mu / sqrt(var + 1e-8)`` and is trained on, as in verl. A response with
+    no trained token counts for nothing (and keeps its shifted value, which no token carries). With fewer than two
+    tokens in the batch (verl raises) there is no spread: the advantages are only centred."""
     a = np.asarray(advantages, dtype=np.float64)
-    if a.ndim != 1:
-        raise ValueError(f"advantages of a batch must be 1-D, got shape {a.shape}")
-    if a.size == 0:
-        return a.copy()
-    denom = a.std(ddof=0) + eps
-    if denom == 0.0:
+    n = np.asarray(token_counts, dtype=np.float64)
+    if a.ndim != 1 or n.shape != a.shape:
+        raise ValueError(f"need advantages [B] and token_counts [B]; got {a.shape} and {n.shape}")
+    if np.any(n < 0) or not np.all(np.isfinite(n)):
+        raise ValueError("token_counts must be finite and >= 0")
+    total = n.sum()
+    if total == 0:
         return np.zeros_like(a)
-    return a / denom
+    mu = float(n @ a) / total
+    centered = a - mu
+    if total < 2:
+        return centered
+    var = float(n @ centered**2) / (total - 1.0)
+    return centered / np.sqrt(var + WHITEN_EPS)
 
 
-@register_advantage("reinforce_pp", batch_fn=reinforce_pp_batch_std, batch_config_params={"eps": "adv_eps"})
-def reinforce_pp_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
-    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262), per-group part: ``R_i - mean(R)`` (the group mean
-    as baseline). The batch step :func:`reinforce_pp_batch_std` then divides by the std over the whole batch:
-    one scale for every group, unlike GRPO's per-group std, which up-weights groups of nearly equal rewards."""
+@register_advantage(
+    "reinforce_plus_plus_baseline", batch_fn=token_whiten, batch_sample_inputs=("token_counts",)
+)
+def reinforce_plus_plus_baseline_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262; verl's ``reinforce_plus_plus_baseline``),
+    per-group part: ``R_i - mean(R)`` (the group mean as baseline; a group of one keeps ``R``, verl's mean 0 for
+    a lone response). The batch step :func:`token_whiten` then whitens over the batch's tokens: one scale for every
+    group, unlike GRPO's per-group std, which up-weights groups of nearly equal rewards."""
     r = _as_group(rewards)
+    if r.size == 1:
+        return r.copy()
     return r - r.mean()
+
+
+@register_advantage("reinforce_plus_plus", batch_fn=token_whiten, batch_sample_inputs=("token_counts",))
+def reinforce_plus_plus_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """REINFORCE++ (arXiv 2501.03262; verl's ``reinforce_plus_plus``), per-group part: the return itself, no group
+    baseline; the batch step :func:`token_whiten` whitens the returns over the batch's tokens.
+
+    verl computes token returns ``G_t = gamma^(L-1-t) R`` (the outcome reward sits on the last token) with its
+    ``algorithm.gamma``, default 1.0. At gamma = 1 every token of a response has the return ``R``, which is what
+    this estimator trains on: the training batch carries one advantage per response, so a gamma < 1 (different
+    advantages along a response) cannot be expressed here."""
+    return _as_group(rewards).copy()
 
 
 def compute_group_advantages(name: str, rewards: Sequence[float] | np.ndarray, **params: float) -> np.ndarray:
@@ -196,9 +234,10 @@ def has_batch_step(name: str) -> bool:
     return name in ADVANTAGE_FNS.batch_fns
 
 
-def apply_batch_step(name: str, advantages: Sequence[float] | np.ndarray, **params: float) -> np.ndarray:
+def apply_batch_step(name: str, advantages: Sequence[float] | np.ndarray, **params: object) -> np.ndarray:
     """The batch step of estimator ``name`` on the per-group advantages of a whole batch (concatenated in any order:
-    a batch step sees them as one sample set); the advantages unchanged (as float64) when it declares none."""
+    a batch step sees them as one sample set; ``params``: its config parameters and batch sample inputs, aligned
+    with ``advantages``); the advantages unchanged (as float64) when it declares none."""
     a = np.asarray(advantages, dtype=np.float64)
     fn = ADVANTAGE_FNS.batch_fns.get(name)
     if fn is None:
@@ -216,7 +255,7 @@ def compute_advantages_by_group(
     name: str,
     rewards: Sequence[float] | np.ndarray,
     group_ids: Sequence[object] | np.ndarray,
-    batch_params: Mapping[str, float] | None = None,
+    batch_params: Mapping[str, object] | None = None,
     **params: float,
 ) -> np.ndarray:
     """Advantages of a flat batch: responses with the same ``group_ids`` entry form one group; then the estimator's

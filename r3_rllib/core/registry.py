@@ -39,6 +39,9 @@ class Registry(dict[str, Callable[..., Any]]):
         self.sample_inputs: dict[str, tuple[str, ...]] = {}
         self.batch_fns: dict[str, Callable[..., Any]] = {}
         self.batch_config_params: dict[str, dict[str, str]] = {}
+        self.batch_sample_inputs: dict[str, tuple[str, ...]] = {}
+        #: Old name -> the name that replaced it: looking an old name up says which one to use instead.
+        self.renamed: dict[str, str] = {}
         self._entry_points = entry_points
 
     def register(
@@ -49,13 +52,15 @@ class Registry(dict[str, Callable[..., Any]]):
         sample_inputs: tuple[str, ...] = (),
         batch_fn: Callable[..., Any] | None = None,
         batch_config_params: Mapping[str, str] | None = None,
+        batch_sample_inputs: tuple[str, ...] = (),
     ) -> Callable[[F], F]:
         """Decorator adding ``fn`` under ``name`` (names are unique). ``config_params`` maps the keyword parameters
         the trainer fills to the config fields they come from; ``sample_inputs`` names per-sample fields passed as
         keyword sequences of the group's length; ``batch_fn`` is an optional batch step (module docstring) whose
-        keyword parameters come from ``batch_config_params``."""
-        if batch_fn is None and batch_config_params:
-            raise ValueError(f"{self.kind} {name!r}: batch_config_params given without a batch_fn")
+        keyword parameters come from ``batch_config_params`` and, as sequences of the batch's length, the
+        per-sample fields ``batch_sample_inputs`` names."""
+        if batch_fn is None and (batch_config_params or batch_sample_inputs):
+            raise ValueError(f"{self.kind} {name!r}: batch parameters given without a batch_fn")
 
         def deco(fn: F) -> F:
             if name in self:
@@ -66,6 +71,7 @@ class Registry(dict[str, Callable[..., Any]]):
             if batch_fn is not None:
                 self.batch_fns[name] = batch_fn
                 self.batch_config_params[name] = dict(batch_config_params or {})
+                self.batch_sample_inputs[name] = tuple(batch_sample_inputs)
             return fn
 
         return deco
@@ -121,6 +127,8 @@ class Registry(dict[str, Callable[..., Any]]):
     def get_fn(self, name: str) -> Callable[..., Any]:
         fn = self.lookup(name)
         if fn is None:
+            if name in self.renamed:
+                raise KeyError(f"{self.kind} {name!r} was renamed: use {self.renamed[name]!r}")
             raise KeyError(f"unknown {self.kind} {name!r}; known: {self.names()}")
         return fn
 
@@ -152,6 +160,8 @@ class Registry(dict[str, Callable[..., Any]]):
             (self.sample_inputs, other.sample_inputs),
             (self.batch_fns, other.batch_fns),
             (self.batch_config_params, other.batch_config_params),
+            (self.batch_sample_inputs, other.batch_sample_inputs),
+            (self.renamed, other.renamed),
         ):
             theirs.update(mine)
         return other
@@ -170,6 +180,7 @@ class Registry(dict[str, Callable[..., Any]]):
         self.sample_inputs.pop(name, None)
         self.batch_fns.pop(name, None)
         self.batch_config_params.pop(name, None)
+        self.batch_sample_inputs.pop(name, None)
 
 
 def _describe(fn: Callable[..., Any]) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -340,11 +341,15 @@ def _score_groups(
         )
         scored.append((g, members, rewards, advantages))
     if settings.batch_step is not None and scored:
-        # The estimator's batch step (e.g. reinforce_pp's batch std) over every member of every group: replayed
-        # and ranked samples are trained on, so they count; zero-advantage groups count too (as zeros, as in
-        # verl's whole-batch statistics), so the scale does not depend on whether a KL term keeps them.
+        # The estimator's batch step (e.g. REINFORCE++'s token whitening) over every member of every group:
+        # replayed and ranked samples are trained on, so they count; zero-advantage groups count too (as zeros, as
+        # in verl's whole-batch statistics), so the scale does not depend on whether a KL term keeps them.
+        members = [s for _, m, *_ in scored for s in m]
         flat = apply_batch_step(
-            settings.batch_step, np.concatenate([a for *_, a in scored]), **settings.batch_step_params
+            settings.batch_step,
+            np.concatenate([a for *_, a in scored]),
+            **settings.batch_step_params,
+            **_batch_sample_inputs(settings.batch_step, members),
         )
         bounds = np.cumsum([len(a) for *_, a in scored])[:-1]
         scored = [(g, m, r, a) for (g, m, r, _), a in zip(scored, np.split(flat, bounds), strict=True)]
@@ -452,6 +457,30 @@ def _sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, list]
                 f"{sorted(SAMPLE_INPUT_FIELDS)}"
             )
         out[name] = [getattr(s, SAMPLE_INPUT_FIELDS[name]) for s in members]
+    return out
+
+
+def _trained_tokens(sample: Sample) -> int:
+    """The response tokens a sample is trained on (a tool's tokens, loss_mask False, are not)."""
+    return (
+        int(np.count_nonzero(sample.loss_mask)) if sample.loss_mask is not None else len(sample.response_ids)
+    )
+
+
+#: Batch-step keyword (a registered ``batch_sample_inputs`` name) -> how it is read from one sample.
+BATCH_SAMPLE_INPUTS: dict[str, Callable[[Sample], Any]] = {"token_counts": _trained_tokens}
+
+
+def _batch_sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, np.ndarray]:
+    """The per-sample sequences an estimator's batch step declared (e.g. each sample's trained tokens), aligned
+    with the batch's concatenated advantages."""
+    out = {}
+    for name in ADVANTAGE_FNS.batch_sample_inputs.get(estimator, ()):
+        if name not in BATCH_SAMPLE_INPUTS:
+            raise ValueError(
+                f"the batch step of {estimator!r} asks for {name!r}; the batch builder gives {sorted(BATCH_SAMPLE_INPUTS)}"
+            )
+        out[name] = np.array([BATCH_SAMPLE_INPUTS[name](s) for s in members])
     return out
 
 

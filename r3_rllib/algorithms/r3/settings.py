@@ -38,7 +38,7 @@ class IterationSettings:
     advantage_params: dict[str, Any] = field(default_factory=dict)
     """The keyword arguments the estimator declared it reads from the config."""
     batch_step: str | None = None
-    """The estimator whose batch step (e.g. reinforce_pp's batch std) the batch builder applies after the per-group
+    """The estimator whose batch step (e.g. REINFORCE++'s token whitening) the batch builder applies after the per-group
     pass: the estimator's own name, kept as the base's under R^2PO's stage-B wrapper; None: no batch step."""
     batch_step_params: dict[str, Any] = field(default_factory=dict)
     """The keyword arguments the batch step declared it reads from the config."""

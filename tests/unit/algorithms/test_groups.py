@@ -319,37 +319,35 @@ def test_learner_entropies_replace_the_engines_in_rankable_groups_only():
     assert rescore_ranking_entropies([mixed], score)[1]["ranking_entropy_tokens"] == 0.0
 
 
-def test_reinforce_pp_batch_std_covers_every_group_member_replayed_and_zero_groups_included():
+def test_reinforce_plus_plus_baseline_whitens_over_every_member_token_replayed_and_zero_groups_included():
     # a = [0, 0, 0] plus one replayed success: G_mix [0, 0, 0, 1] -> centred [-.25, -.25, -.25, .75];
-    # b = [1, 1, 0, 0] -> [.5, .5, -.5, -.5]; c = [1, 1] asks for a failure and gets none -> zeros.
-    groups = [_group("a", [0, 0, 0]), _group("b", [1, 1, 0, 0]), _group("c", [1, 1])]
+    # b = [1, 1, 0, 0] -> [.5, .5, -.5, -.5], its first response 3 tokens long; c = [1, 1] asks for a failure
+    # and gets none -> zeros. Every other response has 1 token.
+    groups = [
+        _group("a", [0, 0, 0]),
+        _group("b", [1, 1, 0, 0], entropies=[(1.0, 1.0, 1.0), (1.0,), (1.0,), (1.0,)]),
+        _group("c", [1, 1]),
+    ]
 
     def fetch(requests):
         assert requests == [("a", True, 1), ("c", False, 1)]
         return [[_sample("a", 1.0, True)], []]
 
-    settings = IterationSettings(
-        replay=True,
-        replay_k=1,
-        advantage_estimator="reinforce_pp",
-        batch_step="reinforce_pp",
-        batch_step_params={"eps": 0.0},
-    )
-    # Batch std over all 10 members (c's zeros included, mean 0): sqrt((3 * .0625 + .5625 + 4 * .25) / 10).
-    std = np.sqrt(1.75 / 10)
+    name = "reinforce_plus_plus_baseline"
+    settings = IterationSettings(replay=True, replay_k=1, advantage_estimator=name, batch_step=name)
+    # verl's whitening over the 12 tokens: mu = (3 * .5 + .5 - .5 - .5) / 12 = 1/12; variance with Bessel's
+    # correction over tokens: sum_i n_i (a_i - mu)^2 / 11.
+    centred = np.array([-0.25, -0.25, -0.25, 0.75, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0])
+    counts = np.array([1, 1, 1, 1, 3, 1, 1, 1, 1, 1])
+    mu = 1.0 / 12.0
+    var = float(counts @ (centred - mu) ** 2) / 11.0
+    expected = (centred - mu) / np.sqrt(var + 1e-8)
     batch, m = build_training_batch(groups, settings, fetch)
-    assert [s.query_id for s in batch] == ["a"] * 4 + ["b"] * 4  # c carries no gradient: left out
+    # c's equal rewards get -mu / std (verl trains on them): no group is left without gradient.
+    assert [s.query_id for s in batch] == ["a"] * 4 + ["b"] * 4 + ["c"] * 2
     assert batch[3].is_replay
-    np.testing.assert_allclose(
-        [s.advantage for s in batch], np.array([-0.25, -0.25, -0.25, 0.75, 0.5, 0.5, -0.5, -0.5]) / std
-    )
-    assert m["zero_adv_frac"] == pytest.approx(1 / 3)
-    # Kept for a KL term, c stays at zero and the others' scale does not change.
-    kept, _ = build_training_batch(groups, replace(settings, keep_zero_advantage=True), fetch)
-    assert [s.advantage for s in kept[:8]] == [s.advantage for s in batch]
-    assert [s.advantage for s in kept[8:]] == [0.0, 0.0]
-    # Without the batch step the same estimator is a plain group-mean baseline.
+    np.testing.assert_allclose([s.advantage for s in batch], expected, rtol=1e-12)
+    assert batch[8].advantage == pytest.approx(-mu / np.sqrt(var), rel=1e-6) and m["zero_adv_frac"] == 0.0
+    # Without the batch step the same estimator is a plain group-mean baseline (c left out: no gradient).
     plain, _ = build_training_batch(groups, replace(settings, batch_step=None), fetch)
-    np.testing.assert_allclose(
-        [s.advantage for s in plain], [-0.25, -0.25, -0.25, 0.75, 0.5, 0.5, -0.5, -0.5]
-    )
+    np.testing.assert_allclose([s.advantage for s in plain], centred[:8])

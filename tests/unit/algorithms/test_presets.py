@@ -107,8 +107,10 @@ def test_ranking_entropy_source_auto_picks_the_learner_for_vllm_only():
 def test_new_estimators_and_losses_validate_and_read_their_fields():
     from r3_rllib.core.losses import LOSS_FNS
 
-    for name in ("rloo", "reinforce_pp"):
+    for name in ("rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus"):
         R3Config.grpo_preset().training(advantage_estimator=name).validate()
+    with pytest.raises(ValueError, match="'reinforce_pp' was renamed: use 'reinforce_plus_plus_baseline'"):
+        R3Config.grpo_preset().training(advantage_estimator="reinforce_pp").validate()
     cfg = R3Config.grpo_preset().training(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean")
     cfg.validate()
     assert LOSS_FNS.params_from("gspo", cfg) == {
@@ -122,13 +124,14 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
     params = LOSS_FNS.params_from("cispo", cfg)
     assert (params["clip_high"], params["clip_low"], params["agg_mode"]) == (0.28, 0.5, "token-mean")
     assert R3Config().cispo_clip_low is None  # no lower bound by default, as in the paper
-    # A batch step over step samples would weigh episodes by their length: reinforce_pp is a single-response
+    # A batch step over step samples would weigh episodes by their length: REINFORCE++ is a single-response
     # estimator, refused on a multi-step env when the runners check the env (step-level estimators cannot declare
     # batch steps at all: tests/unit/core/test_advantages.py).
     from r3_rllib.algorithms.r3.env_runner import check_estimator_fits_env
 
-    with pytest.raises(ValueError, match="advantage_estimator 'reinforce_pp' scores single responses"):
-        check_estimator_fits_env(R3Config().training(advantage_estimator="reinforce_pp"), multistep=True)
+    name = "reinforce_plus_plus_baseline"
+    with pytest.raises(ValueError, match=f"advantage_estimator '{name}' scores single responses"):
+        check_estimator_fits_env(R3Config().training(advantage_estimator=name), multistep=True)
 
 
 @pytest.mark.parametrize(

@@ -33,13 +33,14 @@ def test_batch_step_of_the_estimator_and_under_r2po_stages():
     from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, stage_settings
     from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE
 
-    cfg = R3Config.grpo_preset().training(advantage_estimator="reinforce_pp", adv_eps=1e-3)
+    name = "reinforce_plus_plus_baseline"
+    cfg = R3Config.grpo_preset().training(advantage_estimator=name)
     s = iteration_settings(cfg, dataset_epoch=0, policy_version=0)
-    assert (s.advantage_estimator, s.advantage_params) == ("reinforce_pp", {})
-    assert s.batch_step == "reinforce_pp" and s.batch_step_params == {"eps": 1e-3}
+    assert (s.advantage_estimator, s.advantage_params) == (name, {})
+    assert s.batch_step == name and s.batch_step_params == {}
     assert iteration_settings(R3Config.grpo_preset(), dataset_epoch=0, policy_version=0).batch_step is None
     # R^2PO: stage B wraps the estimator and keeps its batch step; stage A's head estimator ('rarity') has none.
     b = stage_settings(s, BASE_STAGE, cfg)
-    assert b.advantage_estimator == STAGE_B_ESTIMATOR and b.batch_step == "reinforce_pp"
+    assert b.advantage_estimator == STAGE_B_ESTIMATOR and b.batch_step == name
     a = stage_settings(s, HEAD_STAGE, cfg)
     assert a.advantage_estimator == cfg.rollout_head_advantage and a.batch_step is None

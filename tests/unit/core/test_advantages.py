@@ -122,38 +122,68 @@ def test_rloo_leave_one_out_hand_computed():
     np.testing.assert_array_equal(rloo_advantages([1.0, 1.0, 1.0]), [0.0, 0.0, 0.0])
 
 
-def test_reinforce_pp_group_mean_then_batch_std_hand_computed():
-    from r3_rllib.core.advantages import apply_batch_step, has_batch_step, reinforce_pp_batch_std
+def _verl_masked_whiten_float64(per_seq: list[float], lengths: list[int]) -> np.ndarray:
+    """verl's masked_whiten written out on the [B, T] token matrix in float64 (masked mean, masked variance with
+    Bessel's correction over the token count, (x - mean) * rsqrt(var + 1e-8)), read back at each row's first
+    token: an independent check of token_whiten's per-row closed form."""
+    t = max(lengths)
+    mask = np.array([[1.0] * n + [0.0] * (t - n) for n in lengths])
+    values = np.asarray(per_seq, dtype=np.float64)[:, None] * mask
+    mean = (values * mask).sum() / mask.sum()
+    var = (((values - mean) ** 2) * mask).sum() / mask.sum() * mask.sum() / (mask.sum() - 1)
+    return ((values - mean) / np.sqrt(var + 1e-8))[:, 0]
 
-    assert has_batch_step("reinforce_pp") and not has_batch_step("grpo")
-    assert ADVANTAGE_FNS.batch_config_params["reinforce_pp"] == {"eps": "adv_eps"}
-    # Per group: R - mean. a = [1, 0, 0, 0] -> [.75, -.25, -.25, -.25]; b = [1, 1, 0, 0] -> [.5, .5, -.5, -.5];
-    # c = [0, 0] -> zeros.
-    np.testing.assert_allclose(compute_group_advantages("reinforce_pp", [1, 1, 0, 0]), [0.5, 0.5, -0.5, -0.5])
-    rewards = [1, 0, 0, 0, 1, 1, 0, 0, 0, 0]
-    ids = ["a"] * 4 + ["b"] * 4 + ["c"] * 2
-    # Batch: sum of squares .5625 + 3 * .0625 + 4 * .25 = 1.75 over 10 samples (mean 0) -> std sqrt(0.175).
-    std = np.sqrt(0.175)
-    centred = [0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0]
-    out = compute_advantages_by_group("reinforce_pp", rewards, ids, batch_params={"eps": 0.0})
-    np.testing.assert_allclose(out, np.asarray(centred) / std)
-    assert out[-1] == 0.0 and out[-2] == 0.0  # a no-gradient group stays exactly zero
-    # One scale for the whole batch (GRPO would scale a and b by their own stds).
-    np.testing.assert_allclose(out[0] / out[4], 0.75 / 0.5)
+
+def test_reinforce_plus_plus_baseline_whitens_over_tokens_hand_computed():
+    from r3_rllib.core.advantages import has_batch_step, token_whiten
+
+    name = "reinforce_plus_plus_baseline"
+    assert has_batch_step(name) and not has_batch_step("grpo")
+    assert ADVANTAGE_FNS.batch_sample_inputs[name] == ("token_counts",)
+    assert ADVANTAGE_FNS.batch_config_params[name] == {}
+    # Per group: R - mean. a = [1, 0] -> [.5, -.5]; b = [1, 1] -> [0, 0]; a lone response keeps R (verl: mean 0).
+    np.testing.assert_allclose(compute_group_advantages(name, [1, 1, 0, 0]), [0.5, 0.5, -0.5, -0.5])
+    np.testing.assert_array_equal(compute_group_advantages(name, [0.7]), [0.7])
+    # Token counts [2, 4, 1, 3]: N = 10, mu = (2 * .5 - 4 * .5) / 10 = -0.1; centred [.6, -.4, .1, .1];
+    # unbiased token variance (2 * .36 + 4 * .16 + .01 + 3 * .01) / 9 = 1.4 / 9.
+    lengths = [2, 4, 1, 3]
+    out = compute_advantages_by_group(
+        name, [1, 0, 1, 1], ["a", "a", "b", "b"], batch_params={"token_counts": lengths}
+    )
+    expected = np.array([0.6, -0.4, 0.1, 0.1]) / np.sqrt(1.4 / 9 + 1e-8)
+    np.testing.assert_allclose(out, expected, rtol=1e-14)
+    np.testing.assert_allclose(out, _verl_masked_whiten_float64([0.5, -0.5, 0.0, 0.0], lengths), rtol=1e-14)
+    # The all-equal group b gets -mu / std = 0.2535... (verl trains on it), not 0.
+    assert out[2] == out[3] and out[2] == pytest.approx(0.1 / np.sqrt(1.4 / 9), rel=1e-7)
+    # Equal lengths: the same as the response-level statistics up to Bessel over tokens.
     np.testing.assert_allclose(
-        reinforce_pp_batch_std([0.5, -0.5], eps=0.5), [0.5, -0.5]
-    )  # std 0.5, + eps 0.5
-    np.testing.assert_array_equal(reinforce_pp_batch_std([0.0, 0.0], eps=0.0), [0.0, 0.0])
-    # An estimator without a batch step passes through unchanged.
-    np.testing.assert_array_equal(apply_batch_step("drgrpo", [0.5, -0.5]), [0.5, -0.5])
-    with pytest.raises(ValueError, match="eps must be finite"):
-        reinforce_pp_batch_std([1.0], eps=-1.0)
+        token_whiten([0.5, -0.5], token_counts=[3, 3]), np.array([0.5, -0.5]) / np.sqrt(1.5 / 5 + 1e-8)
+    )
+    # No token: nothing to whiten; one token: only centred (verl raises there).
+    np.testing.assert_array_equal(token_whiten([1.0, 2.0], token_counts=[0, 0]), [0.0, 0.0])
+    np.testing.assert_array_equal(token_whiten([1.0, 2.0], token_counts=[1, 0]), [0.0, 1.0])
+    with pytest.raises(ValueError, match="token_counts"):
+        token_whiten([1.0], token_counts=[2, 3])
+
+
+def test_reinforce_plus_plus_whitens_the_rewards_without_a_group_baseline_hand_computed():
+    name = "reinforce_plus_plus"
+    np.testing.assert_array_equal(compute_group_advantages(name, [1, 0, 1]), [1.0, 0.0, 1.0])
+    # Rewards [1, 0] with token counts [1, 3]: mu = 1/4, centred [.75, -.25], variance (.5625 + 3 * .0625) / 3 = .25.
+    out = compute_advantages_by_group(name, [1, 0], ["a", "a"], batch_params={"token_counts": [1, 3]})
+    np.testing.assert_allclose(out, np.array([0.75, -0.25]) / np.sqrt(0.25 + 1e-8), rtol=1e-14)
+    np.testing.assert_allclose(out, _verl_masked_whiten_float64([1.0, 0.0], [1, 3]), rtol=1e-14)
+
+
+def test_reinforce_pp_is_refused_with_its_new_name():
+    with pytest.raises(KeyError, match="'reinforce_pp' was renamed: use 'reinforce_plus_plus_baseline'"):
+        compute_group_advantages("reinforce_pp", [1.0, 0.0])
 
 
 def test_batch_steps_are_refused_for_step_level_estimators():
     with pytest.raises(ValueError, match="step-level estimators cannot declare one"):
         register_advantage("test_step_batch", sample_inputs=("obs_keys",), batch_fn=lambda a: a)(lambda r: r)
     assert "test_step_batch" not in ADVANTAGE_FNS
-    with pytest.raises(ValueError, match="batch_config_params given without a batch_fn"):
+    with pytest.raises(ValueError, match="batch parameters given without a batch_fn"):
         register_advantage("test_no_batch_fn", batch_config_params={"eps": "adv_eps"})(lambda r: r)
     assert "test_no_batch_fn" not in ADVANTAGE_FNS
