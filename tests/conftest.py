@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 
-from repo_paths import SHARED_DATA  # noqa: E402  (tests/ is on sys.path: this conftest's folder)
+from numeric import TORCH_THREADS  # noqa: E402  (tests/ is on sys.path: this conftest's folder)
+from repo_paths import SHARED_DATA  # noqa: E402
 
 E2E = Path(__file__).resolve().parent / "e2e"
 
@@ -24,6 +26,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if E2E in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Every test starts with R3_TEST_TORCH_THREADS torch threads (default 1: two threads collapse under load on 2
+    cores; scripts/test.sh runs the `numeric` tests with 2 as well, where a sum's order, and so its rounding, changes
+    with the threads). Only when torch is imported already: tests without torch do not pay for it."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(TORCH_THREADS)
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +71,7 @@ def tiny_random_model(tmp_path_factory) -> str:
 
     from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(TORCH_THREADS)
     path = tmp_path_factory.mktemp("tiny_random")
     tok = build_tiny_tokenizer()
     save_tiny(build_tiny_model(tok, seed=0), tok, path)

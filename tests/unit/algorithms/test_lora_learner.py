@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from numeric import TORCH_THREADS
 from random_samples import random_samples
 
 from r3_rllib import R3Config
@@ -18,7 +19,7 @@ from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, PackedWeights
 from r3_rllib.core.logprobs import token_logprobs
 
 pytest.importorskip("peft")
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 RANK, ALPHA = 4, 8.0
 
@@ -32,7 +33,7 @@ def _config(model_path: str, **training) -> R3Config:
         lora_rank=RANK,
         lora_alpha=ALPHA,
     )
-    return R3Config.grpo_preset().learners(num_learners=0).training(**(settings | training))
+    return R3Config.grpo_preset().learners(num_learners=0, num_cpus_per_learner=TORCH_THREADS).training(**(settings | training))
 
 
 def _learner(model_path: str, **training) -> R3Learner:

@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from numeric import TORCH_THREADS
 from random_samples import random_samples
 
 from r3_rllib import R3Config
@@ -14,7 +15,7 @@ from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.algorithms.r3.rl_module import pack_samples
 
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 DIAGNOSTICS = (
     "k1",
@@ -32,7 +33,7 @@ DIAGNOSTICS = (
 def _learner(model_path: str, **training) -> R3Learner:
     cfg = (
         R3Config.grpo_preset()
-        .learners(num_learners=0)
+        .learners(num_learners=0, num_cpus_per_learner=TORCH_THREADS)
         .training(
             model_path=model_path,
             micro_batch_size=3,

@@ -3,6 +3,7 @@ metrics and the checks that keep single-step estimators off multi-step envs (han
 
 import numpy as np
 import pytest
+from numeric import f32_tol
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import (
@@ -99,8 +100,12 @@ def test_hgpo_estimator_runs_through_the_batch_builder_with_the_configs_settings
     # By hand (gigpo: episode advantage + step advantage, 1:1; mean_std_norm with sample stds):
     # episode rewards 1 and 0 on 3 rows each: mean .5, sample std sqrt(1.5 / 5) -> +-.5 / sqrt(.3) = +-.9129;
     # step 0 (A, A): returns [0.25, 0], sample std .125 * sqrt(2) -> +-1 / sqrt(2): A0 = .9129 + .7071 = 1.6200.
-    assert batch[0].advantage == pytest.approx(0.5 / np.sqrt(0.3) + 1 / np.sqrt(2), abs=1e-4)
-    assert batch[3].advantage == pytest.approx(-(0.5 / np.sqrt(0.3) + 1 / np.sqrt(2)), abs=1e-4)
+    # The hand values leave out eps: it shifts each standardised term by a relative eps / std (bounded by the smaller
+    # std, .125 sqrt 2), plus 8 float32 ulps of the value for storage and sums.
+    a0 = 0.5 / np.sqrt(0.3) + 1 / np.sqrt(2)
+    tol = a0 * cfg.adv_eps / (0.125 * np.sqrt(2)) + f32_tol(a0, ulps=8)
+    assert batch[0].advantage == pytest.approx(a0, abs=tol)
+    assert batch[3].advantage == pytest.approx(-a0, abs=tol)
     assert metrics["train_samples"] == 6
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from numeric import TORCH_THREADS
 
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch
@@ -35,7 +36,7 @@ from r3_rllib.models.rollout_head import (
 )
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
 
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 
 # -- schedule ---------------------------------------------------------------------------------------------------------

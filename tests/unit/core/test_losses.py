@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from numeric import EPS32, TORCH_THREADS, f32_tol, f64_tol
 
 from r3_rllib.core.losses import (
     LOSS_FNS,
@@ -13,7 +14,7 @@ from r3_rllib.core.losses import (
     truncated_importance_weights,
 )
 
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 # Two sequences of lengths 3 and 1 (T = 4).
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 100.0]])
@@ -193,7 +194,8 @@ def test_log_ratio_clamp_before_exp():
     clamped, _ = clipped_policy_loss(
         big, torch.zeros(1, 1), neg, torch.ones(1, 1), log_ratio_clamp=20.0, **kw
     )
-    assert clamped.item() == pytest.approx(math.exp(20.0), rel=1e-6)
+    # One float32 exp and a product by -1: a few ulps of the value (8 float32 eps, relative).
+    assert clamped.item() == pytest.approx(math.exp(20.0), rel=8 * EPS32)
     raw, _ = clipped_policy_loss(big, torch.zeros(1, 1), neg, torch.ones(1, 1), **kw)
     assert math.isinf(raw.item())
     both, _ = clipped_policy_loss(
@@ -242,11 +244,14 @@ def test_k3_is_clamped_at_ten_like_verl():
     k3 = kl_penalty(logp, d, "k3")
     e26, e_1099 = math.exp(2.6), math.exp(-10.99)
     expected = [e26 - 3.6, 10.0, e_1099 + 9.99, 10.0, 10.0, 10.0]
-    torch.testing.assert_close(k3.detach(), torch.tensor(expected), rtol=1e-6, atol=1e-5)
+    # float32 e^d - d - 1 against float64: each of the 3 terms rounds to half an ulp of the largest one (e^2.6 ~ 13.5;
+    # exp itself to ~1 ulp), so 8 float32 ulps of e^2.6 (1.3e-5) bound the value and the gradient alike.
+    tol = f32_tol(e26, ulps=8)
+    torch.testing.assert_close(k3.detach(), torch.tensor(expected), rtol=0, atol=tol)
     k3.sum().backward()
     # d k3 / d logp = -(e^d - 1) inside the clamp, 0 outside (and finite everywhere, not nan)
     grad_inside = [-(e26 - 1.0), 0.0, -(e_1099 - 1.0), 0.0, 0.0, 0.0]
-    torch.testing.assert_close(logp.grad, torch.tensor(grad_inside), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(logp.grad, torch.tensor(grad_inside), rtol=0, atol=tol)
     # k1 and k2 are not clamped
     assert kl_penalty(logp.detach(), d, "k1")[4].item() == -100.0
     assert kl_penalty(logp.detach(), d, "k2")[4].item() == 5000.0
@@ -272,7 +277,8 @@ def test_entropy_from_logits():
     h.sum().backward()
     assert torch.isfinite(logits.grad).all()
     # large logits stay stable: near-deterministic distribution has ~0 entropy
-    assert entropy_from_logits(torch.tensor([1000.0, 0.0])).item() == pytest.approx(0.0, abs=1e-6)
+    # (entropy = -sum p log p over probabilities <= 1: a few float32 ulps of 1, the scale of its terms)
+    assert entropy_from_logits(torch.tensor([1000.0, 0.0])).item() == pytest.approx(0.0, abs=4 * EPS32)
 
 
 def test_loss_registry():
@@ -297,13 +303,15 @@ def test_rl_objective_combines_the_named_loss_importance_weights_and_kl_by_hand(
     loss, m = rl_objective(
         zeros, zeros, zeros, adv, mask, loss_params=params, ref_logprobs=zeros - 0.1, kl_coef=0.5
     )
-    assert float(m["kl"]) == pytest.approx(0.0048374, abs=1e-6)
-    assert float(loss) == pytest.approx(-1.0 + 0.5 * 0.0048374, abs=1e-6)
+    k3 = math.exp(-0.1) + 0.1 - 1.0
+    # float32 k3 cancels terms of size ~1 (8 ulps of 1); the loss averages terms of size 2 (8 ulps of 2).
+    assert float(m["kl"]) == pytest.approx(k3, abs=f32_tol(1.0, ulps=8))
+    assert float(loss) == pytest.approx(-1.0 + 0.5 * k3, abs=f32_tol(2.0, ulps=8))
     assert "is_weight_mean" not in m  # no correction asked for
     # The behaviour policy found the first token half as likely as the proximal one: weight min(2, cap 1.5).
     behav = torch.tensor([[-0.6931472, 0.0], [0.0, 0.0]])
     loss, m = rl_objective(zeros, zeros, behav, adv, mask, loss_params=params, is_cap=1.5)
-    assert float(loss) == pytest.approx((-2 * 1.5 - 2 + 1) / 3, abs=1e-6)
+    assert float(loss) == pytest.approx((-2 * 1.5 - 2 + 1) / 3, abs=f32_tol(3.0, ulps=8))  # terms up to 3
 
 
 def test_rl_objective_calls_a_loss_registered_by_name():
@@ -338,6 +346,11 @@ SEQ_ADV = torch.tensor([2.0, -1.0])
 GSPO_PARAMS = {"clip_low": 3e-4, "clip_high": 4e-4, "agg_mode": "seq-mean-token-mean"}
 
 
+# The GSPO / CISPO tests below run in float64 on both sides (the expected values by hand with math.exp/log): a few
+# exp/log/mean steps give a few float64 ulps; 2**12 ulps relative (~9e-13) leave room and still see any wrong term.
+F64_REL = f64_tol(1.0, ulps=2**12)
+
+
 def _logp(rows):
     return torch.tensor(rows, dtype=torch.float64, requires_grad=True)
 
@@ -351,10 +364,10 @@ def test_gspo_inside_the_clip_range_is_minus_the_mean_of_s_times_a():
     s0, s1 = math.exp(0.0003), math.exp(-0.0001)
     expected = -(2.0 * s0 + (-1.0) * s1) / 2
     loss, m = gspo_policy_loss(lp, old, SEQ_ADV, SEQ_MASK, **GSPO_PARAMS)
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert loss.item() == pytest.approx(expected, rel=F64_REL)
     assert float(m["clip_frac_low"]) == 0.0 and float(m["clip_frac_high"]) == 0.0
     assert float(m["clip_frac_dual"]) == 0.0
-    assert float(m["ratio_mean"]) == pytest.approx((2 * s0 + s1) / 3, rel=1e-12)  # token-weighted
+    assert float(m["ratio_mean"]) == pytest.approx((2 * s0 + s1) / 3, rel=F64_REL)  # token-weighted
     # The same through the learner's entry point, by name.
     loss2, m2 = rl_objective(
         lp,
@@ -366,7 +379,7 @@ def test_gspo_inside_the_clip_range_is_minus_the_mean_of_s_times_a():
         loss_params=GSPO_PARAMS,
         agg_mode="seq-mean-token-mean",
     )
-    assert loss2.item() == pytest.approx(expected, rel=1e-12) and float(m2["pg_loss"]) == loss2.item()
+    assert loss2.item() == pytest.approx(expected, rel=F64_REL) and float(m2["pg_loss"]) == loss2.item()
     assert LOSS_FNS.config_params["gspo"]["clip_low"] == "gspo_clip_low"
 
 
@@ -377,7 +390,7 @@ def test_gspo_clips_the_whole_sequence():
     lp = _logp([[0.0005, 0.0015, 9.0], [-0.0001, 9.0, 9.0]])
     old = torch.zeros(2, 3, dtype=torch.float64)
     loss, m = gspo_policy_loss(lp, old, SEQ_ADV, SEQ_MASK, **GSPO_PARAMS)
-    assert loss.item() == pytest.approx((-2.0 * 1.0004 + math.exp(-0.0001)) / 2, rel=1e-12)
+    assert loss.item() == pytest.approx((-2.0 * 1.0004 + math.exp(-0.0001)) / 2, rel=F64_REL)
     loss.backward()
     assert lp.grad[0].tolist() == [0.0, 0.0, 0.0]
     assert float(m["clip_frac_high"]) == pytest.approx(2 / 3)  # both tokens of sequence 0, of 3 valid tokens
@@ -396,25 +409,25 @@ def test_gspo_token_has_gspos_value_and_gradient_for_sequence_advantages_and_per
     lp_seq, lp_tok = _logp(rows), _logp(rows)
     loss_seq, _ = gspo_policy_loss(lp_seq, old, SEQ_ADV, SEQ_MASK, **GSPO_PARAMS)
     loss_tok, m_tok = gspo_token_policy_loss(lp_tok, old, SEQ_ADV, SEQ_MASK, **GSPO_PARAMS)
-    assert loss_tok.item() == pytest.approx(loss_seq.item(), rel=1e-12)
-    assert float(m_tok["ratio_mean"]) == pytest.approx((2 * s0 + s1) / 3, rel=1e-12)
+    assert loss_tok.item() == pytest.approx(loss_seq.item(), rel=F64_REL)
+    assert float(m_tok["ratio_mean"]) == pytest.approx((2 * s0 + s1) / 3, rel=F64_REL)
     loss_seq.backward()
     loss_tok.backward()
     # d/d logp_{i,t} = -(1/N) A_i s_i / |y_i|: sequence 0: -(1/2) * 2 * s0 / 2; sequence 1: -(1/2) * (-1) * s1 / 1.
     expected = [[-s0 / 2, -s0 / 2, 0.0], [s1 / 2, 0.0, 0.0]]
     for grad in (lp_seq.grad, lp_tok.grad):
         for got, want in zip(grad.flatten().tolist(), sum(expected, []), strict=True):
-            assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+            assert got == pytest.approx(want, rel=F64_REL, abs=f64_tol(1.0, ulps=16))
     # Per-token advantages (GSPO-token only): token (0, 1) has A = 4, so its gradient doubles; the value is
     # (1/2) * (mean(-2 s0, -4 s0) + s1) = (1/2) * (-3 s0 + s1).
     lp = _logp(rows)
     token_adv = torch.tensor([[2.0, 4.0, 0.0], [-1.0, 0.0, 0.0]], dtype=torch.float64)
     loss, _ = gspo_token_policy_loss(lp, old, token_adv, SEQ_MASK, **GSPO_PARAMS)
-    assert loss.item() == pytest.approx((-3 * s0 + s1) / 2, rel=1e-12)
+    assert loss.item() == pytest.approx((-3 * s0 + s1) / 2, rel=F64_REL)
     loss.backward()
-    assert lp.grad[0, 0].item() == pytest.approx(-s0 / 2, rel=1e-12)
-    assert lp.grad[0, 1].item() == pytest.approx(-s0, rel=1e-12)
-    assert lp.grad[1, 0].item() == pytest.approx(s1 / 2, rel=1e-12)
+    assert lp.grad[0, 0].item() == pytest.approx(-s0 / 2, rel=F64_REL)
+    assert lp.grad[0, 1].item() == pytest.approx(-s0, rel=F64_REL)
+    assert lp.grad[1, 0].item() == pytest.approx(s1 / 2, rel=F64_REL)
 
 
 def test_gspo_importance_weights_scale_a_sequence_by_its_tokens_mean_weight():
@@ -430,7 +443,7 @@ def test_gspo_importance_weights_scale_a_sequence_by_its_tokens_mean_weight():
     expected = (-2 * s0 * 0.75 + s1 * 2) / 2
     for fn in (gspo_policy_loss, gspo_token_policy_loss):
         loss, m = fn(_logp(rows), old, SEQ_ADV, SEQ_MASK, is_weights=w, **GSPO_PARAMS)
-        assert loss.item() == pytest.approx(expected, rel=1e-12)
+        assert loss.item() == pytest.approx(expected, rel=F64_REL)
         assert float(m["is_weight_mean"]) == pytest.approx((1 + 0.5 + 2) / 3)
 
 
@@ -444,11 +457,11 @@ def test_cispo_truncates_the_detached_weight_and_keeps_every_tokens_gradient():
     lp = _logp(rows)
     loss, m = cispo_policy_loss(lp, old, adv, SEQ_MASK, clip_high=0.2, agg_mode="token-mean")
     expected = (-1.2 * math.log(1.5) - 0.5 * math.log(0.5) + 1.1 * 2 * math.log(1.1)) / 3
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert loss.item() == pytest.approx(expected, rel=F64_REL)
     loss.backward()
     # Gradient -w * A / 3 per token: the token whose ratio passed 1.2 keeps a gradient (PPO's clip would zero it).
-    assert lp.grad.tolist()[0][:2] == pytest.approx([-1.2 / 3, -0.5 / 3], rel=1e-12)
-    assert lp.grad[1, 0].item() == pytest.approx(2.2 / 3, rel=1e-12)
+    assert lp.grad.tolist()[0][:2] == pytest.approx([-1.2 / 3, -0.5 / 3], rel=F64_REL)
+    assert lp.grad[1, 0].item() == pytest.approx(2.2 / 3, rel=F64_REL)
     assert lp.grad[0, 2].item() == 0.0
     assert float(m["clip_frac_high"]) == pytest.approx(1 / 3) and float(m["clip_frac_low"]) == 0.0
     assert float(m["ratio_mean"]) == pytest.approx((1.5 + 0.5 + 1.1) / 3)
@@ -462,7 +475,7 @@ def test_cispo_truncates_the_detached_weight_and_keeps_every_tokens_gradient():
     params = {"clip_high": 0.2, "clip_low": 0.2, "agg_mode": "token-mean"}
     loss, m = rl_objective(_logp(rows), old, old, adv, SEQ_MASK, policy_loss="cispo", loss_params=params)
     expected = (-1.2 * math.log(1.5) - 0.8 * math.log(0.5) + 1.1 * 2 * math.log(1.1)) / 3
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert loss.item() == pytest.approx(expected, rel=F64_REL)
     assert float(m["clip_frac_low"]) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="clip_low must be in"):
         cispo_policy_loss(lp, old, adv, SEQ_MASK, clip_high=0.2, clip_low=1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numeric import forward_atol
 from transformers.cache_utils import DynamicCache
 
 from r3_rllib.engines.kv_cache import preallocated_cache
@@ -40,7 +41,8 @@ def test_preallocated_cache_matches_dynamic_cache():
     assert cache is not None
     got = _decode(model, cache, prompt, steps, 3, keep)
     for a, b in zip(ref, got, strict=True):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        # another cache layout, other attention kernels: FORWARD_ULPS of the logits' scale (tests/numeric.py)
+        torch.testing.assert_close(b, a, rtol=0, atol=forward_atol(a))
     assert cache.get_seq_length() == prompt.shape[1] + steps
 
 

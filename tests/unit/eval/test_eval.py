@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from numeric import TORCH_THREADS
 from repo_paths import SHARED_DATA
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
@@ -33,7 +34,7 @@ from r3_rllib.models import (
 )
 from r3_rllib.models.tiny import load_tokenizer
 
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 SHARED = SHARED_DATA
 MATH_DIR = SHARED / "math"

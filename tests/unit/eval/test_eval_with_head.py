@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from numeric import TORCH_THREADS
 
 from r3_rllib.cli import main as cli_main
 from r3_rllib.engines.base import Completion, GenerationEngine
@@ -18,7 +19,7 @@ from r3_rllib.eval.evaluate import _engine_kwargs, add_eval_args, run_eval
 from r3_rllib.models import default_tiny_model_path
 from r3_rllib.models.rollout_head import RolloutHead, save_rollout_head
 
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 
 def parse(argv):

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from numeric import TORCH_THREADS
 from safetensors import safe_open
 
 from r3_rllib.engines.base import SamplingParams
@@ -33,7 +34,7 @@ from r3_rllib.models.rollout_head import (
 )
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer
 
-torch.set_num_threads(1)
+torch.set_num_threads(TORCH_THREADS)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numeric import TORCH_THREADS
 from repo_paths import SHARED_DATA
 from transformers import AutoTokenizer
 
@@ -21,7 +22,7 @@ R1_TOKENIZER = SHARED_DATA / "tokenizers" / "r1_distill_qwen_1.5b"
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    torch.set_num_threads(1)
+    torch.set_num_threads(TORCH_THREADS)
 
 
 def test_every_printable_character_is_one_token():

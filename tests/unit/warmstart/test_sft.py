@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from numeric import TORCH_THREADS
 
 from r3_rllib.models import default_tiny_model_path, load_tiny
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -31,7 +32,7 @@ QUICK = dict(
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    torch.set_num_threads(1)
+    torch.set_num_threads(TORCH_THREADS)
 
 
 class P:

@@ -1,0 +1,71 @@
+"""What the numeric tests share: the torch thread count they run with, and float tolerances made of the quantity's
+scale and its precision (not of the noise one CPU showed).
+
+Why tolerances from ulps: a float32 result that sums N terms in an order that depends on the kernels (AVX2 or
+AVX-512 vector widths, 1 or 2 threads, the batch's shape) differs between two such orders by up to ~N ulps of the
+largest term (|a + b| rounding error <= eps/2 * |a + b|; a naive sum of N terms errs by <= (N - 1) eps * sum |x|).
+So a comparison of two float32 results gets `atol = k * eps32 * scale`, where `scale` is the largest magnitude
+involved and `k` covers the number and depth of the sums; an entry near zero is held to the error of its largest
+neighbours, not to its own size. Comparisons against values worked out by hand on a few numbers get a few ulps.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+#: float32 and float64 machine epsilons (the gap between 1 and the next float).
+EPS32 = float(np.finfo(np.float32).eps)  # 1.19e-7
+EPS64 = float(np.finfo(np.float64).eps)  # 2.22e-16
+
+#: torch threads of the test process: R3_TEST_TORCH_THREADS (default 1; scripts/test.sh also runs the numeric tests
+#: with 2). Read by tests/conftest.py (an autouse fixture sets it before every test) and by the files that set it at
+#: import or that build a learner (R3Learner.build sets the threads to num_cpus_per_learner).
+TORCH_THREADS = int(os.environ.get("R3_TEST_TORCH_THREADS", "1"))
+
+
+def f32_tol(scale: float, ulps: float) -> float:
+    """An absolute tolerance of `ulps` float32 ulps of `scale` (the largest magnitude the result is made of)."""
+    return ulps * EPS32 * float(scale)
+
+
+def f64_tol(scale: float, ulps: float) -> float:
+    """The same in float64: for results computed in float64 on both sides."""
+    return ulps * EPS64 * float(scale)
+
+
+def max_abs(*arrays) -> float:
+    """The largest magnitude over arrays / tensors / floats (the `scale` of a comparison)."""
+    out = 0.0
+    for a in arrays:
+        if hasattr(a, "detach"):
+            a = a.detach().cpu().numpy()
+        a = np.asarray(a, dtype=np.float64)
+        if a.size:
+            out = max(out, float(np.nanmax(np.abs(a))))
+    return out
+
+
+#: Two float32 forward passes of a small model over the same tokens that differ in batch shape, padding, cache or
+#: kernels (AVX2 / AVX-512, threads) sum each hidden-size dot product (128-512 terms for the tiny model, ~1e3 summed
+#: terms in all along a layer's chain) in different orders: their log-probs, logits and entropies differ by up to ~1e3
+#: ulps of the largest magnitude compared. 2**10 float32 ulps (~1.2e-4 relative) of that scale; the bugs these
+#: comparisons catch (a wrong temperature, position, token or weight) move values by 1e-2 and more.
+FORWARD_ULPS = 2**10
+
+
+def forward_atol(*arrays) -> float:
+    """`FORWARD_ULPS` float32 ulps of the largest magnitude in `arrays` (see above)."""
+    return f32_tol(max_abs(*arrays), FORWARD_ULPS)
+
+
+#: The same comparison across two engines' implementations (vLLM's fused CPU attention and linear kernels against HF
+#: transformers): other reduction trees, other exp/log code, in every layer. 2**12 float32 ulps (~4.9e-4 relative) of
+#: the largest magnitude compared, 4x FORWARD_ULPS; still well under the 1e-2 and more a real bug moves a log-prob.
+ENGINE_ULPS = 2**12
+
+
+def engine_atol(*arrays) -> float:
+    """`ENGINE_ULPS` float32 ulps of the largest magnitude in `arrays` (see above)."""
+    return f32_tol(max_abs(*arrays), ENGINE_ULPS)
