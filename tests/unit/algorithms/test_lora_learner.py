@@ -33,7 +33,11 @@ def _config(model_path: str, **training) -> R3Config:
         lora_rank=RANK,
         lora_alpha=ALPHA,
     )
-    return R3Config.grpo_preset().learners(num_learners=0, num_cpus_per_learner=TORCH_THREADS).training(**(settings | training))
+    return (
+        R3Config.grpo_preset()
+        .learners(num_learners=0, num_cpus_per_learner=TORCH_THREADS)
+        .training(**(settings | training))
+    )
 
 
 def _learner(model_path: str, **training) -> R3Learner:
