@@ -260,6 +260,17 @@ def rollout_is_level_needs_a_weight(config: Any) -> str | None:
     return None
 
 
+def icepop_weight_is_per_token(config: Any) -> str | None:
+    """IcePop's weight M(r_t) replaces rollout_is's: a sequence-level weight asked for beside it would be
+    silently dropped."""
+    if config.rollout_rs == "icepop" and config.rollout_is == "sequence":
+        return (
+            "rollout_rs 'icepop' weights each token by its own ratio in the band (0 outside), which replaces "
+            "rollout_is's weight: rollout_is 'sequence' would be ignored; set rollout_is='token' (the default)"
+        )
+    return None
+
+
 #: Every cross-field rule, in the order their messages are listed.
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
@@ -283,6 +294,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     rollout_rs_band_is_ordered,
     rollout_rs_thresholds_need_rollout_rs,
     rollout_is_level_needs_a_weight,
+    icepop_weight_is_per_token,
 )
 
 

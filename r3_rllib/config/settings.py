@@ -160,8 +160,9 @@ class R3Settings:
     rollout_rs: str | None = setting(None, choices=RS_LEVELS, none_ok=True)
     """Rejection sampling (verl's rollout_rs): tokens or sequences whose ratio leaves [rollout_rs_threshold_lower,
     rollout_rs_threshold] leave the loss and its normalising count. 'token' (r_t), 'sequence' (prod_t r_t),
-    'geometric' (exp(mean_t log r_t): a band like [0.999, 1.001]), 'icepop' (IcePop: out-of-band tokens get
-    weight 0 but stay in the count); None (default): no rejection."""
+    'geometric' (exp(mean_t log r_t): a band like [0.999, 1.001]), 'icepop' (IcePop: each token weighted by
+    M(r_t) = r_t inside the band, 0 outside, every token kept in the count; this weight replaces rollout_is's and
+    applies even with off_policy_correction=False; needs rollout_is 'token'); None (default): no rejection."""
     rollout_rs_threshold: float | None = setting(None, range="> 0", finite=True, none_ok=True)
     """Upper bound of the accepted ratio band; None: is_cap. > 0."""
     rollout_rs_threshold_lower: float | None = setting(None, range="> 0", finite=True, none_ok=True)

@@ -25,7 +25,8 @@ Levels, for ONE query's group of step samples:
 
 Inside a step group the returns are normalised (``"mean_std_norm"``: ``(R - mean) / (std + eps)`` with the
 population std, as verl-agent's HGPO; ``"mean_norm"``: ``R - mean``). A group of one is skipped (it has no peer to
-compare with), and so is a zero advantage (the step's return equals its group's mean: that group has nothing to say
+compare with; the exception is the episode group of a query with a single step row, which gets verl-agent's
+mean 0 and std 1: ``reward / (1 + eps)``), and so is a zero advantage (the step's return equals its group's mean: that group has nothing to say
 about it). The levels are then combined (``combine``):
 
 - ``"weighted_mean"`` (HGPO): ``sum_k w_k A_k / sum_k w_k`` over the levels that contributed, with
@@ -281,7 +282,9 @@ def _base_group_step_rows(
     sizes: np.ndarray,
 ) -> None:
     """Level 0 with verl-agent's statistics, written into the columns ``adv`` and ``sizes``: every step row carries
-    its episode's undiscounted reward and counts once (sample std)."""
+    its episode's undiscounted reward and counts once (sample std). A query with a single step row follows
+    verl-agent's (and verl's GRPO) convention for a group of one, mean 0 and std 1: its advantage is
+    ``reward / (1 + eps)`` (``reward`` with ``"mean_norm"``), not 0 (the sample std of one value is undefined)."""
     n = len(rewards)
     rows = np.empty(n)
     for steps in positions.values():
@@ -289,6 +292,8 @@ def _base_group_step_rows(
     sizes[:] = n
     if n >= 2:
         adv[:] = _normalise(rows, mode, eps, ddof=1)
+    else:
+        adv[:] = rows if mode == "mean_norm" else rows / (1.0 + eps)
 
 
 def _base_group_trajectories(

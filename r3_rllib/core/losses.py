@@ -385,10 +385,12 @@ def gspo_policy_loss(
         loss = (1/N) sum_i max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high))
 
     over the ``N`` sequences with a valid token (``agg_mode`` must be ``'seq-mean-token-mean'``). A clipped
-    sequence gives no gradient to any of its tokens. The per-sequence term is spread over the sequence's tokens,
-    each times its detached importance weight ``is_weights[b, t]`` when given (the behaviour-to-proximal
-    correction, applied per token as verl applies its rollout weights), so a sequence's term is scaled by the mean
-    of its tokens' weights. ``log_ratio_clamp`` bounds the mean log-ratio before ``exp``.
+    sequence gives no gradient to any of its tokens. ``log_ratio_clamp`` bounds the mean log-ratio before ``exp``.
+
+    With token importance weights ``is_weights[b, t]`` (the behaviour-to-proximal correction) this is verl's GSPO:
+    each token's term is multiplied by its own detached weight, and each token's gradient is scaled by its own
+    weight, which needs the per-token form: the call is :func:`gspo_token_policy_loss`'s (same value). Weighting
+    the sequence's term instead would scale every token's gradient by the mean of the sequence's weights.
 
     Returns ``(loss, metrics)`` with the keys of :func:`clipped_policy_loss`; ``clip_frac_low/high`` are shares of
     valid tokens in sequences whose ratio is clipped (with ``A < 0`` / ``A > 0``), ``ratio_mean`` the token-weighted
@@ -401,13 +403,23 @@ def gspo_policy_loss(
             f"{tuple(advantages.shape)}"
         )
     _check_gspo(agg_mode, clip_low, clip_high)
+    if is_weights is not None:
+        return gspo_token_policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            agg_mode=agg_mode,
+            is_weights=is_weights,
+            log_ratio_clamp=log_ratio_clamp,
+        )
     m = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).detach()
     seq_ratio = torch.exp(_sequence_log_ratio(logprobs, old_logprobs, m, log_ratio_clamp))
     seq_loss = torch.maximum(-adv * seq_ratio, -adv * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high))
     per_token = seq_loss.unsqueeze(-1).expand_as(logprobs)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach().to(per_token.dtype)
     loss = aggregate_loss(per_token, mask, agg_mode)
     return loss, _sequence_metrics(seq_ratio, adv, logprobs, old_logprobs, m, clip_low, clip_high, is_weights)
 

@@ -12,16 +12,19 @@ independent mechanisms act on it:
   *and* from its normalising count (their gradient is dropped, not down-weighted): ``"token"`` tests ``r_t``,
   ``"sequence"`` the product ``prod_t r_t``, ``"geometric"`` the geometric mean ``exp(mean_t log r_t)`` (a
   length-independent sequence test, so its band is narrow: 1 +- 1e-3 or so); ``"icepop"`` (IcePop, Ring-1T)
-  zeroes the weight of tokens outside ``[lo, hi]`` but keeps them in the count, as IcePop's objective is normalised
-  by all of the group's tokens. ``lo`` defaults to ``1 / hi``;
+  weights each token by ``M(r_t) = r_t`` inside ``[lo, hi]`` and 0 outside, every token kept in the count, as
+  IcePop's objective is normalised by all of the group's tokens. IcePop's weight *is* its importance weight: it
+  replaces ``rollout_is``'s truncated one and applies whether or not ``off_policy_correction`` asks for a weight
+  (a band above ``is_cap`` keeps ``r_t`` up to ``hi``). ``lo`` defaults to ``1 / hi``;
 - veto (``rollout_token_veto_threshold``): a sequence with any token whose (unclamped) ratio is below it is
   rejected whole: one token the engine sampled but the trainer finds near impossible signals a broken sample.
 
 Diagnostics (detached scalars, always computed, whatever is switched on): ``k1`` = mean of
 ``log pi_behaviour - log pi_trainer`` (the k1 estimate of KL(behaviour || trainer): the tokens are behaviour
 samples; it can be negative), ``k3`` = mean of ``r - 1 - log r`` (the k3 estimate of the same KL, >= 0),
-``ppl_ratio`` = behaviour perplexity / trainer perplexity (``exp`` of each one's mean negative log-prob; > 1: the
-trainer finds the samples likelier than the engine did), ``token_masked_frac`` (valid tokens rejected),
+``ppl_ratio`` = verl's: per sequence, trainer perplexity / behaviour perplexity (``exp`` of the mean over the
+sequence's tokens of ``log pi_behaviour - log pi_trainer``), averaged over sequences (> 1: the trainer finds the
+samples less likely than the engine did), ``token_masked_frac`` (valid tokens rejected),
 ``seq_masked_frac`` (sequences left without any token), ``token_zeroed_frac`` (IcePop's zero-weight tokens),
 ``veto_frac`` (sequences vetoed), ``is_weight_mean`` and ``is_weight_max`` over the tokens kept (a weight of 1 when
 no weight is applied). Means are over valid tokens (sequences for the sequence shares); ``is_weight_max`` is a
@@ -134,17 +137,23 @@ def rollout_correction(
     log_r = torch.where(valid, trainer_logprobs.detach().float() - behavior_logprobs.detach().float(), 0.0)
     bounded = log_r.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     seq_log_r = _seq_sum(log_r, m).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    weights = _is_weights(bounded, seq_log_r, valid, correction)
     keep, zeroed, vetoed = _rejection(log_r, bounded, seq_log_r, m, valid, correction)
-    weights = torch.where(zeroed, torch.zeros_like(weights), weights)
+    if correction.rs_level == "icepop":
+        # IcePop's M(r) = r in the band, 0 outside: the ratio itself, not rollout_is's truncated weight.
+        in_band = valid & ~zeroed
+        weights = torch.where(in_band, torch.exp(bounded), torch.where(valid, 0.0, 1.0))
+    else:
+        weights = _is_weights(bounded, seq_log_r, valid, correction)
     kept = (valid & keep).to(torch.float32)
     has_tokens = m.sum(dim=-1) > 0
     n_seq = has_tokens.to(torch.float32).sum().clamp(min=1.0)
     ratio = torch.exp(bounded)
+    lens = m.sum(dim=-1)
+    seq_log_ppl_ratio = -_seq_sum(log_r, m) / lens.clamp(min=1.0)  # log(ppl_trainer / ppl_behaviour) per row
     diagnostics = {
         "k1": _mean(-log_r, m),
         "k3": _mean(ratio - 1.0 - bounded, m),
-        "ppl_ratio": torch.exp(_mean(log_r, m)),
+        "ppl_ratio": (torch.exp(seq_log_ppl_ratio) * has_tokens).sum() / n_seq,
         "token_masked_frac": 1.0 - kept.sum() / m.sum().clamp(min=1.0),
         "seq_masked_frac": (has_tokens & (kept.sum(dim=-1) == 0)).to(torch.float32).sum() / n_seq,
         "token_zeroed_frac": _mean(zeroed.to(torch.float32), m),
