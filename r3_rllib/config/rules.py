@@ -40,8 +40,11 @@ def overlong_buffer_fits_responses(config: Any) -> str | None:
 
 
 def ddof_only_for_grpo(config: Any) -> str | None:
-    """The std's degrees of freedom are a parameter of the 'grpo' estimator only."""
-    if config.adv_std_ddof == 1 and config.advantage_estimator != "grpo":
+    """The std's degrees of freedom are a parameter of the 'grpo' estimator only; 'mixed' divides by a
+    population std of its own, so a sample std asked for with it would be silently ignored. Estimators that divide
+    by no group std (rloo, drgrpo, REINFORCE++, hgpo) have nothing to ignore: GRPO's preset (ddof 1, verl's) with
+    one of them swapped in is accepted."""
+    if config.adv_std_ddof == 1 and config.advantage_estimator == "mixed":
         return f"adv_std_ddof applies to advantage_estimator 'grpo' only ({config.advantage_estimator!r} was given)"
     return None
 

@@ -124,12 +124,12 @@ class R3Settings:
     ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""
     gspo_clip_high: float = setting(GSPO_CLIP_HIGH, range=">= 0", finite=True)
     """'gspo'/'gspo_token': the sequence ratio is clipped above at 1 + gspo_clip_high (the GSPO paper's 4e-4). >= 0."""
-    cispo_clip_high: float = setting(0.28, range=">= 0", finite=True)
+    cispo_clip_high: float = setting(0.2, range=">= 0", finite=True)
     """'cispo': each token's detached importance weight is truncated at 1 + cispo_clip_high (the paper tunes only
-    this bound and publishes no value; 0.28 is clip_high's default). >= 0."""
+    this bound and publishes no value; 0.2 is verl's CISPO example, docs/presets.md). >= 0."""
     cispo_clip_low: float | None = setting(None, range="[0, 1)", none_ok=True)
     """'cispo': lower bound 1 - cispo_clip_low on the token weight; None (default): no lower bound, as in the
-    MiniMax-M1 paper. In [0, 1) or None."""
+    MiniMax-M1 paper and verl's CISPO example (its clip_ratio_low=10). In [0, 1) or None."""
     kl_coef: float = setting(0.0, range=">= 0", finite=True)
     """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
     kl_type: str = setting("k3", choices=KL_KINDS)

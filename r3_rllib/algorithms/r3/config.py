@@ -33,6 +33,7 @@ from ray.rllib.utils.annotations import override
 from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 from r3_rllib.algorithms.r3.settings import max_staleness_of
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
+from r3_rllib.config.presets import recipe_values
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
@@ -166,25 +167,18 @@ class R3Config(AlgorithmConfig):
     # -- presets -----------------------------------------------------------------------------------------------
     @classmethod
     def grpo_preset(cls) -> R3Config:
-        """Plain GRPO: std-normalised group advantages, no replay/reflection/ranking."""
-        return cls().r3(replay=False, reflection=False, ranking=False).training(advantage_estimator="grpo")
+        """Plain GRPO as verl runs it (:data:`~r3_rllib.config.presets.PRESET_RECIPES`, docs/presets.md):
+        std-normalised group advantages with the sample std, the symmetric clip 0.2, token-mean, no rollout
+        importance weight, no KL loss; R^3's parts off."""
+        return cls().r3(replay=False, reflection=False, ranking=False).training(**recipe_values("grpo"))
 
     @classmethod
     def dapo_preset(cls) -> R3Config:
-        """GRPO with DAPO's four parts at DAPO's values: clip-higher (0.2 / 0.28), dynamic sampling on accuracy with
-        the batch trimmed to queries_per_iteration groups, token-mean loss, and the soft overlong penalty (factor 1,
-        buffer a fifth of max_new_tokens: DAPO's 4,096 of 20,480), no KL."""
-        return cls.grpo_preset().training(
-            dynamic_sampling=True,
-            dynamic_sampling_metric="accuracy",
-            clip_low=0.2,
-            clip_high=0.28,
-            loss_agg_mode="token-mean",
-            overlong_shaping=True,
-            overlong_buffer_len=None,
-            overlong_penalty_factor=1.0,
-            kl_coef=0.0,
-        )
+        """DAPO as its verl recipe runs it (docs/presets.md): GRPO's advantages, clip-higher (0.2 / 0.28), the dual
+        clip at 10, dynamic sampling on accuracy with the batch trimmed to queries_per_iteration groups, token-mean
+        loss, the soft overlong penalty (factor 1, buffer a fifth of max_new_tokens: DAPO's 4,096 of 20,480), no
+        KL, no rollout importance weight."""
+        return cls.grpo_preset().training(**recipe_values("dapo"))
 
     @classmethod
     def r3_preset(cls) -> R3Config:

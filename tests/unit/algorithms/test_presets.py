@@ -25,7 +25,7 @@ def test_presets():
     assert r3.loss_agg_mode == "seq-mean-token-mean"  # the paper's 1/|o_i|
     grpo = R3Config.grpo_preset()
     assert (grpo.replay, grpo.reflection, grpo.ranking) == (False, False, False)
-    assert grpo.advantage_estimator == "grpo" and grpo.adv_std_ddof == 0
+    assert grpo.advantage_estimator == "grpo" and grpo.adv_std_ddof == 1  # verl: torch.std (unbiased)
     dapo = R3Config.dapo_preset()
     assert dapo.dynamic_sampling and dapo.loss_agg_mode == "token-mean" and dapo.clip_high == 0.28
     assert dapo.dynamic_sampling_metric == "accuracy" and dapo.overlong_shaping and dapo.kl_coef == 0.0
@@ -122,7 +122,7 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
     cfg = R3Config.grpo_preset().training(policy_loss="cispo", cispo_clip_low=0.5)
     cfg.validate()
     params = LOSS_FNS.params_from("cispo", cfg)
-    assert (params["clip_high"], params["clip_low"], params["agg_mode"]) == (0.28, 0.5, "token-mean")
+    assert (params["clip_high"], params["clip_low"], params["agg_mode"]) == (0.2, 0.5, "token-mean")
     assert R3Config().cispo_clip_low is None  # no lower bound by default, as in the paper
     # A batch step over step samples would weigh episodes by their length: REINFORCE++ is a single-response
     # estimator, refused on a multi-step env when the runners check the env (step-level estimators cannot declare
@@ -168,3 +168,38 @@ def test_tool_settings_are_refused_for_an_env_without_tool_episodes(kwargs, tool
 def test_invalid_gspo_and_cispo_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         R3Config.grpo_preset().training(**kwargs).validate()
+
+
+def test_each_preset_is_its_reference_recipe_and_docs_presets_md_is_the_table():
+    from pathlib import Path
+
+    from r3_rllib.config.presets import PRESET_RECIPES, presets_markdown
+
+    built = {"grpo": R3Config.grpo_preset(), "dapo": R3Config.dapo_preset(), "cispo": R3Config()}
+    assert set(built) == set(PRESET_RECIPES)
+    for preset, fields in PRESET_RECIPES.items():
+        for name, entry in fields.items():
+            assert getattr(built[preset], name) == entry.value, (preset, name)
+        built[preset].validate()
+    # The reference values, by hand: verl's GRPO (symmetric 0.2, unbiased std, no rollout IS, no KL loss), DAPO's
+    # recipe (0.2 / 0.28, dual clip 10), verl's CISPO example (cap 1.2, no lower bound).
+    g, d = built["grpo"], built["dapo"]
+    assert (g.clip_low, g.clip_high, g.adv_std_ddof, g.off_policy_correction, g.kl_coef) == (
+        0.2,
+        0.2,
+        1,
+        False,
+        0.0,
+    )
+    assert (d.clip_low, d.clip_high, d.clip_ratio_c, d.adv_std_ddof, d.dynamic_sampling) == (
+        0.2,
+        0.28,
+        10.0,
+        1,
+        True,
+    )
+    assert (R3Config().cispo_clip_high, R3Config().cispo_clip_low) == (0.2, None)
+    doc = Path(__file__).resolve().parents[3] / "docs" / "presets.md"
+    assert doc.read_text(encoding="utf-8") == presets_markdown(), (
+        "regenerate docs/presets.md (see its header)"
+    )

@@ -1,0 +1,132 @@
+"""The presets as recipes: every algorithm field a preset sets, with the value of its reference recipe and the file
+that value comes from (issue 36: a preset is its reference, our variants are named options).
+
+:data:`PRESET_RECIPES` is the one source: ``R3Config.grpo_preset()`` / ``dapo_preset()`` set exactly these values
+(:func:`recipe_values`), ``docs/presets.md`` is :func:`presets_markdown` written out, and
+``tests/unit/algorithms/test_presets.py`` checks both (the built presets against the table, the file against the
+function). Only fields with a counterpart in the reference are listed; batch sizes, lengths and learning rates
+are the run's scale, not the recipe's algorithm, and stay the run's to set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: verl's commit whose files the GRPO references and the CISPO example are read from.
+VERL_MAIN = "volcengine/verl@26b5d6b"
+#: The DAPO recipe as verl last held it in-tree (recipe/ moved to verl-recipe in #4795, commit 2bb42bae).
+VERL_DAPO = "volcengine/verl@2bb42bae^ recipe/dapo/run_dapo_qwen2.5_32b.sh"
+
+_ACTOR = f"{VERL_MAIN} verl/trainer/config/actor/actor.yaml"
+_GRPO_ADV = f"{VERL_MAIN} verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage"
+_ROLLOUT_CORR = f"{VERL_MAIN} verl/trainer/config/algorithm/rollout_correction.yaml"
+_GRPO_RUN = f"{VERL_MAIN} examples/grpo_trainer/run_qwen2-7b_math.sh"
+_CISPO_RUN = f"{VERL_MAIN} examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh"
+
+
+@dataclass(frozen=True)
+class RecipeValue:
+    """One field of a recipe: our value (equal to the reference's by construction), the reference's own spelling
+    of it, and where it is written."""
+
+    value: Any
+    reference: str
+    source: str
+
+
+#: Preset -> field -> its value in the reference recipe. 'cispo' is not a preset but the defaults of the
+#: cispo_* fields, read from verl's CISPO example.
+PRESET_RECIPES: dict[str, dict[str, RecipeValue]] = {
+    "grpo": {
+        "advantage_estimator": RecipeValue("grpo", "algorithm.adv_estimator=grpo", _GRPO_RUN),
+        "adv_std_ddof": RecipeValue(1, "torch.std (unbiased)", _GRPO_ADV),
+        "adv_eps": RecipeValue(1e-6, "epsilon=1e-6", _GRPO_ADV),
+        "clip_low": RecipeValue(0.2, "clip_ratio_low: 0.2", _ACTOR),
+        "clip_high": RecipeValue(0.2, "clip_ratio_high: 0.2", _ACTOR),
+        "clip_ratio_c": RecipeValue(3.0, "clip_ratio_c: 3.0", _ACTOR),
+        "loss_agg_mode": RecipeValue("token-mean", "loss_agg_mode: token-mean", _ACTOR),
+        "policy_loss": RecipeValue("clipped_pg", "policy_loss.loss_mode: vanilla", _ACTOR),
+        # verl's GRPO examples add use_kl_loss=True, kl_loss_coef=0.001, low_var_kl; the actor's default is off.
+        "kl_coef": RecipeValue(0.0, "use_kl_loss: false", _ACTOR),
+        "off_policy_correction": RecipeValue(False, "rollout_is: null", _ROLLOUT_CORR),
+        "rollout_rs": RecipeValue(None, "rollout_rs: null", _ROLLOUT_CORR),
+        "dynamic_sampling": RecipeValue(False, "no filter_groups (ray_trainer)", _GRPO_RUN),
+        "overlong_shaping": RecipeValue(False, "no overlong_buffer (naive reward manager)", _GRPO_RUN),
+    },
+    "dapo": {
+        "advantage_estimator": RecipeValue("grpo", "adv_estimator=grpo", VERL_DAPO),
+        "adv_std_ddof": RecipeValue(1, "torch.std (unbiased), via adv_estimator=grpo", _GRPO_ADV),
+        "clip_low": RecipeValue(0.2, "clip_ratio_low=0.2", VERL_DAPO),
+        "clip_high": RecipeValue(0.28, "clip_ratio_high=0.28", VERL_DAPO),
+        "clip_ratio_c": RecipeValue(10.0, "actor.clip_ratio_c=10.0", VERL_DAPO),
+        "loss_agg_mode": RecipeValue("token-mean", 'loss_agg_mode="token-mean"', VERL_DAPO),
+        "kl_coef": RecipeValue(0.0, "use_kl_loss=False, kl_loss_coef=0.0", VERL_DAPO),
+        "off_policy_correction": RecipeValue(False, "no rollout_is (predates rollout correction)", VERL_DAPO),
+        "dynamic_sampling": RecipeValue(True, "enable_filter_groups=True", VERL_DAPO),
+        "dynamic_sampling_metric": RecipeValue("accuracy", "filter_groups_metric=acc", VERL_DAPO),
+        "overlong_shaping": RecipeValue(True, "enable_overlong_buffer=True", VERL_DAPO),
+        # None: a fifth of max_new_tokens, the recipe's 4096 of max_response_length 20480.
+        "overlong_buffer_len": RecipeValue(None, "overlong_buffer_len=4096 of 20480 (a fifth)", VERL_DAPO),
+        "overlong_penalty_factor": RecipeValue(1.0, "overlong_penalty_factor=1.0", VERL_DAPO),
+    },
+    "cispo": {
+        "cispo_clip_high": RecipeValue(0.2, "clip_ratio_high=0.2", _CISPO_RUN),
+        # clip_ratio_low=10: a lower bound 1 - 10 < 0 that a ratio never reaches, i.e. none.
+        "cispo_clip_low": RecipeValue(None, "clip_ratio_low=10 (no lower bound)", _CISPO_RUN),
+    },
+}
+
+
+def recipe_values(preset: str) -> dict[str, Any]:
+    """``field -> value`` of ``preset``'s recipe (the keyword arguments its preset passes to ``.training()``)."""
+    return {name: entry.value for name, entry in PRESET_RECIPES[preset].items()}
+
+
+def presets_markdown() -> str:
+    """docs/presets.md: one table per recipe (field, our value, the reference's, its file), and the notes."""
+    lines = [
+        "# Presets and their reference recipes",
+        "",
+        "Generated from `r3_rllib/config/presets.py` (`PRESET_RECIPES`); `tests/unit/algorithms/test_presets.py`",
+        "checks that each preset sets these values and that this file is `presets_markdown()`. Regenerate with",
+        '`python -c "from r3_rllib.config.presets import write_presets_markdown; write_presets_markdown()"`.',
+        "",
+        "A preset is its reference recipe; our own variants are named options (a field set on top of a preset).",
+        "`cispo` is not a preset: it lists the defaults of the `cispo_*` fields.",
+    ]
+    for preset, fields in PRESET_RECIPES.items():
+        title = f"`R3Config.{preset}_preset()`" if preset != "cispo" else "`policy_loss='cispo'` defaults"
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| field | ours | reference | reference file |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| `{name}` | `{entry.value!r}` | {entry.reference} | `{entry.source}` |"
+            for name, entry in fields.items()
+        ]
+    lines += ["", "## Notes", "", *_NOTES]
+    return "\n".join(lines) + "\n"
+
+
+_NOTES = [
+    "- verl's GRPO example scripts add a KL loss (`use_kl_loss=True`, `kl_loss_coef=0.001`, `low_var_kl`); the",
+    "  preset follows the actor's default (off), so it loads no reference model. Set `kl_coef=0.001`",
+    "  (`kl_type='k3'` is verl's `low_var_kl`, clamped at 10) for the examples' run.",
+    "- `loss_agg_mode='seq-mean-token-sum-norm'` is not in any preset. Ours is `sum_i sum_t l_it / (B * T)` over",
+    "  the minibatch whatever the micro-batching; verl's `agg_loss` sums over the micro-batch's sequences",
+    "  (`sum_i sum_t l_it / T`) and its actor then divides by the gradient-accumulation count, so verl's value is",
+    "  ours times its micro-batch size: a constant that depends on verl's batching, not a formula to follow.",
+    "- DAPO's `max_num_gen_batches=10` (raise when 10 generation batches did not fill the batch) is not",
+    "  implemented: our refill rounds train on what passed when they run out (see the coordinator).",
+    "- The R^3 preset (`r3_preset()`) follows the R^3 paper, not a verl recipe, and is not listed here.",
+]
+
+
+def write_presets_markdown(path: str = "docs/presets.md") -> None:
+    """Write :func:`presets_markdown` to ``path`` (relative to the repository root)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(presets_markdown())
