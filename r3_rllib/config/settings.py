@@ -374,7 +374,12 @@ class R3Settings:
     a small residual of the base policy.
     The reference code (RRPO-ARR/Code, rollout_head_train.py) uses k3 with beta = 0.04 against a fixed head-less
     model served by its reference server (the initial one); here the base is the current one, frozen in stage A,
-    which needs no second model and bounds the head itself. Logged as learner/r2po_kl (0 outside stage A)."""
+    which needs no second model and bounds the head itself. Logged as learner/r2po_kl (0 outside stage A). The k3
+    is unclamped, as the reference's (rollout_head_kl_clamp); the term is aggregated with loss_agg_mode (the
+    reference aggregates it seq-mean-token-mean: set loss_agg_mode='seq-mean-token-mean' for that)."""
+    rollout_head_kl_clamp: bool = False
+    """R^2PO: clamp stage A's k3 to [-10, 10] as verl's low_var_kl (ours before issue 36; a token the head has
+    moved far from the base then adds 10 and no gradient). False (default): the reference code's unclamped k3."""
     rollout_head_stage_b_weight: str = "truncated_is"
     """R^2PO: stage B trains the BASE logits on tokens drawn with the head ON, so the behaviour policy is not the
     trained one. 'truncated_is' (default) weights each token by min(pi_base_old / pi_rollout_behaviour, is_cap):

@@ -205,7 +205,7 @@ def _clip_metrics(
     return metrics
 
 
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "k3_unclamped")
 
 #: k3 clamps, as verl's ``low_var_kl``: the log-ratio ``ref - logp`` to +-20 before ``exp`` (e^20 ~ 4.9e8 stays finite
 #: in fp32/bf16; e^89 overflows fp32 to inf and its backward to nan), then the k3 value to +-10.
@@ -223,6 +223,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
       from the reference (``d`` of a few units gives ``e^d`` in the tens, and ``e^d`` grows without bound) would
       otherwise dominate the batch's KL term and its gradient; a clamped token contributes 10 and no gradient. The
       k3 value reaches 10 at ``d ~ 2.611`` and ``d ~ -11.0``.
+    - ``"k3_unclamped"``: ``exp(d) - d - 1`` with ``d = ref - logp`` as it is (R^2PO's reference code: its head's KL
+      to the head-less model has no clamp); only the log-ratio is bounded at +-20, so ``exp`` stays finite.
     """
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     if kind == "k1":
@@ -232,6 +234,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     if kind == "k3":
         d = torch.clamp(ref_logprobs - logprobs, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
         return torch.clamp(torch.exp(d) - d - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+    if kind == "k3_unclamped":
+        d = torch.clamp(ref_logprobs - logprobs, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+        return torch.exp(d) - d - 1.0
     raise ValueError(f"unknown KL kind {kind!r}; known: {list(KL_KINDS)}")
 
 

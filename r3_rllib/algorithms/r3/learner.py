@@ -39,7 +39,7 @@ from r3_rllib.algorithms.r3.distributed import (
 )
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_state import PolicyStateMixin
-from r3_rllib.algorithms.r3.r2po import HEAD_KL_TYPE, stage_correction, stage_head_kl_coef
+from r3_rllib.algorithms.r3.r2po import stage_correction, stage_head_kl_coef, stage_head_kl_type
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
 from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chunks, token_budget_chunks
@@ -363,7 +363,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             cfg.kl_type,
         )
         if base:  # stage A (no reference KL then: `_uses_reference` is off)
-            ref, kl_coef, kl_type = base[0], step.head_kl_coef, HEAD_KL_TYPE
+            ref, kl_coef, kl_type = base[0], step.head_kl_coef, stage_head_kl_type(cfg)
         loss, metrics = rl_objective(
             logp,
             old,

@@ -98,8 +98,15 @@ def stage_settings(settings: IterationSettings, stage: Stage | None, config: Any
     raise ValueError(f"unknown R^2PO stage {stage!r}")
 
 
-#: KL estimator of stage A's penalty toward the base policy (the reference code's; see `stage_head_kl_coef`).
-HEAD_KL_TYPE = "k3"
+#: KL estimator of stage A's penalty toward the base policy: the reference code's k3, unclamped (see
+#: `stage_head_kl_coef`); ``rollout_head_kl_clamp=True`` clamps it at 10 as verl's low_var_kl (`stage_head_kl_type`).
+HEAD_KL_TYPE = "k3_unclamped"
+
+
+def stage_head_kl_type(config: Any) -> str:
+    """Stage A's KL estimator: the reference's unclamped k3, or with ``rollout_head_kl_clamp`` the k3 clamped to
+    [-10, 10] (a token the head moved far from the base then adds 10 and no gradient)."""
+    return "k3" if getattr(config, "rollout_head_kl_clamp", False) else HEAD_KL_TYPE
 
 
 def stage_head_kl_coef(config: Any, stage: Stage | None) -> float:

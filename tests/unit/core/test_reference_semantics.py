@@ -102,3 +102,18 @@ def test_hgpo_single_step_row_query_gets_reward_over_one_plus_eps():
     kw = dict(obs_keys=["s"], traj_ids=["t"], step_indices=[0], step_rewards=[0.8], base_group=True, eps=1e-6)
     np.testing.assert_allclose(hgpo_advantages(**kw), [0.8 / (1 + 1e-6)], rtol=1e-15)
     np.testing.assert_allclose(hgpo_advantages(**kw, mode="mean_norm"), [0.8], rtol=1e-15)
+
+
+def test_r2po_stage_a_kl_is_the_references_unclamped_k3_by_default():
+    from types import SimpleNamespace
+
+    from r3_rllib.algorithms.r3.r2po import stage_head_kl_type
+    from r3_rllib.core.losses import kl_penalty
+
+    # d = ref - logp = 3: k3 = e^3 - 3 - 1 = 16.0855...; clamped (verl's low_var_kl) it is 10.
+    logp, ref = torch.zeros(1, 1), torch.full((1, 1), 3.0)
+    expected = math.exp(3.0) - 4.0
+    assert kl_penalty(logp, ref, "k3_unclamped").item() == pytest.approx(expected, rel=4 * EPS32)
+    assert kl_penalty(logp, ref, "k3").item() == 10.0
+    assert stage_head_kl_type(SimpleNamespace(rollout_head_kl_clamp=False)) == "k3_unclamped"
+    assert stage_head_kl_type(SimpleNamespace(rollout_head_kl_clamp=True)) == "k3"
