@@ -48,11 +48,12 @@ def max_abs(*arrays) -> float:
 
 
 #: Two float32 forward passes of a small model over the same tokens that differ in batch shape, padding, cache or
-#: kernels (AVX2 / AVX-512, threads) sum each hidden-size dot product (128-512 terms for the tiny model, ~1e3 summed
-#: terms in all along a layer's chain) in different orders: their log-probs, logits and entropies differ by up to ~1e3
-#: ulps of the largest magnitude compared. 2**10 float32 ulps (~1.2e-4 relative) of that scale; the bugs these
-#: comparisons catch (a wrong temperature, position, token or weight) move values by 1e-2 and more.
-FORWARD_ULPS = 2**10
+#: kernels (AVX2 / AVX-512, threads) sum each dot product in other orders. A log-prob (logit) is a chain of
+#: hidden-size dot products (128 terms for the tiny model) through the layers and a vocabulary-wide log-sum-exp; a
+#: sum of n terms in another order moves by up to ~n ulps of its largest terms: 2 x 128 = 2**8 float32 ulps
+#: (~3e-5 relative) of the largest magnitude compared. The bugs these comparisons catch (a wrong temperature,
+#: position, token or weight) move values by 1e-2 and more.
+FORWARD_ULPS = 2**8
 
 
 def forward_atol(*arrays) -> float:
@@ -61,11 +62,22 @@ def forward_atol(*arrays) -> float:
 
 
 #: The same comparison across two engines' implementations (vLLM's fused CPU attention and linear kernels against HF
-#: transformers): other reduction trees, other exp/log code, in every layer. 2**12 float32 ulps (~4.9e-4 relative) of
-#: the largest magnitude compared, 4x FORWARD_ULPS; still well under the 1e-2 and more a real bug moves a log-prob.
-ENGINE_ULPS = 2**12
+#: transformers): other reduction trees, other exp/log code, in every layer. 2**11 float32 ulps (~2.4e-4 relative) of
+#: the largest magnitude compared, 8x FORWARD_ULPS; still well under the 1e-2 and more a real bug moves a log-prob.
+ENGINE_ULPS = 2**11
 
 
 def engine_atol(*arrays) -> float:
     """`ENGINE_ULPS` float32 ulps of the largest magnitude in `arrays` (see above)."""
     return f32_tol(max_abs(*arrays), ENGINE_ULPS)
+
+
+#: Gradients of a loss summed over ~1e3 per-token terms (the tiny model's batches), in orders that change with
+#: micro-batches, chunks and kernels: each entry errs by up to ~1e3 ulps of the largest terms, not of its own size
+#: (an entry near zero can differ by 100 % of itself). 2**10 float32 ulps (~1.2e-4) of the largest gradient entry.
+GRAD_ULPS = 2**10
+
+
+def grad_atol(*grads) -> float:
+    """`GRAD_ULPS` float32 ulps of the largest entry of `grads` (see above)."""
+    return f32_tol(max_abs(*grads), GRAD_ULPS)
