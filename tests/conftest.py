@@ -17,15 +17,37 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 from numeric import TORCH_THREADS  # noqa: E402  (tests/ is on sys.path: this conftest's folder)
 from repo_paths import SHARED_DATA  # noqa: E402
 
-E2E = Path(__file__).resolve().parent / "e2e"
+TESTS = Path(__file__).resolve().parent
+E2E = TESTS / "e2e"
+#: The `numeric` unit tests: torch float results compared with tolerances (tests/numeric.py) whose rounding depends
+#: on the CPU's kernels and the thread count. scripts/test.sh runs them again under every ATEN_CPU_CAPABILITY
+#: (default, avx2, avx512) x R3_TEST_TORCH_THREADS (1, 2) combination. numpy-only files (advantages, HGPO, rarity)
+#: are left out: ATen's capability does not reach numpy.
+NUMERIC = {
+    "unit/core/test_losses.py",
+    "unit/core/test_mismatch.py",
+    "unit/algorithms/test_mismatch_learner.py",
+    "unit/algorithms/test_learner_update.py",
+    "unit/algorithms/test_learner_functions.py",
+    "unit/algorithms/test_r2po_stages.py",
+    "unit/algorithms/test_lora_learner.py",
+    "unit/engines/test_hf_engine.py",
+    "unit/engines/test_kv_cache.py",
+    "unit/engines/test_partial_rollout_engine.py",
+    "unit/engines/test_lora_engines.py",
+    "unit/models/test_rollout_head.py",
+}
 
 
 def pytest_collection_modifyitems(config, items):
     """Everything under tests/e2e (Ray sessions, engines, subprocesses) is `slow`: `pytest -m "not slow"` runs
-    the unit tests of tests/unit, which mirror the package."""
+    the unit tests of tests/unit, which mirror the package. The files in NUMERIC are `numeric`."""
     for item in items:
-        if E2E in Path(str(item.fspath)).resolve().parents:
+        path = Path(str(item.fspath)).resolve()
+        if E2E in path.parents:
             item.add_marker(pytest.mark.slow)
+        if path.is_relative_to(TESTS) and path.relative_to(TESTS).as_posix() in NUMERIC:
+            item.add_marker(pytest.mark.numeric)
 
 
 @pytest.fixture(autouse=True)

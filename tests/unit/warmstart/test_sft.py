@@ -129,10 +129,13 @@ def test_shipped_checkpoint_accuracy_is_in_the_documented_band():
     assert meta is not None, "the shipped checkpoint lacks its training metadata"
     cfg = SFTConfig(**meta["config"])
     model, tok = load_tiny(path)
-    accuracy = evaluate_exact_match(model, tok, heldout_problems(cfg))
+    problems = heldout_problems(cfg)
+    accuracy = evaluate_exact_match(model, tok, problems)
     lo, hi = SHIPPED_ACCURACY_BAND
     assert lo <= accuracy <= hi, f"shipped checkpoint held-out accuracy {accuracy:.3f} outside [{lo}, {hi}]"
-    assert accuracy == pytest.approx(meta["heldout_accuracy"], abs=0.01)
+    # A count, not a float: greedy answers whose top two tokens nearly tie can flip with the CPU's kernels (other
+    # rounding); up to 10 of the 1000 held-out problems (1 %) may, a retrained or wrong checkpoint moves many more.
+    assert accuracy == pytest.approx(meta["heldout_accuracy"], abs=10 / len(problems))
 
 
 def test_sft_args_wire_into_a_parent_cli(tmp_path, capsys):
