@@ -121,7 +121,7 @@ def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_
     """Killed between iterations (as by the OS for memory), the only runner is restarted by Ray; the iteration that
     finds it gone waits for it, restores it (current weights, data position) and trains on a full batch of real
     samples. Streaming (max_staleness=2) first trains the requests already delivered (up to 2), so the loss shows
-    up to two iterations later."""
+    up to two iterations later. Synchronous: then a restart that completes before the next request (below)."""
     algo = _config(tiny_random_model, max_staleness=max_staleness).build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"]]
@@ -143,8 +143,35 @@ def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_
                 lambda r: r.engine.version, local_env_runner=False
             )
             assert version == algo.learner_call(lambda lr: lr._policy_version)[0]
+            _restarted_before_the_next_request(algo, after)
     finally:
         algo.stop()
+
+
+def _incarnation(handle) -> str | None:
+    try:
+        return ray.get(handle.apply.remote(lambda r: r.incarnation), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
+
+
+def _restarted_before_the_next_request(algo, position: dict) -> None:
+    """The runner killed again, and Ray's restart complete before the next request (RLlib never saw it die): the
+    fresh process's rollout (initial weights, the start of its data) is dropped, the runner restored, and the
+    iteration trains on a full batch from where the last delivered rollout left off."""
+    handle = _runner_handle(algo, 1)
+    before = _incarnation(handle)
+    ray.kill(handle, no_restart=False)
+    deadline = time.monotonic() + 120
+    while _incarnation(handle) in (None, before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert algo.env_runner_group.healthy_worker_ids() == [1]  # RLlib does not know
+    sampled = algo.train()["num_env_steps_sampled_lifetime"]
+    [after] = algo.env_runner_group.foreach_env_runner(lambda r: r.env.state(), local_env_runner=False)
+    assert after["cursor"] == position["cursor"] + QUERIES  # not QUERIES from the start of the data
+    [version] = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
+    assert version == algo.learner_call(lambda lr: lr._policy_version)[0]
+    assert sampled > 0
 
 
 def test_a_dead_learner_is_named(ray_session, tiny_random_model):

@@ -77,6 +77,7 @@ class RolloutCoordinator:
         self.metrics = metrics
         self.restore_runners = restore_runners
         self.delivered = 0  # runners that delivered the last gathered request
+        self._incarnations: dict[int, str] = {}  # worker id -> the runner process that answered last
         self.epoch = DataEpoch()
         self.in_flight = False  # a rollout request is out on the runners
         self._asked: list[int] = []  # the runners asked for the rollout in flight
@@ -199,8 +200,8 @@ class RolloutCoordinator:
         healthy = set(self.runners.healthy_worker_ids())
         late = [wid for wid in self._asked if wid in healthy and wid not in answered]
         self._restart_hung_runners(late)
-        results: list[RolloutResult] = [out for _, out in answers if out is not None]
-        self.delivered = len(answers)
+        results = self._from_known_processes([out for _, out in answers if out is not None])
+        self.delivered = len(answers) - sum(out is not None for _, out in answers) + len(results)
         self.runner_states.update({r.worker_id: r.runner_state for r in results})
         self._log("runners_failed", len(self._asked) - len(answers))
         self._log("runners_timed_out", len(late))
@@ -255,7 +256,31 @@ class RolloutCoordinator:
         self.push_runner_states(self.runners.healthy_worker_ids())
 
     def runners_restarted(self, worker_ids: Iterable[int]) -> None:
-        """Hook for restarted runners (the streaming coordinator forgets their requests in flight)."""
+        """Restored runners answer from a new process from now on (the streaming coordinator also forgets their
+        requests in flight)."""
+        for wid in worker_ids:
+            self._incarnations.pop(wid, None)
+
+    def _from_known_processes(self, results: list[RolloutResult]) -> list[RolloutResult]:
+        """``results`` less those of runners whose process changed since their last answer: Ray restarted it
+        before RLlib noticed the crash, so it sampled with the initial weights from the start of its data. Such a
+        runner is taken out of service and restored (``restore_runners``); its result is dropped."""
+        kept, restarted = [], []
+        for r in results:
+            incarnation = getattr(r, "incarnation", "")  # absent from results saved by older checkpoints
+            seen = self._incarnations.get(r.worker_id)
+            (restarted if seen and incarnation and seen != incarnation else kept).append(r)
+            self._incarnations[r.worker_id] = incarnation
+        if restarted:
+            ids = sorted(r.worker_id for r in restarted)
+            logger.warning(
+                "EnvRunner(s) %s restarted unnoticed: their rollout is dropped and they are restored", ids
+            )
+            for wid in ids:  # private: as in _restart_hung_runners
+                self.runners._worker_manager.set_actor_state(wid, healthy=False)
+            if self.restore_runners is not None:
+                self.restore_runners()
+        return kept
 
     def push_runner_states(self, worker_ids: Iterable[int]) -> None:
         """Put runners at their last known data position and RNG state (those without one are left as they are)."""

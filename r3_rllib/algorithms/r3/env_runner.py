@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Collection
 
@@ -95,6 +96,8 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             ),  # vLLM's max_model_len unless engine_kwargs set it
         )
         self._sample_seed = seed
+        # This process's id: a process Ray restarted before RLlib noticed answers with another (coordinator.py).
+        self.incarnation = uuid.uuid4().hex
         self._last_call_end: float | None = None  # when the last rollout or weight load ended (idle time)
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on
         self.query_id: str | None = None  # the query being graded: a RunnerError names it (runner_faults.py)
@@ -164,6 +167,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             totals=totals,
             # Where this runner stands in its data after these draws: a restarted runner resumes from here.
             runner_state=self.runner_state(),
+            incarnation=self.incarnation,
         )
 
     def _sample_responses(

@@ -58,7 +58,8 @@ class RolloutTimings:
 @dataclass(frozen=True)
 class RolloutResult:
     """One runner's rollout: its groups, the data epoch its env reached, timings, token count, the rollout's
-    statistics as sums (``groups.rollout_totals``) and the runner's state after these draws."""
+    statistics as sums (``groups.rollout_totals``), the runner's state after these draws and the id of the runner
+    process (``incarnation``: it changes when Ray restarts the process)."""
 
     worker_id: int
     groups: tuple[Group, ...]
@@ -67,6 +68,7 @@ class RolloutResult:
     generated_tokens: int
     totals: Mapping[str, float]
     runner_state: RunnerState
+    incarnation: str = ""
     format_version: int = ROLLOUT_RESULT_VERSION
 
 

@@ -178,8 +178,9 @@ class StreamingCoordinator(RolloutCoordinator):
             if number in self._in_flight.get(wid, ()):
                 self._in_flight[wid].remove(number)
             self._issued.pop(number, None)
-            self.queue.append(QueuedRollout(number, result))
-            results.append(result)
+            if self._from_known_processes([result]):
+                self.queue.append(QueuedRollout(number, result))
+                results.append(result)
         # A restarted runner resumes after its last delivered request; the data epoch moves only with training
         # (`_take`), so R^3's start epochs switch on with the first batch of the new epoch, not k requests early.
         self.runner_states.update({r.worker_id: r.runner_state for r in results})
@@ -238,6 +239,8 @@ class StreamingCoordinator(RolloutCoordinator):
 
     def runners_restarted(self, worker_ids: Iterable[int]) -> None:
         """Restarted runners start with nothing in flight (the requests their old process held are gone)."""
+        worker_ids = list(worker_ids)
+        super().runners_restarted(worker_ids)
         for wid in worker_ids:
             lost = self._in_flight.pop(wid, [])
             self._runners_lost += bool(lost)
