@@ -43,8 +43,8 @@ unit_pid=$!
 # after the other, in a fourth process beside the three. A capability this CPU lacks falls back to the best it has
 # (that combination is then skipped as a repeat). Measured here (AMD EPYC with AVX-512, 2 cores, load 2.2-2.8 from
 # other jobs): `-m "numeric and not slow"` (135 tests) took 31 s with 1 thread and 76 s with 2, where OpenMP's idle
-# threads spin; with OMP_WAIT_POLICY=PASSIVE (they sleep) 2 threads took 32 s. So ~5 x 31 s = ~2.6 min for the five
-# combinations, in a process that mostly overlaps the e2e processes (~25 min).
+# threads spin; with OMP_WAIT_POLICY=PASSIVE (they sleep) 2 threads took 32 s. The five combinations took 230 s in
+# all (28-55 s of tests each, plus start-up and collection), in a process that overlaps the e2e ones (~25 min).
 numeric_matrix() {
   local rc=0 cap threads got seen=" "
   native="$(.venv/bin/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())" || true)"
