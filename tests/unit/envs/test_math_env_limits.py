@@ -106,4 +106,6 @@ def test_the_runner_hands_math_envs_the_models_context(tiny_random_model):
     def plain_env(*, seed: int = 0):
         raise AssertionError("not built here")
 
-    assert model_context_config(R3Config().environment(plain_env).training(model_path=tiny_random_model)) == {}
+    assert (
+        model_context_config(R3Config().environment(plain_env).training(model_path=tiny_random_model)) == {}
+    )
