@@ -189,3 +189,22 @@ def test_replay_actor_gone_for_good_training_goes_on_without_it(ray_session, tin
         assert result["learner"]["optimizer_steps"] == 1.0
     finally:
         algo.stop()
+
+
+def test_reflection_prompts_past_the_models_context_are_dropped_and_counted(ray_session, tmp_path):
+    """A model with 64 positions: the arithmetic prompts (~6 tokens + 4 new) fit, the reflection prompts (the query,
+    a past wrong answer and the guidance: over 100 characters of the character tokenizer) do not. They are generated
+    text, so they are dropped and counted (rollout/reflection_dropped_too_long), and the run goes on."""
+    from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+
+    tokenizer = build_tiny_tokenizer()
+    path = save_tiny(build_tiny_model(tokenizer, max_positions=64), tokenizer, tmp_path / "short_context")
+    algo = _replay_config(str(path)).build_algo()
+    try:
+        results = [algo.train() for _ in range(3)]
+    finally:
+        algo.stop()
+    dropped = sum(r["rollout"]["reflection_dropped_too_long"] for r in results)
+    assert dropped > 0
+    assert all(r["r3"]["reflection_prompts"] == 0 for r in results)
+    assert all(r["learner"]["trained_tokens"] > 0 for r in results)

@@ -36,6 +36,7 @@ from r3_rllib.algorithms.r3.runner_env import (
     check_tool_settings_fit_env,
     env_accepts_shard,
     load_policy_tokenizer,
+    model_context,
     runner_env_config,
     runner_seed,
 )
@@ -47,6 +48,7 @@ from r3_rllib.core.reflection import ReflectionSettings, past_score, select_refl
 from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.context import drop_long_prompts
 from r3_rllib.models.hub import policy_path
 from r3_rllib.rollout.multistep import episode_totals, rollout_multistep, supports_episodes
 from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes, tool_use_totals
@@ -70,6 +72,9 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             self.tokenizer,
         )
         self._eval_env: TextEnv | None = None
+        # The bound a generated reflection prompt is held to (it adds a past answer and guidance to a prompt).
+        self._model_context = model_context(self.config)
+        self._reflection_dropped = 0
         # Decided once, here: a multi-step env (episode(query_id)) is rolled out and evaluated as trajectories of
         # step samples (multistep.py), a tool env (tool_episode(query_id)) as multi-turn trajectories of one sample
         # each (tool_use.py), a single-step one as G responses per prompt.
@@ -155,7 +160,10 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
+        self._reflection_dropped = 0
         groups, timings, tokens, totals = self._rollout(num_queries, reflection)
+        if self._reflection_dropped:
+            totals = {**totals, "reflection_dropped_too_long": float(self._reflection_dropped)}
         self._last_call_end = time.perf_counter()
         return RolloutResult(
             worker_id=int(self.worker_index or 0),
@@ -337,6 +345,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             content = settings.prompt(query_texts[qid], sample.response_text)
             obs, _ = self.env.reset(options={"query_id": qid, "user_content": content})
             out.append((qid, content, obs))
+        out, self._reflection_dropped = drop_long_prompts(out, self.tokenizer, **self._model_context)
         return out
 
     # -- weights ------------------------------------------------------------------------------------------------

@@ -413,6 +413,8 @@ def rollout_means(totals: dict[str, float]) -> dict[str, float]:
         "zero_adv_frac_before": ratio("degenerate_groups", "groups"),
         "reflection_prompts": totals.get("reflection_groups", 0.0),
         "reflection_success": ratio("reflection_correct", "reflection_samples"),
+        # Reflection prompts left out because they would not fit the model's context (envs.context).
+        "reflection_dropped_too_long": totals.get("reflection_dropped_too_long", 0.0),
         # Multi-step rollouts (multistep.episode_totals): samples are steps, these are per trajectory.
         **(
             {
