@@ -87,6 +87,15 @@ class R3Settings:
     rollouts take seconds to a few minutes; runs generating thousands of tokens per response on a slow device
     should raise it (the DeepScaleR examples set 3600). None: wait as long as it takes. RLlib's sample_timeout_s
     is not used: its 60 s default is shorter than long generations."""
+    runner_loss: str = setting("reask", choices=("reask", "skip"))
+    """What an iteration does when a runner's process crashes during its rollout (synchronous and overlap loops).
+    'reask': wait for Ray to restart it (at most env_runner_restore_timeout_s), restore its data position and RNG
+    from before the lost rollout, ask it again for the same share with the weights and reflection settings of the
+    lost request, and merge in worker order: the batch is the uninterrupted run's (nothing skipped, nothing trained
+    twice), at the cost of the restart's wait. 'skip': train on the other runners' samples (the lost queries are
+    drawn in a later iteration): no wait, on big clusters where a restart takes minutes. A runner that misses
+    rollout_timeout_s is skipped in both modes. Streaming (max_staleness >= 2) always redraws a crashed runner's
+    lost requests later (each query trained once, in its runner's data order)."""
 
     # --- learner ---------------------------------------------------------------------------------------------
     num_minibatches: int = setting(1, range=">= 1", integer=True)

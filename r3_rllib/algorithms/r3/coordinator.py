@@ -5,9 +5,13 @@
   waits at most ``rollout_timeout_s`` and merges the answers in worker-id order (:func:`rollout_types.merge_results`).
 - **Errors, timeouts and restarts.** A runner whose rollout raised (its env, its sampling settings, a non-finite
   reward) answers with a ``RunnerError``, raised here: the run stops with the cause (runner_faults.py). A runner
-  that crashed is skipped for the iteration (RLlib marks it unhealthy); one that has not answered in time is marked
-  unhealthy and killed, and Ray restarts it. ``R3.restore_env_runners`` brings either back, at the data position of
-  its last delivered rollout (:attr:`runner_states`). When every runner asked was lost, the coordinator waits
+  that crashed (RLlib marks it unhealthy, Ray restarts it) is brought back by ``R3.restore_env_runners`` at the
+  data position and RNG of its last delivered rollout (:attr:`runner_states`). With ``runner_loss: reask`` (the
+  default) the coordinator waits for it (bounded), loads the weights the lost request was made with (overlap: one
+  version back) and asks it again for the same share with the same reflection settings, so the merged batch is the
+  uninterrupted run's; with ``skip`` the iteration trains on the others' samples and the lost queries are drawn in
+  a later iteration. A runner that has not answered within ``rollout_timeout_s`` is skipped in both modes (it is
+  killed and restarted; asking again could hang again). When every runner asked was lost, the coordinator waits
   (bounded) for Ray to restart them, restores them and asks again: an iteration never trains on nothing.
 - **Overlap** (``overlap_generation``): the next rollout is requested before the learner trains on this one; a
   checkpoint drains it (:meth:`drain`) so that its samples, whose queries the runners' data order has already
@@ -29,7 +33,12 @@ import ray
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
 from r3_rllib.algorithms.r3.groups import Group, select_dynamic_groups
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, RunnerState, merge_results
-from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
+from r3_rllib.algorithms.r3.runner_faults import (
+    raise_runner_errors,
+    sample_or_error,
+    wait_for_runner_ids,
+    wait_for_runners,
+)
 from r3_rllib.algorithms.r3.settings import max_staleness_of, overlong_shaping
 from r3_rllib.core.reflection import ReflectionSettings
 
@@ -84,6 +93,13 @@ class RolloutCoordinator:
         self.ready: Rollout | None = None  # gathered ahead of its iteration (drained or restored)
         # Each runner's state after its last rollout that reached the driver (a restarted runner resumes there).
         self.runner_states: dict[int, RunnerState] = {}
+        # What the request in flight asked (runner_loss='reask' asks a crashed runner again for the same): each
+        # runner's share, the reflection settings, and the weights sent last before it (PolicyWeights.sent).
+        self.weights = None  # the algorithm's PolicyWeights, set once it exists
+        self._share: dict[int, int] = {}
+        self._reflection: ReflectionSettings | None = None
+        self._request_weights: tuple | None = None
+        self._failed = self._timed_out = 0  # runners crashed / hung during the request being gathered
 
     # -- one iteration's rollout ------------------------------------------------------------------------------
     def rollout(
@@ -173,40 +189,91 @@ class RolloutCoordinator:
         """Split ``num_queries`` over the healthy runners and ask each for its share, without waiting (with none
         healthy, after waiting for Ray to restart them: runner_faults.wait_for_runners)."""
         ids = wait_for_runners(self.runners, self.restore_runners, self.config)
-        share = query_shares(num_queries, ids)
+        self._share = query_shares(num_queries, ids)
+        self._reflection = reflection
+        self._request_weights = getattr(self.weights, "sent", None)
+        self._asked = list(ids)
+        self._failed = self._timed_out = 0
+        self._send(ids)
 
-        def sample(runner, _share=share, _refl=reflection):
+    def _send(self, ids: list[int]) -> None:
+        """Ask runners ``ids`` for their share of the request (:attr:`_share`, :attr:`_reflection`)."""
+
+        def sample(runner, _share=self._share, _refl=self._reflection):
             n = _share.get(runner.worker_index, 0)
             return sample_or_error(runner, num_queries=n, reflection=_refl) if n > 0 else None
 
-        self._asked = list(ids)
         self.runners.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=ids)
         self.in_flight = True
 
     def gather(self) -> Rollout:
         """Wait for the requested rollout. A runner whose rollout raised stops the run with its RunnerError; one
-        that crashed is skipped for this iteration (RLlib marks it unhealthy), and so is one that has not answered
-        within rollout_timeout_s (it is restarted here)."""
+        that crashed is asked again once restored (``runner_loss: reask``) or skipped for this iteration (``skip``);
+        one that has not answered within rollout_timeout_s is skipped (it is restarted here)."""
+        results, lost = self._collect(self._asked)
+        if self.config.runner_loss == "reask":
+            for _ in range(MAX_LOST_ROLLOUTS):
+                if not lost:
+                    break
+                more, lost = self._reask(lost)
+                results += more
+            if lost:
+                raise RuntimeError(
+                    f"EnvRunner(s) {lost} lost their rollout {MAX_LOST_ROLLOUTS + 1} times in a row"
+                )
         # In runner order, not arrival order: the batch must not depend on which runner finished first.
-        answers = sorted(
-            self.runners.fetch_ready_async_reqs(
-                tags=ROLLOUT_TAG, timeout_seconds=self.config.rollout_timeout_s
-            ),
-            key=lambda answer: answer[0],
-        )
-        self.in_flight = False
-        raise_runner_errors(answers)
-        answered = {wid for wid, _ in answers}
-        healthy = set(self.runners.healthy_worker_ids())
-        late = [wid for wid in self._asked if wid in healthy and wid not in answered]
-        self._restart_hung_runners(late)
-        results = self._from_known_processes([out for _, out in answers if out is not None])
-        self.delivered = len(answers) - sum(out is not None for _, out in answers) + len(results)
-        self.runner_states.update({r.worker_id: r.runner_state for r in results})
-        self._log("runners_failed", len(self._asked) - len(answers))
-        self._log("runners_timed_out", len(late))
+        results.sort(key=lambda r: r.worker_id)
+        self.delivered = len(results) + sum(self._share.get(w, 0) == 0 for w in self._asked)
+        self._log("runners_failed", self._failed)
+        self._log("runners_timed_out", self._timed_out)
         self.epoch.update({r.worker_id: r.env_epoch for r in results})
         return merge_results(results)
+
+    def _collect(self, asked: list[int]) -> tuple[list[RolloutResult], list[int]]:
+        """(the results of runners ``asked`` that answered, the runners whose answer a crash lost). Restarts the
+        runners that missed rollout_timeout_s (neither delivered nor lost: skipped)."""
+        answers = self.runners.fetch_ready_async_reqs(
+            tags=ROLLOUT_TAG, timeout_seconds=self.config.rollout_timeout_s
+        )
+        self.in_flight = False
+        raise_runner_errors(sorted(answers, key=lambda answer: answer[0]))
+        answered = {wid: out for wid, out in answers}
+        healthy = set(self.runners.healthy_worker_ids())
+        late = [wid for wid in asked if wid in healthy and wid not in answered]
+        self._restart_hung_runners(late)
+        results = self._from_known_processes([out for _, out in answers if out is not None])
+        self.runner_states.update({r.worker_id: r.runner_state for r in results})
+        self._failed += len(asked) - len(answers)
+        self._timed_out += len(late)
+        delivered = {r.worker_id for r in results}
+        # Lost: crashed before answering, or answered from a process Ray restarted unnoticed (result dropped).
+        lost = [w for w in asked if w not in late and w not in delivered and answered.get(w, 0) is not None]
+        return results, sorted(lost)
+
+    def _reask(self, lost: list[int]) -> tuple[list[RolloutResult], list[int]]:
+        """Wait for the ``lost`` runners to be restarted and restored (data position and RNG after their last
+        delivered rollout, runner_faults.wait_for_runner_ids), ask them again for the same share with the weights
+        the lost request was made with, and collect: (their results, the runners lost again)."""
+        logger.warning("EnvRunner(s) %s lost their rollout: waiting for them to ask again", lost)
+        wait_for_runner_ids(self.runners, self.restore_runners, self.config, lost)
+        now = getattr(self.weights, "sent", None)
+        back = self._request_weights is not None and now is not None and self._request_weights[1] != now[1]
+        if back:  # overlap: the lost request was generated one version back; the restore loaded the newest
+            self._load_weights(lost, self._request_weights)
+        self._send(lost)
+        results, still_lost = self._collect(lost)
+        if back:  # the runners' next request samples with the newest weights, as the others' does
+            self._load_weights([r.worker_id for r in results], now)
+        return results, still_lost
+
+    def _load_weights(self, ids: list[int], sent: tuple) -> None:
+        """Load ``sent`` (an object ref of the weights, their policy version) on runners ``ids``, waiting."""
+        if ids:
+            self.runners.foreach_env_runner(
+                lambda r, _w=sent[0], _v=sent[1]: r.update_weights(_w, _v),
+                remote_worker_ids=ids,
+                local_env_runner=False,
+            )
 
     def drain(self) -> None:
         """Gather the request in flight into :attr:`ready` (a checkpoint keeps its samples: their queries are

@@ -45,6 +45,7 @@ from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
 from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.rollout_schedule import Stage
+from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
 
 LEARNER_DIR = "learner_dcp"
@@ -87,6 +88,9 @@ class R3(Algorithm):
         # The driver's policy version: the version of the weights the runners were last sent.
         board = WeightBoard.remote() if self.config.partial_rollouts else None
         self.weights = PolicyWeights(self.learner_group, self.env_runner_group, board)
+        self.coordinator.weights = self.weights  # runner_loss='reask' re-sends a lost request's weights
+        # (query id, policy version) of every sample the last iteration trained, in batch order (chaos tests).
+        self.last_trained_stream: list[tuple[str, int]] = []
         if board is not None:
             self.env_runner_group.foreach_env_runner(
                 lambda r, b=board: r.set_weight_board(b), local_env_runner=False
@@ -154,6 +158,11 @@ class R3(Algorithm):
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):
                 batch, r3_metrics = self._build_batch(groups, stage_settings(settings, settings.stage, cfg))
+            # What this iteration trains, as a digest every run logs (equal digests: the same samples were trained).
+            self.last_trained_stream = stream_keys(batch)
+            self.metrics.log_value(
+                ("rollout", "trained_digest"), stream_digest(batch), reduce="mean", window=1
+            )
             # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
             learner_metrics: dict[str, float] = {}
             if batch:

@@ -11,9 +11,11 @@ Two kinds of failure, handled differently:
   exception in the runner's own log, sleeps ``delay_between_env_runner_restarts_s`` (60 s) and exits the process,
   and the driver then sees only a dead actor.
 - **A crash of the process** (killed for memory, ``os._exit``, a node gone): RLlib marks the runner unhealthy and
-  Ray restarts it; the coordinator skips it for the iteration and ``R3.restore_env_runners`` brings it back at its
-  last data position. With no healthy runner left, :func:`wait_for_runners` waits (at most
-  ``env_runner_restore_timeout_s``) for Ray to restart them, restores them and the run goes on.
+  Ray restarts it and ``R3.restore_env_runners`` brings it back at its last data position. With ``runner_loss:
+  reask`` (the default) the coordinator waits for it (:func:`wait_for_runner_ids`, at most
+  ``env_runner_restore_timeout_s``) and asks it again for the same share, so the batch is the one an uninterrupted
+  run trains; with ``skip`` the iteration trains on the others' samples. With no healthy runner left,
+  :func:`wait_for_runners` waits (bounded the same way) for Ray to restart them, restores them and the run goes on.
 """
 
 from __future__ import annotations
@@ -129,5 +131,39 @@ def wait_for_runners(runners: Any, restore: Callable[[], list[int]] | None, conf
             raise RuntimeError(
                 f"no EnvRunner came back within {timeout_s:.0f} s (env_runner_restore_timeout_s) after all of "
                 f"EnvRunner(s) {lost} crashed; the crash's cause is in the Ray worker logs"
+            )
+        time.sleep(RESTORE_POLL_S)
+
+
+def wait_for_runner_ids(
+    runners: Any, restore: Callable[[], list[int]] | None, config: Any, worker_ids: Iterable[int]
+) -> None:
+    """Wait until every runner of ``worker_ids`` is healthy again, calling ``restore`` (``R3.restore_env_runners``:
+    it puts a restarted runner at its last delivered data position with the current weights) meanwhile, for at
+    most :func:`runner_restart_timeout_s`. RuntimeError when one does not come back, or when none can (no restore,
+    restart_failed_env_runners off): the caller needs these runners' answers (``runner_loss: reask``)."""
+    wanted = set(worker_ids)
+    if not wanted:
+        return
+    if restore is None or not config.restart_failed_env_runners:
+        raise RuntimeError(
+            f"EnvRunner(s) {sorted(wanted)} crashed during the rollout and cannot be restarted "
+            f"(restart_failed_env_runners={config.restart_failed_env_runners}); runner_loss='skip' trains on "
+            "the others' samples instead; the crash's cause is in the Ray worker logs"
+        )
+    timeout_s = runner_restart_timeout_s(config)
+    t0 = time.monotonic()
+    while True:
+        restore()
+        missing = wanted - set(runners.healthy_worker_ids())
+        if not missing:
+            logger.warning(
+                "EnvRunner(s) %s restored after %.1f s: asking again", sorted(wanted), time.monotonic() - t0
+            )
+            return
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(
+                f"EnvRunner(s) {sorted(missing)} did not come back within {timeout_s:.0f} s "
+                "(env_runner_restore_timeout_s) after crashing; the crash's cause is in the Ray worker logs"
             )
         time.sleep(RESTORE_POLL_S)

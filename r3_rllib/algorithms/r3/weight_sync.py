@@ -115,6 +115,9 @@ class PolicyWeights:
         self.board = board  # partial rollouts: the WeightBoard runners pull from between decoding steps
         self.version = 0
         self.loads_skipped = 0  # queued weight loads a runner refused (all its slots taken), over the run
+        # (object ref, version) of the weights sent last: a runner whose rollout a crash lost samples it again with
+        # the weights of the lost request (coordinator.py, runner_loss='reask'; overlap: one version back).
+        self.sent: tuple | None = None
 
     def sync(
         self, remote_worker_ids: list[int] | None = None, block: bool = True, queued_loads: int = 1
@@ -134,6 +137,7 @@ class PolicyWeights:
                 refs.append(r.get())
         weights_ref, version = refs[0]
         self.version = version
+        self.sent = (weights_ref, version)
         if self.board is not None:
             self.board.publish.remote(
                 version, [weights_ref]
