@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 from r3_rllib.algorithms.r3.settings import max_staleness_of
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
 from r3_rllib.config.presets import recipe_values
+from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
@@ -59,6 +61,18 @@ class _AlgorithmNameOnly:
 
 
 _AlgorithmNameOnly.__name__ = "R3"
+
+
+@functools.cache
+def _ignored_rllib_defaults() -> dict[str, Any]:
+    """The defaults of the RLlib settings R3 ignores, read from a fresh `R3Config` (once per process)."""
+    return rllib_field_defaults(vars(R3Config()))
+
+
+def rllib_settings_are_used(config: Any) -> str | None:
+    """RLlib settings R3 ignores (config/rllib_fields.py) must keep their defaults: a changed one would be
+    accepted and change nothing (``train_batch_size``, ``gamma``, ...). The message names what to set instead."""
+    return "; ".join(ignored_field_errors(config, _ignored_rllib_defaults())) or None
 
 
 @contextlib.contextmanager
@@ -219,7 +233,11 @@ class R3Config(AlgorithmConfig):
         """Every field against its rule (RLlib's own settings included) and every cross-field rule (one ValueError
         naming all problems), then RLlib's checks: ours first, so a bad value is named by its rule rather than by
         whatever RLlib's code makes of it."""
-        check_config(self, extra_rules=(stage_b_wrapper_is_internal,), field_rules=ALGORITHM_FIELD_RULES)
+        check_config(
+            self,
+            extra_rules=(stage_b_wrapper_is_internal, rllib_settings_are_used),
+            field_rules=ALGORITHM_FIELD_RULES,
+        )
         with _algorithm_named_only(self):
             super().validate()
         # Streaming rollouts keep max_staleness requests on each runner, and a weight load behind each (RLlib
