@@ -2,9 +2,18 @@
 
 The actor is started with ``max_restarts=-1``, so Ray brings a crashed one back, empty. The supervisor notices
 (every actor start has a new incarnation id), refills it with the replay state of the last checkpoint (kept in
-Ray's object store: Tune moves checkpoint folders, so a path would not do), and counts the restart. While the actor
-is down, calls return a caller-given default: an iteration without replay, not a failed run. Samples added between
-the last checkpoint and the crash are lost; the buffer fills again from the next batches.
+Ray's object store: Tune moves checkpoint folders, so a path would not do), then replays its journal into it, and
+counts the restart. While the actor is down, calls return a caller-given default: an iteration without replay, not
+a failed run.
+
+The journal: every call of the driver that changes the buffer since the last checkpoint (:meth:`add` of the fresh
+samples, :meth:`sample_batch` of the replay draws, which advance the buffer's RNG and counters), in order. Replayed
+after the checkpoint's state it gives the buffer that crashed, so a run whose replay actor crashed between two
+iterations trains what the uninterrupted run trains (tests/e2e/test_chaos.py). It holds the samples added since
+the last checkpoint (checkpoint_frequency bounds it; a run without checkpoints keeps them all since its start, a
+copy of every fresh sample in the driver's memory: checkpoint to bound it). Not journaled, so not exact: the
+reflection reads the runners make themselves (reflection on), and a crash in the middle of an iteration (the calls
+of that iteration are then lost or answered by the default).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ class ReplaySupervisor:
         self._ok = True
         self._incarnation: str | None = None
         self._snapshot: ray.ObjectRef | None = None
+        self._journal: list[tuple[str, Any]] = []  # (method, argument) since the snapshot, in call order
 
     @property
     def available(self) -> bool:
@@ -53,6 +63,17 @@ class ReplaySupervisor:
                 return self._lost(err, default)
         except ray.exceptions.RayActorError as err:
             return self._lost(err, default)
+
+    def add(self, samples: list) -> None:
+        """Add fresh samples without waiting, journaled (see the module docstring)."""
+        self._journal.append(("add", samples))
+        self.call(lambda replay: replay.add(samples, block=False), None)
+
+    def sample_batch(self, requests: list[tuple], default: list) -> list:
+        """The buffer's ``sample_batch(requests)`` (``default`` while it is down), journaled: the draw advances the
+        buffer's RNG, which a refill must advance the same way."""
+        self._journal.append(("sample_batch", requests))
+        return self.call(lambda replay: replay.sample_batch(requests), default)
 
     def _lost(self, err: Exception, default: T) -> T:
         logger.warning("replay actor unavailable, this iteration goes on without it: %s", err)
@@ -82,18 +103,23 @@ class ReplaySupervisor:
             restored = 0
             if self._snapshot is not None:
                 self.client.set_state(ray.get(self._snapshot))
-                restored = int(self.client.metrics().get("size", 0))
+            for method, arg in self._journal:  # in order, waiting: the buffer as it was before the crash
+                getattr(self.client, method)(arg)
+            restored = int(self.client.metrics().get("size", 0))
             logger.warning(
-                "replay actor restarted (restart %d): refilled with %d samples from the last checkpoint%s",
+                "replay actor restarted (restart %d): refilled with %d samples from the last checkpoint%s and "
+                "%d journaled calls since",
                 self.restarts,
                 restored,
-                "" if self._snapshot is not None else " (none yet: it starts empty)",
+                "" if self._snapshot is not None else " (none yet)",
+                len(self._journal),
             )
         self._incarnation = incarnation
 
     def remember(self, state: dict[str, Any]) -> None:
         """Keep ``state`` (the replay state just saved in, or loaded from, a checkpoint) for a refill."""
         self._snapshot = ray.put(state)
+        self._journal = []  # what it held is in the state
 
     def health_metrics(self) -> dict[str, float]:
         return {"actor_restarts": float(self.restarts), "available": float(self._ok)}

@@ -1,4 +1,5 @@
-"""A crashed EnvRunner: the iteration goes on with the others, RLlib restarts it, and it gets the current weights."""
+"""A crashed EnvRunner (runner_loss='skip'): the iteration goes on with the others, RLlib restarts it, and it gets the
+current weights. A hung one is skipped the same way after rollout_timeout_s."""
 
 from __future__ import annotations
 
@@ -79,11 +80,13 @@ def _assert_runner_2_comes_back(algo, position: dict, sampled_before: float) -> 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
-    """Runner 2's process exits in the middle of generating (as on an out-of-memory kill): its rollout request is
-    lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets the learner's
-    weights and resumes its data where its last delivered rollout left it (so the lost queries are drawn again).
-    With overlap_generation the crash hits the request made one iteration ahead, so it shows one iteration later."""
-    algo = _two_runner_config(tiny_random_model, overlap_generation=overlap).build_algo()
+    """runner_loss='skip': runner 2's process exits in the middle of generating (as on an out-of-memory kill): its
+    rollout request is lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets
+    the learner's weights and resumes its data where its last delivered rollout left it (so the lost queries are
+    drawn again). With overlap_generation the crash hits the request made one iteration ahead, so it shows one
+    iteration later. (The default, 'reask', asks the restored runner again in the same iteration:
+    tests/e2e/test_chaos.py.)"""
+    algo = _two_runner_config(tiny_random_model, overlap_generation=overlap, runner_loss="skip").build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
         position = _break_runner_2(algo, lambda *args, **kwargs: os._exit(1))
@@ -146,7 +149,12 @@ def _wait_for_new_incarnation(handle, before: str, timeout_s: float = 60.0) -> N
     raise AssertionError("the replay actor was not restarted")
 
 
-def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint(ray_session, tiny_random_model, tmp_path):
+def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint_and_the_journal(
+    ray_session, tiny_random_model, tmp_path
+):
+    """The replay actor is killed after the iteration that followed a checkpoint: the restarted actor gets the
+    checkpoint's state and the journal of the driver's calls since (that iteration's samples), so it holds what it
+    held before the crash."""
     algo = _replay_config(tiny_random_model).build_algo()
     try:
         for _ in range(2):
@@ -154,15 +162,18 @@ def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint(ray_session, 
         algo.save(str(tmp_path / "ckpt"))
         at_checkpoint = algo.replay_metrics()["size"]
         assert at_checkpoint == 2 * 8 * 4
-        algo.train()  # these 32 samples are not in any checkpoint
+        algo.train()  # these 32 samples are in no checkpoint: the driver's journal holds them
+        before_crash = algo.replay_metrics()
+        assert before_crash["size"] > at_checkpoint
         handle = algo._replay.client.handle
         before = ray.get(handle.incarnation.remote())
         ray.kill(handle, no_restart=False)  # Ray restarts the actor, empty
         _wait_for_new_incarnation(handle, before)  # kill is asynchronous: crash between two iterations
+        algo._replay.check()  # what the next iteration does first: refill
+        after = algo.replay_metrics()
+        assert (after["size"], after["num_queries"]) == (before_crash["size"], before_crash["num_queries"])
         result = algo.train()
         assert result["replay"]["actor_restarts"] == 1 and result["replay"]["available"] == 1.0
-        # The checkpoint's samples are back, plus this iteration's; the iteration after the checkpoint is lost.
-        assert algo.replay_metrics()["size"] == at_checkpoint + 8 * 4
         # The runner may have asked for reflection material while the actor was down (then it skipped
         # reflection for that rollout); the next rollout reads the refilled buffer.
         assert algo.train()["r3"]["reflection_prompts"] > 0

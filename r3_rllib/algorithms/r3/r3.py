@@ -6,7 +6,8 @@
 
 The coordinator schedules the rollouts (overlap, dynamic sampling, timeouts, restarts) and owns the data epoch;
 `PolicyWeights` owns the driver's policy version. The replay buffer is a Ray actor of its own: runner or learner
-restarts lose nothing, and its state is part of the algorithm's checkpoint (checkpoint.py: a versioned state file).
+restarts lose nothing, and its state is part of the algorithm's checkpoint (checkpoint.py: a versioned state file);
+a restarted replay actor is refilled from the last checkpoint and the journal since (replay/supervisor.py).
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class R3(Algorithm):
         # prompt is not the query's (see groups.py).
         if self._replay_available:
             fresh_samples = [s.to_replay() for g in groups if not g.is_reflection for s in g.samples]
-            self._replay.call(lambda replay: replay.add(fresh_samples, block=False), None)
+            self._replay.add(fresh_samples)  # journaled: a restarted replay actor is refilled exactly
         return batch, r3_metrics
 
     def _learner_entropies(self, samples: list[Sample]) -> list[np.ndarray]:
@@ -271,7 +272,7 @@ class R3(Algorithm):
 
     def _fetch_replay(self, requests: list[tuple[str, bool, int]]) -> list[list[Sample]]:
         full = [(qid, want, k, self.weights.version) for qid, want, k in requests]
-        got = self._replay.call(lambda replay: replay.sample_batch(full), [[] for _ in full])
+        got = self._replay.sample_batch(full, [[] for _ in full])
         return [[Sample.from_replay(s) for s in samples] for samples in got]
 
     @property
