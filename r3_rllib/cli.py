@@ -77,6 +77,8 @@ def _train(args) -> int:
             num_to_keep=run.get("keep_checkpoints_num"),
         ),
         progress_reporter=reporter,
+        # A trial that failed (a learner died) restarts from its newest complete checkpoint (R3.restore).
+        failure_config=tune.FailureConfig(max_failures=int(run.get("max_failures", 0))),
         verbose=int(run.get("verbose", 1)),
     )
     if args.resume:

@@ -9,7 +9,7 @@ A run file has one section per builder method of `R3Config` plus `preset`, `stop
     training: {group_size: 8, lr: 1.0e-4}
     r3: {replay: true}
     stop: {training_iteration: 20}
-    run: {name: tiny, storage_path: runs, checkpoint_frequency: 5}
+    run: {name: tiny, storage_path: runs, checkpoint_frequency: 5, max_failures: 0}
 
 Paths written as relative paths (``./...``, ``../...``) in `training.model_path`, `training.tokenizer_path`,
 `environment.env_config.data` and `environment.env_config.tokenizer` are resolved against the run file's folder;

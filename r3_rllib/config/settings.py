@@ -454,6 +454,12 @@ class RunSettings:
     """Tune's console verbosity."""
     keep_checkpoints_num: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
     """Checkpoints kept (the newest); None: all."""
+    max_failures: int = setting(0, range=">= 0", integer=True, also=(-1,), note="-1: without limit")
+    """Times Tune restarts a trial that failed (a learner process died: LearnerDiedError, a node lost), each time
+    from the trial's newest complete checkpoint (Tune's FailureConfig.max_failures). The iterations after that
+    checkpoint run again and train what they trained the first time (rollout/trained_digest shows it): set
+    checkpoint_frequency so that little is redone. 0 (default): a failed trial stays failed (`r3 train --resume`
+    continues it); -1: no limit."""
 
 
 @dataclasses.dataclass

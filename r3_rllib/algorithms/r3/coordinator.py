@@ -100,6 +100,9 @@ class RolloutCoordinator:
         self._reflection: ReflectionSettings | None = None
         self._request_weights: tuple | None = None
         self._failed = self._timed_out = 0  # runners crashed / hung during the request being gathered
+        # Runners restored since the last request was sent: RLlib dropped that request with their old process, so
+        # their missing answer is a loss, not a hang (RLlib may restore them between the request and the gather).
+        self._restarted: set[int] = set()
 
     # -- one iteration's rollout ------------------------------------------------------------------------------
     def rollout(
@@ -203,6 +206,7 @@ class RolloutCoordinator:
             n = _share.get(runner.worker_index, 0)
             return sample_or_error(runner, num_queries=n, reflection=_refl) if n > 0 else None
 
+        self._restarted.clear()
         self.runners.foreach_env_runner_async(sample, tag=ROLLOUT_TAG, remote_worker_ids=ids)
         self.in_flight = True
 
@@ -239,7 +243,7 @@ class RolloutCoordinator:
         raise_runner_errors(sorted(answers, key=lambda answer: answer[0]))
         answered = {wid: out for wid, out in answers}
         healthy = set(self.runners.healthy_worker_ids())
-        late = [wid for wid in asked if wid in healthy and wid not in answered]
+        late = [w for w in asked if w in healthy and w not in answered and w not in self._restarted]
         self._restart_hung_runners(late)
         results = self._from_known_processes([out for _, out in answers if out is not None])
         self.runner_states.update({r.worker_id: r.runner_state for r in results})
@@ -327,6 +331,7 @@ class RolloutCoordinator:
         requests in flight)."""
         for wid in worker_ids:
             self._incarnations.pop(wid, None)
+            self._restarted.add(wid)
 
     def _from_known_processes(self, results: list[RolloutResult]) -> list[RolloutResult]:
         """``results`` less those of runners whose process changed since their last answer: Ray restarted it
