@@ -14,6 +14,7 @@ Two ``reset`` options let a rollout worker build groups and reflection prompts w
 
 from __future__ import annotations
 
+import functools
 import string
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,14 @@ class TextEnv(gym.Env):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each ``reset`` a subclass defines counts the fresh queries it serves (a reset without a ``query_id``
+        option), for the default :attr:`epoch`; a reset another counted one calls (``super().reset``) is not
+        counted twice."""
+        super().__init_subclass__(**kwargs)
+        if "reset" in cls.__dict__:
+            cls.reset = _counting_reset(cls.__dict__["reset"])
 
     def __init__(self) -> None:
         # gymnasium's Text space needs a character set; it only matters for space.sample()/contains(), which the
@@ -64,6 +73,39 @@ class TextEnv(gym.Env):
 
     def __len__(self) -> int:  # number of distinct queries, when finite
         raise TypeError(f"{type(self).__name__} has no finite length")
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the data: what the runner reports as ``rollout/dataset_epoch``, which switches
+        R^3's parts on (``replay_start_epoch`` etc.). Default: fresh queries served (resets without a ``query_id``
+        option) over ``len(self)``; 0 for an env without a finite length. An env with its own data order
+        (:class:`PooledTextEnv`) overrides it. The default count starts at 0 again when a run resumes from a
+        checkpoint (it is not part of :meth:`state`)."""
+        try:
+            size = len(self)
+        except TypeError:
+            return 0
+        return self.__dict__.get("_fresh_queries", 0) // size if size > 0 else 0
+
+
+def _counting_reset(reset: Any) -> Any:
+    """``reset`` wrapped to count fresh queries on the instance (see :meth:`TextEnv.__init_subclass__`)."""
+
+    @functools.wraps(reset)
+    def counted(self: TextEnv, *args: Any, **kwargs: Any) -> Any:
+        outer = not self.__dict__.get("_in_reset", False)
+        if outer:
+            options = kwargs.get("options") or {}
+            if "query_id" not in options:
+                self.__dict__["_fresh_queries"] = self.__dict__.get("_fresh_queries", 0) + 1
+            self.__dict__["_in_reset"] = True
+        try:
+            return reset(self, *args, **kwargs)
+        finally:
+            if outer:
+                self.__dict__["_in_reset"] = False
+
+    return counted
 
 
 class PooledTextEnv(TextEnv):

@@ -40,7 +40,7 @@ from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
 from r3_rllib.algorithms.r3.rollout_types import Rollout
-from r3_rllib.algorithms.r3.schedule import Schedule, schedule_for_config
+from r3_rllib.algorithms.r3.schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
 from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
@@ -75,6 +75,7 @@ class R3(Algorithm):
             raise
         self._raise_runner_startup_error()  # some runners failed: a short-handed run would hide it
         self.schedule = self._check_schedule()
+        log_late_starts(self.schedule)  # no stop is known here: say when a part switches on (schedule.py)
         self._rng = np.random.default_rng(self.config.seed)
         # Requests, gathers and merges rollouts (overlap, dynamic sampling, timeouts, restarts); owns the data epoch.
         # With max_staleness >= 2 the rollouts stream (streaming.py).

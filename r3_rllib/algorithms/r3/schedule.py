@@ -26,10 +26,13 @@ here: the iterations are then upper bounds (and replay is rejected with dynamic 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from r3_rllib.algorithms.r3.settings import max_staleness_of
+
+logger = logging.getLogger(__name__)
 
 PARTS = ("replay", "reflection", "ranking")
 
@@ -135,10 +138,10 @@ def _part_schedules(
             raise ValueError(f"{name}_start_epoch must be >= 0, got {start}")
         first = start * t + 1 if enabled else None
         parts[name] = PartSchedule(name, bool(enabled), int(start), first)
+        sizes = f"({dataset_size} queries / {queries_per_iteration} per iteration = {t} iterations per epoch)"
         if enabled and stop_iteration is not None and first > stop_iteration:
             warnings.append(
-                f"{name} never switches on: {name}_start_epoch={start} begins at iteration {first} "
-                f"({dataset_size} queries / {queries_per_iteration} per iteration = {t} iterations per epoch), "
+                f"{name} never switches on: {name}_start_epoch={start} begins at iteration {first} {sizes}, "
                 f"after the stop at iteration {stop_iteration}"
             )
     return parts, warnings
@@ -263,6 +266,30 @@ def schedule_for_config(config: Any, dataset_size: int, stop_iteration: int | No
         generation_lag=max_staleness_of(config),
         stop_iteration=stop_iteration,
     )
+
+
+def late_start_warnings(schedule: Schedule | None) -> list[str]:
+    """With no stop known (the Python API: ``build_algo()``, then ``train()`` in a loop), one warning per enabled
+    part that switches on only after iteration 1, naming that iteration: a shorter loop is silently plain GRPO.
+    Empty for a schedule with a stop (its own warnings cover that) or without a finite data size (None)."""
+    if schedule is None or schedule.stop_iteration is not None:
+        return []
+    sizes = (
+        f"{schedule.dataset_size} queries / {schedule.queries_per_iteration} per iteration = "
+        f"{schedule.iterations_per_epoch} iterations per epoch"
+    )
+    return [
+        f"{p.name} switches on only at iteration {p.first_iteration} ({p.name}_start_epoch={p.start_epoch}; {sizes}): "
+        f"a run of fewer iterations trains without it; set {p.name}_start_epoch=0 or use fewer queries"
+        for p in schedule.parts.values()
+        if p.enabled and p.first_iteration is not None and p.first_iteration > 1
+    ]
+
+
+def log_late_starts(schedule: Schedule | None) -> None:
+    """Log :func:`late_start_warnings` (called once at the algorithm's setup)."""
+    for warning in late_start_warnings(schedule):
+        logger.warning("R^3 schedule: %s", warning)
 
 
 def _check_sizes(dataset_size: int, queries_per_iteration: int) -> None:

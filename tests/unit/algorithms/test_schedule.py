@@ -112,3 +112,28 @@ def test_validate_rejects_replay_with_dynamic_sampling_and_bad_staleness():
         R3Config.r3_preset().r3(replay_max_staleness=0).validate()
     with pytest.raises(ValueError, match="reflection_start_epoch must be >= 0"):
         R3Config.r3_preset().r3(reflection_start_epoch=-1).validate()
+
+
+def test_late_start_warnings_name_the_iteration_when_no_stop_is_known():
+    """The README's Python quickstart (no stop): 1,000 queries / 32 per iteration puts replay at iteration 32."""
+    from r3_rllib.algorithms.r3.schedule import late_start_warnings
+
+    def schedule(stop, start=1):
+        return compute_schedule(
+            dataset_size=1000,
+            queries_per_iteration=32,
+            replay=True,
+            replay_start_epoch=start,
+            reflection=False,
+            reflection_start_epoch=0,
+            ranking=True,
+            ranking_start_epoch=0,
+            replay_max_staleness=None,
+            stop_iteration=stop,
+        )
+
+    (warning,) = late_start_warnings(schedule(None))
+    assert warning.startswith("replay switches on only at iteration 32 (replay_start_epoch=1;")
+    assert late_start_warnings(schedule(None, start=0)) == []
+    assert late_start_warnings(schedule(20)) == []  # a known stop: compute_schedule's own warning says it
+    assert late_start_warnings(None) == []

@@ -450,3 +450,52 @@ def test_math_tokenizer_folder_uses_the_character_loader(tiny_random_model, tmp_
     prompt, _ = env.reset()
     assert prompt == "a b" + SUFFIX  # the character tokenizer has no chat template
     assert env.count_tokens(prompt) == len(prompt)
+
+
+class _PlainEnv(TextEnv):
+    """A TextEnv with no data order of its own (like examples/custom_text_env.py): the default epoch applies."""
+
+    queries = ("a", "b", "c")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next = 0
+
+    def reset(self, *, seed=None, options=None):
+        qid = (options or {}).get("query_id") or self.queries[self._next % len(self.queries)]
+        if not (options or {}).get("query_id"):
+            self._next += 1
+        return qid, {"query_id": qid, "query_text": qid}
+
+    def step(self, action):
+        return "", 0.0, True, False, {"correct": False, "reward_components": {}}
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+
+class _PlainEnvChild(_PlainEnv):
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("cls", [_PlainEnv, _PlainEnvChild])
+def test_default_epoch_counts_passes_over_the_queries(cls):
+    """An env without an epoch of its own still reports completed passes (fresh resets / len), so R^3's
+    start epochs switch on; group resets (query_id) and a subclass's super().reset() are not counted."""
+    env = cls()
+    assert env.epoch == 0
+    for i in range(7):
+        env.reset()
+        env.reset(options={"query_id": "a"})  # a group's other samples
+        assert env.epoch == (i + 1) // 3
+
+
+def test_default_epoch_is_zero_without_a_length():
+    class Endless(_PlainEnv):
+        def __len__(self) -> int:
+            raise TypeError("no finite length")
+
+    env = Endless()
+    env.reset()
+    assert env.epoch == 0
