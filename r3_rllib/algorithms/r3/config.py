@@ -71,7 +71,11 @@ def _ignored_rllib_defaults() -> dict[str, Any]:
 
 def rllib_settings_are_used(config: Any) -> str | None:
     """RLlib settings R3 ignores (config/rllib_fields.py) must keep their defaults: a changed one would be
-    accepted and change nothing (``train_batch_size``, ``gamma``, ...). The message names what to set instead."""
+    accepted and change nothing (``train_batch_size``, ``gamma``, ...). The message names what to set instead.
+    RLlib's own evaluation copy (``in_evaluation``: Algorithm.setup derives and validates it, setting batch_mode,
+    rollout_fragment_length, ...) is not checked: it is RLlib's, and R3 never samples with it."""
+    if getattr(config, "in_evaluation", False):
+        return None
     return "; ".join(ignored_field_errors(config, _ignored_rllib_defaults())) or None
 
 

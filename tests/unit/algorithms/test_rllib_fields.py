@@ -95,3 +95,8 @@ def test_a_default_config_and_its_copies_validate():
     config.validate()
     R3Config.from_state(config.get_state()).validate()
     R3Config.from_dict(config.to_dict()).validate()
+
+
+def test_rllibs_evaluation_copy_validates():
+    """Algorithm.setup validates RLlib's evaluation copy (batch_mode, rollout_fragment_length set by RLlib)."""
+    R3Config.grpo_preset().get_evaluation_config_object().validate()
