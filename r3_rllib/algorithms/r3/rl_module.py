@@ -7,26 +7,22 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+from ray.util import log_once
 
 from r3_rllib.models.hub import policy_path
 from r3_rllib.types import TrainableSample, TrainingBatch
 
-# RLlib's own RLModule.__init__ (ray 2.60) builds the deprecated RLModuleConfig for old custom modules even when the
-# module is constructed the current way (keywords, as RLModuleSpec.build does), and that class warns once per
-# process under this log_once key: "`RLModule(config=[RLModuleConfig object])` has been deprecated".
+# RLlib's own RLModule.__init__ (ray 2.60) builds the deprecated RLModuleConfig for old custom modules even when a
+# module is constructed the current way (keywords, as RLModuleSpec.build does for this one and for the MultiRLModule
+# around it), and that class warns once per process under this log_once key. The notice is about RLlib's internal
+# back-compat object, so it is consumed when this module is imported (before any RLModule of the run is built: the
+# spec names CausalLMModule, so unpickling it imports this module first).
 _RLMODULE_CONFIG_NOTICE = "RLModule(config=[RLModuleConfig object])"
+log_once(_RLMODULE_CONFIG_NOTICE)
 
 
 class CausalLMModule(TorchRLModule):
     """RLModule holding the policy: a transformers causal LM loaded from `model_config["model_path"]`."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        from ray.util import log_once
-
-        # Built with the current keyword constructor (RLModuleSpec.build); the notice is about RLlib's internal
-        # back-compat object, not this module, so it is consumed before RLlib would print it.
-        log_once(_RLMODULE_CONFIG_NOTICE)
-        super().__init__(*args, **kwargs)
 
     def setup(self):
         from transformers import AutoModelForCausalLM
