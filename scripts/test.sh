@@ -31,11 +31,21 @@ e2e_long=(
 #   PYTHONPYCACHEPREFIX=$(mktemp -d) .venv/bin/python -c "import ray.rllib, ray.tune, peft, ..."   # run it twice
 .venv/bin/python -c "import ray.rllib, ray.tune, peft, r3_rllib.algorithms.r3, r3_rllib.engines.hf_engine, \
 r3_rllib.engines.vllm_engine, r3_rllib.replay.actor; from vllm import LLM, SamplingParams" > /dev/null 2>&1 || true
+# The fault-handling e2e files (chaos, runner/learner faults, checkpoint integrity, Ray's token check, distributed
+# checkpoints): a third e2e process that starts when the unit tier ends (~3 min), in the unit tier's slot.
+e2e_faults=(
+  tests/e2e/test_chaos.py tests/e2e/test_faults.py tests/e2e/test_checkpoint_integrity.py
+  tests/e2e/test_ray_security.py tests/e2e/test_distributed_and_checkpoint.py
+)
 unit_log="$(mktemp)"
 long_log="$(mktemp)"
 matrix_log="$(mktemp)"
+faults_log="$(mktemp)"
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/unit > "$unit_log" 2>&1 &
 unit_pid=$!
+( while kill -0 "$unit_pid" 2>/dev/null; do sleep 2; done
+  .venv/bin/python -m pytest -q -rs -p no:cacheprovider "${e2e_faults[@]}" > "$faults_log" 2>&1 ) &
+faults_pid=$!
 # The `numeric` unit tests (tests/conftest.py NUMERIC: torch float comparisons, tolerances from tests/numeric.py)
 # again under every CPU kernel set x torch threads other than the unit tier's own (this CPU's best capability, 1
 # thread): a tolerance fitted to one CPU's rounding fails here, not on the next machine (issue 36: AVX-512 kernels
@@ -67,19 +77,23 @@ matrix_pid=$!
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider "${e2e_long[@]}" > "$long_log" 2>&1 &
 long_pid=$!
 e2e_rc=0
-.venv/bin/python -m pytest -q -rs tests/e2e "${e2e_long[@]/#/--ignore=}" || e2e_rc=$?
+.venv/bin/python -m pytest -q -rs tests/e2e "${e2e_long[@]/#/--ignore=}" "${e2e_faults[@]/#/--ignore=}" || e2e_rc=$?
 long_rc=0
 wait "$long_pid" || long_rc=$?
 unit_rc=0
 wait "$unit_pid" || unit_rc=$?
 matrix_rc=0
 wait "$matrix_pid" || matrix_rc=$?
+faults_rc=0
+wait "$faults_pid" || faults_rc=$?
 echo "== e2e, the longest files (${e2e_long[*]}) =="
 cat "$long_log"
+echo "== e2e, fault handling (${e2e_faults[*]}) =="
+cat "$faults_log"
 echo "== unit tier (tests/unit) =="
 cat "$unit_log"
 echo "== numeric unit tests under the other CPU capabilities and thread counts =="
 cat "$matrix_log"
-rm -f "$unit_log" "$long_log" "$matrix_log"
-echo "== exit codes: e2e $e2e_rc, e2e (longest files) $long_rc, unit $unit_rc, numeric matrix $matrix_rc =="
-[ "$e2e_rc" -eq 0 ] && [ "$long_rc" -eq 0 ] && [ "$unit_rc" -eq 0 ] && [ "$matrix_rc" -eq 0 ]
+rm -f "$unit_log" "$long_log" "$matrix_log" "$faults_log"
+echo "== exit codes: e2e $e2e_rc, e2e (longest files) $long_rc, e2e (faults) $faults_rc, unit $unit_rc, numeric matrix $matrix_rc =="
+[ "$e2e_rc" -eq 0 ] && [ "$long_rc" -eq 0 ] && [ "$faults_rc" -eq 0 ] && [ "$unit_rc" -eq 0 ] && [ "$matrix_rc" -eq 0 ]
