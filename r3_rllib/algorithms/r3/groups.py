@@ -284,7 +284,9 @@ def build_training_batch(
             replace(s, reward=float(r), advantage=float(a))
             for s, r, a in zip(members, rewards, advantages, strict=True)
         )
-    metrics["zero_adv_frac"] = _frac(zero_after)
+    # No fresh group scored (DAPO filtered them all): the fraction is undefined, not 0 (which reads as "all useful").
+    metrics["zero_adv_frac"] = _frac(zero_after) if zero_after else float("nan")
+    metrics["trained_groups"] = float(len(zero_after) - sum(zero_after))
     if settings.overlong is not None:
         penalties = settings.overlong.penalties([len(s.response_ids) for g in fresh for s in g.samples])
         metrics["overlong_penalty_mean"] = float(penalties.mean()) if penalties.size else 0.0

@@ -174,6 +174,12 @@ class R3(Algorithm):
                     staleness = max_staleness_of(cfg)
                     self.weights.sync(block=staleness == 0, queued_loads=max(staleness, 1))
             else:
+                if cfg.dynamic_sampling:
+                    logger.warning(
+                        "DAPO: every group was filtered after dynamic_sampling_max_rounds=%d refill rounds: "
+                        "nothing trained this iteration (raise dynamic_sampling_max_rounds or check the rewards)",
+                        cfg.dynamic_sampling_max_rounds,
+                    )
                 for phase in ("learner_update_s", "weight_sync_s"):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
             # 5. Metrics and held-out evaluation.
@@ -288,7 +294,10 @@ class R3(Algorithm):
         reflection = {k: means.pop(k) for k in ("reflection_prompts", "reflection_success")}
         rollout_metrics = {
             **means,
-            "zero_adv_frac": r3_metrics["zero_adv_frac"],  # after replay and ranking (groups.py)
+            "zero_adv_frac": r3_metrics[
+                "zero_adv_frac"
+            ],  # after replay and ranking (groups.py); nan: no group
+            "trained_groups": r3_metrics.get("trained_groups", 0.0),  # fresh groups with a nonzero advantage
             "gen_tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
             "grade_s": rollout.grade_s,
             "runner_idle_s": rollout.runner_idle_s,

@@ -50,6 +50,7 @@ def test_plain_grpo_drops_collapsed_groups_and_normalises():
         groups, IterationSettings(advantage_estimator="grpo", advantage_params={"eps": 0.0})
     )
     assert m["zero_adv_frac_before"] == 0.5 and m["zero_adv_frac"] == 0.5
+    assert m["trained_groups"] == 1.0  # b; a collapsed
     assert len(batch) == 4 and all(s.query_id == "b" for s in batch)
     # rewards [1,0,0,0]: mean 0.25, population std sqrt(3)/4 -> advantages sqrt(3) and -1/sqrt(3)
     np.testing.assert_allclose(
@@ -351,3 +352,12 @@ def test_reinforce_plus_plus_baseline_whitens_over_every_member_token_replayed_a
     # Without the batch step the same estimator is a plain group-mean baseline (c left out: no gradient).
     plain, _ = build_training_batch(groups, replace(settings, batch_step=None), fetch)
     np.testing.assert_allclose([s.advantage for s in plain], centred[:8])
+
+
+def test_no_group_left_to_train_reports_no_fraction_rather_than_zero():
+    """DAPO with every group filtered hands the batch builder nothing: "0 % zero-advantage groups" would read as
+    "every group useful"; the fraction is undefined (nan) and trained_groups says what happened (0)."""
+    batch, m = build_training_batch(
+        [], IterationSettings(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+    )
+    assert batch == [] and m["trained_groups"] == 0.0 and np.isnan(m["zero_adv_frac"])
