@@ -218,11 +218,24 @@ def read_manifest(directory: str) -> Manifest | None:
     return Manifest(files, meta)
 
 
+#: Files of a checkpoint directory that Tune's ``Trainable.restore`` reads with (cloud)pickle before our
+#: ``load_checkpoint`` runs (``ray/tune/trainable/trainable.py``: a class trainable's dict checkpoint). R3 saves to
+#: a directory and never writes them, so one found there was put there by someone else.
+TUNE_PICKLED_FILES = ("_dict_checkpoint.pkl",)
+
+
 def verify_checkpoint(directory: str, *, hashes: bool = True) -> Manifest | None:
     """Check the checkpoint in ``directory`` against its manifest: every listed file present with its size and
     (``hashes``) its sha256. Return the manifest, or None for a directory without one (the caller decides: a
     checkpoint written before manifests existed, or an interrupted save). CorruptCheckpointError naming the file and what differs otherwise.
-    Sizes are checked for all files before any is hashed, so a truncated checkpoint is refused without reading it."""
+    Sizes are checked for all files before any is hashed, so a truncated checkpoint is refused without reading it.
+    A file Tune would unpickle on restore (:data:`TUNE_PICKLED_FILES`) is refused whatever the manifest says."""
+    for name in TUNE_PICKLED_FILES:
+        if os.path.exists(os.path.join(directory, name)):
+            raise CorruptCheckpointError(
+                f"{os.path.join(directory, name)}: R3 never writes this file, and Tune's restore would unpickle it "
+                "(running any code it names): refused"
+            )
     manifest = read_manifest(directory)
     if manifest is None:
         return None

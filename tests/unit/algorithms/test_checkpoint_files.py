@@ -292,3 +292,16 @@ def test_checkpoint_of_a_newer_format_stops_the_search(tmp_path):
     with pytest.raises(CheckpointFormatError, match="version 99 is not supported"):
         newest_complete_checkpoint(str(trial))
     assert (trial / "checkpoint_000001").is_dir()
+
+
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["manifest", "legacy"])
+def test_a_pickle_tune_would_load_before_us_is_refused(tmp_path, with_manifest):
+    """Tune's Trainable.restore unpickles `_dict_checkpoint.pkl` from a checkpoint before load_checkpoint runs: a
+    hostile one would run code even though every file the manifest lists is intact."""
+    ckpt = _checkpoint(tmp_path / "c")
+    if not with_manifest:
+        os.remove(os.path.join(ckpt, "manifest.json"))
+    with open(os.path.join(ckpt, "_dict_checkpoint.pkl"), "wb") as f:
+        pickle.dump({"iteration": 1}, f)
+    with pytest.raises(CorruptCheckpointError, match="Tune's restore would unpickle it"):
+        checkpoint_files.verify_checkpoint(ckpt)
