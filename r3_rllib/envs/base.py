@@ -81,11 +81,18 @@ class TextEnv(gym.Env):
         option) over ``len(self)``; 0 for an env without a finite length. An env with its own data order
         (:class:`PooledTextEnv`) overrides it. The default count starts at 0 again when a run resumes from a
         checkpoint (it is not part of :meth:`state`)."""
+        if "_epoch" in self.__dict__:  # an env that keeps its own count (self.epoch = ...)
+            return self.__dict__["_epoch"]
         try:
             size = len(self)
         except TypeError:
             return 0
         return self.__dict__.get("_fresh_queries", 0) // size if size > 0 else 0
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        # Envs written before `epoch` was a property assign their own count; that count wins over the default.
+        self.__dict__["_epoch"] = value
 
 
 def _counting_reset(reset: Any) -> Any:

@@ -199,7 +199,9 @@ def test_four_runners_switch_r3_on_at_the_computed_iteration_and_resume_exactly(
     reference = _reference_orders(config)
     share = QUERIES_PER_ITERATION // RUNNERS
 
-    algo = config.build_algo()
+    # runner_loss 'skip': the crash below costs runner 2's share of that batch, which it draws again once restored
+    # (the default, 'reask', asks it again in the same iteration: tests/e2e/test_chaos.py).
+    algo = config.training(runner_loss="skip").build_algo()
     try:
         assert algo.schedule.iterations_per_epoch == t
         replay_config = algo._replay.client.handle.config.remote()

@@ -499,3 +499,30 @@ def test_default_epoch_is_zero_without_a_length():
     env = Endless()
     env.reset()
     assert env.epoch == 0
+
+
+def test_an_env_that_assigns_its_own_epoch_keeps_it():
+    """Envs written before `epoch` was part of TextEnv assign their own count (`self.epoch = ...`): the assignment
+    works and wins over the default count of fresh resets."""
+    from r3_rllib.envs.base import TextEnv
+
+    class Counting(TextEnv):
+        def __init__(self):
+            super().__init__()
+            self.epoch = 0
+
+        def __len__(self):
+            return 1
+
+        def reset(self, *, seed=None, options=None):
+            self.epoch = 7
+            return "q", {"query_id": "q"}
+
+        def step(self, action):
+            return "", 0.0, True, False, {"correct": False}
+
+    env = Counting()
+    assert env.epoch == 0
+    env.reset()
+    env.reset()
+    assert env.epoch == 7
