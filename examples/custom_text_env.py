@@ -7,8 +7,10 @@ R^3's replay and reflection on the shipped tiny character-level model.
     python examples/custom_text_env.py --length 3 --num-queries 400 --iterations 100   # a harder variant
     python examples/custom_text_env.py --model PATH    # another policy folder (character tokenizer)
 
-Measured with the defaults (2-digit strings, 45 training strings, 32 queries x 8 samples per iteration): training
-accuracy rose from 0% to ~27% and held-out accuracy (the 45 other strings, greedy) from 2% to 27% in 30 iterations.
+Measured with the defaults (2-digit strings, 45 training strings, 32 queries x 8 samples per iteration; 2026-11-26,
+2-core CPU, ~3 min): training accuracy rose from 0.4% to 13.7% in 30 iterations (it stays under 1% for 20 of them),
+while held-out accuracy (the 45 other strings, greedy) stayed at 2.2% (1 of 45) at iterations 10, 20 and 30: the
+samples learn, the greedy policy has not moved yet; try `--iterations 100`.
 
 Two steps make a task trainable:
 
