@@ -14,7 +14,7 @@
 - **An address** (``"auto"``, ``"HOST:PORT"``, or ``RAY_ADDRESS``): join that cluster as it was started; its own
   authentication setting applies (see ``examples/cluster.md`` for starting one with token auth).
 
-Nothing in this package sets ``RAY_AUTH_MODE=disabled``. A user who sets it gets Ray's own warning, and one more
+Nothing in this package switches token authentication off. A user who does gets Ray's own warning, and one more
 from here when the cluster is ours.
 """
 

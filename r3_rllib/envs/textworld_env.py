@@ -146,9 +146,15 @@ class TextWorldEpisode:
     def __post_init__(self) -> None:
         tw = _import_textworld()
         infos = tw.EnvInfos(
-            admissible_commands=True, inventory=True, description=True, objective=True, won=True, lost=True,
-            score=True, max_score=True,
-        )  # fmt: skip
+            admissible_commands=True,
+            inventory=True,
+            description=True,
+            objective=True,
+            won=True,
+            lost=True,
+            score=True,
+            max_score=True,
+        )
         with warnings.catch_warnings():
             # Jericho plays TextWorld's games without its per-game score tables; TextWorld reports the score.
             warnings.filterwarnings("ignore", message=".*is not fully supported.*")

@@ -486,10 +486,17 @@ def _reasoning_gym_report(engine: GenerationEngine, tokenizer, args: argparse.Na
     from r3_rllib.eval.reasoning_gym_eval import evaluate_reasoning_gym
 
     return evaluate_reasoning_gym(
-        engine, tokenizer, _split_names(args.reasoning_gym), n=args.n, num_problems=args.max_problems or 100,
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        engine,
+        tokenizer,
+        _split_names(args.reasoning_gym),
+        n=args.n,
+        num_problems=args.max_problems or 100,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
         env_options=args.reasoning_gym_env,
-    )  # fmt: skip
+    )
 
 
 def run_eval(

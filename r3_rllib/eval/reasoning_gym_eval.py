@@ -55,8 +55,17 @@ def evaluate_reasoning_gym(
             tasks=spec, split="test", test_size=num_problems, seed=data_seed, tokenizer=tokenizer, **options
         )
         results.append(_evaluate_task(engine, tokenizer, env, task, n, replace(params, seed=seed + i)))
-    config = {"reasoning_gym": list(tasks), "n": n, "num_problems": num_problems, "temperature": temperature,
-              "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed, "data_seed": data_seed, "env_options": env_options or {}}  # fmt: skip
+    config = {
+        "reasoning_gym": list(tasks),
+        "n": n,
+        "num_problems": num_problems,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "data_seed": data_seed,
+        "env_options": env_options or {},
+    }
     return EvalReport(results=results, config=config)
 
 

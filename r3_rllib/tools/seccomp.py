@@ -94,7 +94,7 @@ ARCHES: dict[str, dict] = {
             "open_by_handle_at": 304,
             "syslog": 103,
         },
-    },  # fmt: skip
+    },
     "aarch64": {
         "audit_arch": 0xC00000B7,
         "clone": 220,
@@ -140,7 +140,7 @@ ARCHES: dict[str, dict] = {
             "open_by_handle_at": 265,
             "syslog": 116,
         },
-    },  # fmt: skip
+    },
 }
 
 

@@ -242,9 +242,15 @@ def evaluate_textworld(
 ) -> dict[str, float]:
     """Success rate and steps to a win of the model on every game of ``env`` (lockstep rollouts, HF engine)."""
     return evaluate_gridworld(
-        model, tokenizer, env, greedy=greedy, group_size=group_size, seed=seed,
-        max_new_tokens=max_new_tokens, max_batch_size=64,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        env,
+        greedy=greedy,
+        group_size=group_size,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=64,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

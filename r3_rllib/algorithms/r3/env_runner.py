@@ -290,9 +290,15 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         c = self.config
         budget = c.max_trajectory_tokens or c.max_tool_turns * c.max_new_tokens
         return rollout_tool_use(
-            self.engine, self.tokenizer, make_episode, query_ids, group_size or c.group_size, params,
-            max_turns=c.max_tool_turns, max_total_tokens=budget,
-        )  # fmt: skip
+            self.engine,
+            self.tokenizer,
+            make_episode,
+            query_ids,
+            group_size or c.group_size,
+            params,
+            max_turns=c.max_tool_turns,
+            max_total_tokens=budget,
+        )
 
     def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool, str | None]:
         options, self.query_id = {"query_id": query_id}, query_id

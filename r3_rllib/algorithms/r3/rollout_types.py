@@ -145,8 +145,17 @@ class RunnerError(RuntimeError):
 
     def __reduce__(self):
         # Crosses process boundaries (runner -> driver, Tune trial -> driver): rebuilt from its fields.
-        return (_rebuild_runner_error, (self.worker_index, self.error_type, self.message, self.env,
-                                        self.query_id, self.remote_traceback))  # fmt: skip
+        return (
+            _rebuild_runner_error,
+            (
+                self.worker_index,
+                self.error_type,
+                self.message,
+                self.env,
+                self.query_id,
+                self.remote_traceback,
+            ),
+        )
 
 
 class RunnerTraceback(Exception):
