@@ -110,6 +110,21 @@ def shard_policy(policy: torch.nn.Module, device, world: int, param_dtype: torch
     fully_shard(policy, mesh=mesh, mp_policy=mp)
 
 
+def autocast_policy(policy: torch.nn.Module, device, compute_dtype: torch.dtype) -> None:
+    """Mixed precision without sharding (one learner, or replicated ones): the parameters, their gradients and the
+    AdamW state stay fp32 (the master copy) and every forward of `policy` runs under autocast in `compute_dtype`.
+
+    Why not cast the parameters to bf16: bf16 keeps 8 significant bits, so an update smaller than half an ulp of its
+    weight is rounded away (for a weight of 0.02 anything below ~6e-5), and an AdamW step moves a weight by about
+    the learning rate: at lr 1e-6 no weight would ever change. FSDP2's `MixedPrecisionPolicy` (`shard_policy`)
+    keeps fp32 shards for the same reason. Autocast also covers activation-checkpointing recomputes (the checkpoint
+    restores the autocast state of its forward)."""
+    if compute_dtype == torch.float32:
+        return
+    autocast = torch.autocast(device_type=torch.device(device).type, dtype=compute_dtype)
+    policy.forward = autocast(policy.forward)
+
+
 def all_reduce_dict(values: dict[str, float], world: int, device, op=dist.ReduceOp.SUM) -> dict[str, float]:
     """`values` reduced over the ranks with `op` (fp64, one collective); `values` itself with one rank."""
     if world == 1:

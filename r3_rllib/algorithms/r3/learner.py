@@ -32,6 +32,7 @@ from ray.rllib.utils.framework import get_device
 from r3_rllib.algorithms.r3.distributed import (
     accumulate_metrics,
     all_reduce_dict,
+    autocast_policy,
     average_gradients,
     broadcast_module,
     metrics_as_floats,
@@ -116,8 +117,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         if self._world > 1 and self.config.use_fsdp:
             shard_policy(policy, self._device, self._world, self._dtype)
             return
-        if self._dtype != torch.float32:
-            policy.to(self._dtype)
+        autocast_policy(policy, self._device, self._dtype)  # fp32 master weights, bf16 forwards
         if self._world > 1:
             # Replicated learners (fsdp=False): every rank holds the whole policy and applies the same averaged
             # gradient, so the copies stay equal only if they start equal. Loading one checkpoint gives equal
