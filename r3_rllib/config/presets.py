@@ -23,6 +23,8 @@ _GRPO_ADV = f"{VERL_MAIN} verl/trainer/ppo/core_algos.py compute_grpo_outcome_ad
 _ROLLOUT_CORR = f"{VERL_MAIN} verl/trainer/config/algorithm/rollout_correction.yaml"
 _GRPO_RUN = f"{VERL_MAIN} examples/grpo_trainer/run_qwen2-7b_math.sh"
 _CISPO_RUN = f"{VERL_MAIN} examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh"
+#: The trainer the DAPO recipe runs, where a batch left short after max_num_gen_batches raises (RayDAPOTrainer.fit).
+_DAPO_TRAINER = "volcengine/verl@2bb42bae^ recipe/dapo/dapo_ray_trainer.py"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ PRESET_RECIPES: dict[str, dict[str, RecipeValue]] = {
         "off_policy_correction": RecipeValue(False, "no rollout_is (predates rollout correction)", VERL_DAPO),
         "dynamic_sampling": RecipeValue(True, "enable_filter_groups=True", VERL_DAPO),
         "dynamic_sampling_metric": RecipeValue("accuracy", "filter_groups_metric=acc", VERL_DAPO),
+        "max_num_gen_batches": RecipeValue(10, "max_num_gen_batches=10", VERL_DAPO),
+        "dynamic_sampling_shortfall": RecipeValue(
+            "raise", "ValueError when num_gen_batches >= max_num_gen_batches, batch short", _DAPO_TRAINER
+        ),
         "overlong_shaping": RecipeValue(True, "enable_overlong_buffer=True", VERL_DAPO),
         # None: a fifth of max_new_tokens, the recipe's 4096 of max_response_length 20480.
         "overlong_buffer_len": RecipeValue(None, "overlong_buffer_len=4096 of 20480 (a fifth)", VERL_DAPO),
@@ -120,8 +126,11 @@ _NOTES = [
     "  the minibatch whatever the micro-batching; verl's `agg_loss` sums over the micro-batch's sequences",
     "  (`sum_i sum_t l_it / T`) and its actor then divides by the gradient-accumulation count, so verl's value is",
     "  ours times its micro-batch size: a constant that depends on verl's batching, not a formula to follow.",
-    "- DAPO's `max_num_gen_batches=10` (raise when 10 generation batches did not fill the batch) is not",
-    "  implemented: our refill rounds train on what passed when they run out (see the coordinator).",
+    "- Dynamic sampling counts generation batches as verl's DAPO trainer does: the first one included, one more",
+    "  while fewer than the batch size's groups passed and fewer than `max_num_gen_batches` were drawn (<= 0: no",
+    "  limit); out of batches, the run stops with the counts. Ours, `dynamic_sampling_shortfall='train_on_kept'`,",
+    "  trains on the groups that passed instead. A generation batch here is `queries_per_iteration` queries;",
+    "  the recipe draws three times its train batch per generation batch (`gen_batch_size`), which we do not.",
     "- The R^3 preset (`r3_preset()`) follows the R^3 paper, not a verl recipe, and is not listed here.",
 ]
 

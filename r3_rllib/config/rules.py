@@ -70,6 +70,35 @@ def replay_excludes_dynamic_sampling(config: Any) -> str | None:
     return None
 
 
+def refill_rounds_agree_with_gen_batches(config: Any) -> str | None:
+    """dynamic_sampling_max_rounds is the older spelling of max_num_gen_batches - 1 (it counted the refills, verl
+    counts the batches): both set, they must say the same, else one of them would be silently ignored. Only with
+    dynamic_sampling on (off, neither is read), so a config saved with the old field set still loads when it
+    does not sample dynamically."""
+    rounds, batches = config.dynamic_sampling_max_rounds, config.max_num_gen_batches
+    if not config.dynamic_sampling or rounds is None or (batches > 0 and rounds + 1 == batches):
+        return None
+    limit = f"{batches} generation batches" if batches > 0 else "no limit"
+    return (
+        f"dynamic_sampling_max_rounds={rounds} ({rounds + 1} generation batches) contradicts "
+        f"max_num_gen_batches={batches} ({limit}): max_num_gen_batches counts the generation batches, the first "
+        f"included, so set max_num_gen_batches={rounds + 1} and leave dynamic_sampling_max_rounds at None"
+    )
+
+
+def shortfall_needs_a_batch_limit(config: Any) -> str | None:
+    """With no limit on the generation batches they never run out, so 'train_on_kept' would never apply."""
+    if not config.dynamic_sampling or config.dynamic_sampling_shortfall != "train_on_kept":
+        return None
+    if config.max_num_gen_batches <= 0:
+        return (
+            f"dynamic_sampling_shortfall='train_on_kept' with max_num_gen_batches={config.max_num_gen_batches} "
+            "(no limit): the generation batches never run out, so there is never a short batch to train on; "
+            "set max_num_gen_batches >= 1 or dynamic_sampling_shortfall='raise'"
+        )
+    return None
+
+
 def overlap_needs_awake_engine(config: Any) -> str | None:
     """Overlapped generation samples while the learner trains: the engine cannot sleep between rollouts."""
     if config.overlap_generation and config.sleep_between_rollouts:
@@ -281,6 +310,8 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     ddof_only_for_grpo,
     gspo_needs_sequence_mean,
     replay_excludes_dynamic_sampling,
+    refill_rounds_agree_with_gen_batches,
+    shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,
     max_staleness_agrees_with_overlap,
     streaming_excludes_dynamic_sampling,

@@ -29,7 +29,7 @@ from r3_rllib.core.losses import (
 from r3_rllib.core.mismatch import IS_LEVELS, RS_LEVELS
 from r3_rllib.core.rarity import DEFAULT_SKIP_RANGE, RARITY_COUNTS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
-from r3_rllib.core.reward_shaping import FILTER_METRICS
+from r3_rllib.core.reward_shaping import FILTER_METRICS, SHORTFALL_MODES
 from r3_rllib.core.rollout_schedule import Stage
 from r3_rllib.engines import ENGINE_KINDS
 from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
@@ -227,10 +227,20 @@ class R3Settings:
 
     # --- baselines -------------------------------------------------------------------------------------------
     dynamic_sampling: bool = False
-    """DAPO: drop uninformative groups (see dynamic_sampling_metric), sample more queries until queries_per_iteration
-    groups survive, and train on exactly that many (the first ones sampled; out of rounds: on those there are)."""
-    dynamic_sampling_max_rounds: int = setting(3, range=">= 0", integer=True)
-    """Extra sampling rounds allowed per iteration with dynamic sampling."""
+    """DAPO: drop uninformative groups (see dynamic_sampling_metric), sample more batches of queries_per_iteration
+    queries until that many groups survive, and train on exactly that many (the first ones sampled; see
+    max_num_gen_batches and dynamic_sampling_shortfall for when the batches run out)."""
+    max_num_gen_batches: int = setting(10, integer=True, note="<= 0: no limit")
+    """Generation batches dynamic sampling may draw per iteration, the first one included (verl's
+    algorithm.filter_groups.max_num_gen_batches; DAPO's recipe: 10). <= 0: no limit, sample until the batch is
+    full."""
+    dynamic_sampling_shortfall: str = setting("raise", choices=SHORTFALL_MODES)
+    """What an iteration does when max_num_gen_batches batches left fewer than queries_per_iteration groups: 'raise'
+    (verl's DAPO trainer: stop the run with the counts) or 'train_on_kept' (ours: train on the groups that passed).
+    """
+    dynamic_sampling_max_rounds: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
+    """The older spelling of the refill limit: R extra rounds after the first batch, i.e. max_num_gen_batches=R+1.
+    None: max_num_gen_batches alone. Set, it must agree with max_num_gen_batches (set that one instead)."""
     dynamic_sampling_metric: str = setting("accuracy", choices=FILTER_METRICS)
     """What dynamic sampling filters on: 'accuracy' (DAPO: drop groups whose responses are all correct or all wrong)
     or 'reward' (drop groups whose rewards, overlong penalty included, are all equal: with a length bonus an

@@ -13,6 +13,9 @@
 - :func:`keep_group`: DAPO's dynamic-sampling filter. DAPO drops the prompts whose responses are all correct or all
   wrong (a zero std of the "acc" metric); filtering on reward spread instead keeps all-correct groups whenever a
   length bonus or the overlong penalty makes their rewards differ.
+- :func:`another_gen_batch` / :class:`DynamicSamplingShortfall`: how many generation batches dynamic sampling may
+  draw before it gives up, counted as verl's DAPO trainer counts them (``max_num_gen_batches``, the first batch
+  included; <= 0: no limit), and the error raised when they run out before the batch is full.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ import numpy as np
 #: What dynamic sampling's filter looks at: 'accuracy' (DAPO: drop groups whose responses are all correct or all
 #: wrong) or 'reward' (drop groups whose shaped rewards are all equal, i.e. whose advantages would all be zero).
 FILTER_METRICS = ("accuracy", "reward")
+
+#: What dynamic sampling does when max_num_gen_batches run out before enough groups passed: 'raise' (verl's DAPO
+#: trainer: a batch short of groups is a sign of data too hard or too easy, which a run should not hide) or
+#: 'train_on_kept' (ours: train on the groups that passed, a smaller batch).
+SHORTFALL_MODES = ("raise", "train_on_kept")
 
 
 def overlong_penalty(
@@ -69,3 +77,25 @@ class OverlongShaping:
             buffer_length=self.buffer_length,
             penalty_factor=self.penalty_factor,
         )
+
+
+class DynamicSamplingShortfall(RuntimeError):
+    """Dynamic sampling ran out of generation batches before queries_per_iteration groups passed its filter."""
+
+
+def another_gen_batch(gen_batches: int, max_num_gen_batches: int) -> bool:
+    """Whether dynamic sampling may draw one more generation batch after ``gen_batches`` (the first included)
+    left the batch short: verl's DAPO rule, ``max_num_gen_batches <= 0`` (no limit) or fewer drawn than it."""
+    return max_num_gen_batches <= 0 or gen_batches < max_num_gen_batches
+
+
+def shortfall_message(*, kept: int, needed: int, gen_batches: int, max_num_gen_batches: int) -> str:
+    """The error when generation batches ran out: the counts, the likely cause and the fields that change it."""
+    batches = f"{gen_batches} generation batch" + ("" if gen_batches == 1 else "es")
+    return (
+        f"dynamic sampling kept {kept} of the {needed} groups an iteration needs (queries_per_iteration) after "
+        f"{batches} (max_num_gen_batches={max_num_gen_batches}): the filter (dynamic_sampling_metric) dropped the "
+        "rest, all right or all wrong, so the data may be too hard or too easy for the policy. Raise "
+        "max_num_gen_batches (<= 0: no limit), or set dynamic_sampling_shortfall='train_on_kept' to train on the "
+        "groups that passed"
+    )

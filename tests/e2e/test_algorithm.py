@@ -143,9 +143,7 @@ def test_dapo_dynamic_sampling_trains_only_informative_groups(ray_session):
         .environment("arithmetic", env_config={"digits": 2, "num_queries": 500})
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)
-        .training(
-            group_size=4, queries_per_iteration=8, max_new_tokens=4, lr=1e-4, dynamic_sampling_max_rounds=3
-        )
+        .training(group_size=4, queries_per_iteration=8, max_new_tokens=4, lr=1e-4, max_num_gen_batches=4)
     )
     algo = config.build_algo()
     try:

@@ -72,8 +72,9 @@ def run_file(tmp_path):
 
 
 def test_the_settings_split_over_minus_one():
-    # -1 means "off" for top_k and is a plain number for hgpo_alpha; every other setting refuses it.
-    assert MINUS_ONE_OK == ["hgpo_alpha", "top_k"]
+    # -1 means "off" for top_k, "no limit" for max_num_gen_batches (verl's <= 0) and is a plain number for
+    # hgpo_alpha; every other setting refuses it.
+    assert MINUS_ONE_OK == ["hgpo_alpha", "max_num_gen_batches", "top_k"]
     assert len(MINUS_ONE_BAD) > 100
 
 

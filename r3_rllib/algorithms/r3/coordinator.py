@@ -16,7 +16,8 @@
 - **Overlap** (``overlap_generation``): the next rollout is requested before the learner trains on this one; a
   checkpoint drains it (:meth:`drain`) so that its samples, whose queries the runners' data order has already
   consumed, are saved rather than lost.
-- **Dynamic sampling** (DAPO): more rounds until enough informative groups, then trimmed.
+- **Dynamic sampling** (DAPO): more generation batches until enough informative groups, then trimmed; out of
+  batches (``max_num_gen_batches``) short of groups, the run stops (verl) or trains on those (``train_on_kept``).
 - **The data epoch** (:class:`DataEpoch`) every runner's shard has completed, from the runners' last rollouts.
 """
 
@@ -41,6 +42,7 @@ from r3_rllib.algorithms.r3.runner_faults import (
 )
 from r3_rllib.algorithms.r3.settings import max_staleness_of, overlong_shaping
 from r3_rllib.core.reflection import ReflectionSettings
+from r3_rllib.core.reward_shaping import DynamicSamplingShortfall, another_gen_batch, shortfall_message
 
 #: RLlib async-request tag of the rollout a runner generates (ahead of the learner with overlap_generation).
 ROLLOUT_TAG = "r3_rollout"
@@ -136,23 +138,36 @@ class RolloutCoordinator:
     def _dynamic_sampling(
         self, rollout: Rollout, reflection: ReflectionSettings | None
     ) -> tuple[list[Group], Rollout]:
-        """DAPO: sample until enough informative groups (or out of rounds), then trim to queries_per_iteration."""
+        """DAPO: draw generation batches of queries_per_iteration queries until that many groups pass the filter,
+        then trim to that many. ``rollout`` is the first batch; verl's count includes it (max_num_gen_batches).
+        Out of batches with fewer: raise (verl, the default) or train on those (dynamic_sampling_shortfall)."""
         cfg = self.config
+        target = cfg.queries_per_iteration
         select = functools.partial(
             select_dynamic_groups,
-            target=cfg.queries_per_iteration,
+            target=target,
             metric=cfg.dynamic_sampling_metric,
             overlong=overlong_shaping(cfg),
         )
         groups, passed = select(rollout.groups)
-        rounds = 0
-        while passed < cfg.queries_per_iteration and rounds < cfg.dynamic_sampling_max_rounds:
-            rollout = rollout.merge(self.sample(cfg.queries_per_iteration, reflection))
+        gen_batches = 1
+        while passed < target and another_gen_batch(gen_batches, cfg.max_num_gen_batches):
+            rollout = rollout.merge(self.sample(target, reflection))
             groups, passed = select(rollout.groups)
-            rounds += 1
-        self._log("dynamic_sampling_rounds", rounds)
+            gen_batches += 1
+        self._log("dynamic_sampling_gen_batches", gen_batches)
+        self._log("dynamic_sampling_rounds", gen_batches - 1)
         # Fresh groups that passed the filter, before the trim to queries_per_iteration.
         self._log("dynamic_sampling_passed", passed)
+        if passed < target and cfg.dynamic_sampling_shortfall == "raise":
+            raise DynamicSamplingShortfall(
+                shortfall_message(
+                    kept=passed,
+                    needed=target,
+                    gen_batches=gen_batches,
+                    max_num_gen_batches=cfg.max_num_gen_batches,
+                )
+            )
         return groups, rollout
 
     def _next(self, num_queries: int, reflection: ReflectionSettings | None) -> Rollout:

@@ -176,9 +176,9 @@ class R3(Algorithm):
             else:
                 if cfg.dynamic_sampling:
                     logger.warning(
-                        "DAPO: every group was filtered after dynamic_sampling_max_rounds=%d refill rounds: "
-                        "nothing trained this iteration (raise dynamic_sampling_max_rounds or check the rewards)",
-                        cfg.dynamic_sampling_max_rounds,
+                        "DAPO: every group was filtered after max_num_gen_batches=%d generation batches: nothing "
+                        "trained this iteration (raise max_num_gen_batches or check the rewards)",
+                        cfg.max_num_gen_batches,
                     )
                 for phase in ("learner_update_s", "weight_sync_s"):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)

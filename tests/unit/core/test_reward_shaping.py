@@ -45,3 +45,15 @@ def test_keep_group_on_accuracy_ignores_reward_differences():
     assert keep_group([False], [0.0], "accuracy")  # one response: kept, as in verl
     with pytest.raises(ValueError, match="metric"):
         keep_group([True], [1.0], "std")
+
+
+def test_another_gen_batch_follows_verls_count():
+    from r3_rllib.core.reward_shaping import another_gen_batch, shortfall_message
+
+    # verl's DAPO trainer: the first batch counts; another while fewer than max were drawn; <= 0: no limit.
+    assert [another_gen_batch(n, 3) for n in (1, 2, 3, 4)] == [True, True, False, False]
+    assert not another_gen_batch(1, 1)
+    assert all(another_gen_batch(n, limit) for n in (1, 10, 1000) for limit in (0, -1))
+    message = shortfall_message(kept=3, needed=4, gen_batches=3, max_num_gen_batches=3)
+    assert message.startswith("dynamic sampling kept 3 of the 4 groups an iteration needs")
+    assert "after 3 generation batches (max_num_gen_batches=3)" in message
