@@ -24,6 +24,9 @@ and examples/ use none):
 9   ``TorchLearner._make_module``                            learner.py ``R3Learner.build``: builds the RLModule
 10  ``RLModule._forward``                                    rl_module.py ``CausalLMModule``: the forward hook RLlib's
                                                              docstrings tell subclasses to override
+11  ``EnvRunnerGroup._make_worker``, ``_remote_config``,      runner_group.py ``R3EnvRunnerGroup``: passes remote runners
+    ``_remote_config_obj_ref``; ``EnvRunnerGroup`` as a     the config by value; ``Algorithm.setup`` builds the group
+    global of ``ray.rllib.algorithms.algorithm``             class it finds under that global (no config field picks it)
 ==  =======================================================  ==============================================================
 """
 
@@ -117,3 +120,20 @@ def test_rl_module_forward_methods_call_the_forward_hook():
     assert _params(RLModule._forward) == ["self", "batch", "kwargs"]
     for public in (RLModule._forward_train, RLModule._forward_inference, RLModule._forward_exploration):
         assert "self._forward(batch, **kwargs)" in inspect.getsource(public)
+
+
+def test_algorithm_setup_builds_the_group_found_under_its_module_global():
+    # 11. runner_group.py: `r3_env_runner_group` binds R3EnvRunnerGroup there during `Algorithm.setup`, whose
+    # `add_workers` hands `_make_worker` the ObjectRef of `_remote_config` that R3EnvRunnerGroup swaps for the value.
+    from ray.rllib.algorithms import algorithm
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+    assert algorithm.EnvRunnerGroup is EnvRunnerGroup
+    assert "self.env_runner_group = EnvRunnerGroup(" in inspect.getsource(algorithm.Algorithm.setup)
+    init = inspect.getsource(EnvRunnerGroup.__init__)
+    assert "self._remote_config = config" in init
+    assert "self._remote_config_obj_ref = ray.put(self._remote_config)" in init
+    assert "config=self._remote_config_obj_ref," in inspect.getsource(EnvRunnerGroup.add_workers)
+    params = inspect.signature(EnvRunnerGroup._make_worker).parameters
+    for name in ("config", "worker_index"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY

@@ -40,6 +40,7 @@ from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
 from r3_rllib.algorithms.r3.rollout_types import Rollout
+from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
 from r3_rllib.algorithms.r3.schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
@@ -67,7 +68,8 @@ class R3(Algorithm):
     def setup(self, config: R3Config) -> None:
         _build_named_models(config)
         try:
-            super().setup(config)
+            with r3_env_runner_group():  # the runners get the config by value (runner_group.py)
+                super().setup(config)
         except Exception:
             # A runner whose constructor raised only shows up later, e.g. as an IndexError in RLlib's get_spaces
             # when every runner failed: report the runner's own error instead (startup.py).
