@@ -23,6 +23,9 @@ _GRPO_ADV = f"{VERL_MAIN} verl/trainer/ppo/core_algos.py compute_grpo_outcome_ad
 _ROLLOUT_CORR = f"{VERL_MAIN} verl/trainer/config/algorithm/rollout_correction.yaml"
 _GRPO_RUN = f"{VERL_MAIN} examples/grpo_trainer/run_qwen2-7b_math.sh"
 _CISPO_RUN = f"{VERL_MAIN} examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh"
+#: R^2PO's reference code: stage A (the head's training) and the reference-model server it reads its KL targets from.
+_R2PO_HEAD = "RRPO-ARR/Code@8a2cc4d simple_grpo_v1/rollout_head_train.py"
+_R2PO_REF = "RRPO-ARR/Code@8a2cc4d simple_grpo_v1/ref_server.py"
 #: The trainer the DAPO recipe runs, where a batch left short after max_num_gen_batches raises (RayDAPOTrainer.fit).
 _DAPO_TRAINER = "volcengine/verl@2bb42bae^ recipe/dapo/dapo_ray_trainer.py"
 
@@ -81,6 +84,25 @@ PRESET_RECIPES: dict[str, dict[str, RecipeValue]] = {
         # clip_ratio_low=10: a lower bound 1 - 10 < 0 that a ratio never reaches, i.e. none.
         "cispo_clip_low": RecipeValue(None, "clip_ratio_low=10 (no lower bound)", _CISPO_RUN),
     },
+    "r2po": {
+        "rollout_head_kl_coef": RecipeValue(0.04, "beta = 0.04 (line 46)", _R2PO_HEAD),
+        "rollout_head_kl_clamp": RecipeValue(False, "k3 of ref - logp with no clamp (line 291)", _R2PO_HEAD),
+        # The server loads one model at start (the run's base model) and serves it to every stage-A round.
+        "rollout_head_kl_target": RecipeValue(
+            "initial", "the model loaded once from --model_path (lines 37-48)", _R2PO_REF
+        ),
+        "rollout_head_kl_agg_mode": RecipeValue(
+            "seq-mean-token-mean",
+            "KL in the per-token loss; per-row masked mean, then mean (lines 303-304)",
+            _R2PO_HEAD,
+        ),
+    },
+}
+
+#: Titles of the tables that list a feature's defaults rather than a preset's values.
+_DEFAULTS_TITLES = {
+    "cispo": "`policy_loss='cispo'` defaults",
+    "r2po": "`rollout_head=True` (R^2PO stage A's KL term) defaults",
 }
 
 
@@ -99,10 +121,11 @@ def presets_markdown() -> str:
         '`python -c "from r3_rllib.config.presets import write_presets_markdown; write_presets_markdown()"`.',
         "",
         "A preset is its reference recipe; our own variants are named options (a field set on top of a preset).",
-        "`cispo` is not a preset: it lists the defaults of the `cispo_*` fields.",
+        "`cispo` is not a preset: it lists the defaults of the `cispo_*` fields; `r2po` lists those of stage A's",
+        "KL term (`rollout_head_kl_*`) against R^2PO's reference code.",
     ]
     for preset, fields in PRESET_RECIPES.items():
-        title = f"`R3Config.{preset}_preset()`" if preset != "cispo" else "`policy_loss='cispo'` defaults"
+        title = _DEFAULTS_TITLES.get(preset, f"`R3Config.{preset}_preset()`")
         lines += [
             "",
             f"## {title}",

@@ -303,6 +303,23 @@ def icepop_weight_is_per_token(config: Any) -> str | None:
     return None
 
 
+def head_kl_aggregation_agrees_under_rejection(config: Any) -> str | None:
+    """R^2PO stage A's KL term aggregated otherwise than the policy term is weighted by its own count per
+    micro-batch; rejection rescales the minibatch's whole gradient by the policy term's kept share after the
+    passes, which would rescale the KL term by a share that is not its own."""
+    rejects = config.rollout_rs not in (None, "icepop") or config.rollout_token_veto_threshold is not None
+    mode = config.rollout_head_kl_agg_mode
+    if not (config.rollout_head and config.rollout_head_kl_coef > 0 and rejects) or mode == "loss_agg_mode":
+        return None
+    if mode != config.loss_agg_mode:
+        return (
+            f"rollout_head_kl_agg_mode {mode!r} with loss_agg_mode {config.loss_agg_mode!r} and rejection "
+            "(rollout_rs / rollout_token_veto_threshold) is not supported: set rollout_head_kl_agg_mode="
+            "'loss_agg_mode' or loss_agg_mode to the same mode"
+        )
+    return None
+
+
 #: Every cross-field rule, in the order their messages are listed.
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
@@ -329,6 +346,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     rollout_rs_thresholds_need_rollout_rs,
     rollout_is_level_needs_a_weight,
     icepop_weight_is_per_token,
+    head_kl_aggregation_agrees_under_rejection,
 )
 
 

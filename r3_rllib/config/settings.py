@@ -38,6 +38,9 @@ from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
 RANKING_ENTROPY_SOURCES = ("auto", "engine", "learner")
 #: Values of ``rollout_head_first_stage``: the R^2PO stages by name, ``"head"`` (stage A) and ``"base"`` (stage B).
 FIRST_STAGE_NAMES = tuple(stage.name.lower() for stage in Stage)
+#: Values of ``rollout_head_kl_target`` and ``rollout_head_kl_agg_mode`` (R^2PO stage A's KL term).
+HEAD_KL_TARGETS = ("initial", "current")
+HEAD_KL_AGG_MODES = ("seq-mean-token-mean", "loss_agg_mode")
 
 
 @dataclasses.dataclass
@@ -388,14 +391,20 @@ class R3Settings:
     rollout_head_lr: float | None = setting(None, range="> 0", none_ok=True)
     """R^2PO: AdamW learning rate of the head's parameters (None: the policy's `lr`)."""
     rollout_head_kl_coef: float = setting(0.04, range=">= 0", finite=True)
-    """R^2PO: stage A adds this times the k3 estimate of the KL from the rollout distribution (head on) to the base
-    one (head off) to the head's loss, per token, the base log-probs taken from the same forward: it keeps the head
-    a small residual of the base policy.
-    The reference code (RRPO-ARR/Code, rollout_head_train.py) uses k3 with beta = 0.04 against a fixed head-less
-    model served by its reference server (the initial one); here the base is the current one, frozen in stage A,
-    which needs no second model and bounds the head itself. Logged as learner/r2po_kl (0 outside stage A). The k3
-    is unclamped, as the reference's (rollout_head_kl_clamp); the term is aggregated with loss_agg_mode (the
-    reference aggregates it seq-mean-token-mean: set loss_agg_mode='seq-mean-token-mean' for that)."""
+    """R^2PO: stage A adds this times the k3 estimate of the KL from the rollout distribution (head on) to
+    rollout_head_kl_target's (head off) to the head's loss, per token: it keeps the rollout distribution near the
+    head-less model. The reference code (RRPO-ARR/Code, rollout_head_train.py) uses an unclamped k3 with beta = 0.04
+    (rollout_head_kl_clamp, rollout_head_kl_agg_mode). Logged as learner/r2po_kl (0 outside stage A)."""
+    rollout_head_kl_target: str = setting("initial", choices=HEAD_KL_TARGETS)
+    """R^2PO: what stage A's KL term pulls toward. 'initial' (default, the reference code's: its reference server
+    serves the head-less model it was started with for the whole run): the policy as loaded from model_path, a
+    frozen copy the learner holds (one more model in its memory, shared with kl_coef's reference). 'current' (ours
+    before issue 36): the base as it is now (head off), from the training forward itself (no second model; bounds
+    the head alone, as the base moves in stage B)."""
+    rollout_head_kl_agg_mode: str = setting("seq-mean-token-mean", choices=HEAD_KL_AGG_MODES)
+    """R^2PO: how stage A's KL term is aggregated: 'seq-mean-token-mean' (default, the reference code's: each
+    sequence's token mean, then the mean over sequences, whatever loss_agg_mode) or 'loss_agg_mode' (as the policy
+    term). With rejection (rollout_rs, rollout_token_veto_threshold) it must agree with loss_agg_mode."""
     rollout_head_kl_clamp: bool = False
     """R^2PO: clamp stage A's k3 to [-10, 10] as verl's low_var_kl (ours before issue 36; a token the head has
     moved far from the base then adds 10 and no gradient). False (default): the reference code's unclamped k3."""

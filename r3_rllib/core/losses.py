@@ -577,6 +577,7 @@ def rl_objective(
     kl_type: str = "k3",
     agg_mode: str = "token-mean",
     norm_len: float | None = None,
+    kl_agg_mode: str | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The learner's whole objective on one micro-batch: the policy loss named ``policy_loss`` (from
     :data:`LOSS_FNS`, with ``loss_params``), weighted per token by the behaviour importance weight, plus
@@ -589,8 +590,9 @@ def rl_objective(
     ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept count too
     (:func:`~r3_rllib.core.mismatch.micro_batch_share`, :func:`~r3_rllib.core.mismatch.normaliser_share`).
 
-    The reduction over tokens is the micro-batch's own (``agg_mode``); the caller rescales it to the global token or
-    sequence count of the minibatch, which only it knows (ranks and micro-batches split one minibatch). Returns
+    The reduction over tokens is the micro-batch's own (``agg_mode``; the KL term's is ``kl_agg_mode``, None: the
+    same); the caller rescales it to the global token or sequence count of the minibatch, which only it knows
+    (ranks and micro-batches split one minibatch). Returns
     ``(loss, metrics)`` with detached scalar metrics: the policy loss's own (``clip_frac_low``, ...), plus
     ``pg_loss``, ``kl`` and ``is_weight_mean`` (with a weight).
     """
@@ -611,7 +613,8 @@ def rl_objective(
     loss = pg
     kl = torch.zeros((), device=logprobs.device)
     if ref_logprobs is not None:
-        kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs, kl_type), mask, agg_mode, norm_len=norm_len)
+        per_token_kl = kl_penalty(logprobs, ref_logprobs, kl_type)
+        kl = aggregate_loss(per_token_kl, mask, kl_agg_mode or agg_mode, norm_len=norm_len)
         loss = loss + kl_coef * kl
     out = {k: v.detach() for k, v in metrics.items()}
     out["pg_loss"] = pg.detach()

@@ -39,7 +39,7 @@ def test_r2po_raises_heldout_accuracy_and_stages_touch_only_their_part(ray_sessi
     try:
         before = algo.evaluate_heldout(500)["accuracy"]  # head off: the base policy
         stages_seen = set()
-        head_kls = []  # learner/r2po_kl of the stage-A iterations (stage A's KL term toward the base)
+        head_kls = []  # learner/r2po_kl of the stage-A iterations (stage A's KL term toward the initial model)
         for i in range(40):
             state = _state(algo) if i < 4 else None
             result = algo.train()
@@ -64,7 +64,7 @@ def test_r2po_raises_heldout_accuracy_and_stages_touch_only_their_part(ray_sessi
         algo.stop()
     print(f"R^2PO held-out greedy accuracy (head off): {before:.3f} -> {after:.3f}; head on {with_head:.3f}")
     assert stages_seen == {0.0, 1.0} and rollout_on
-    assert max(head_kls) > 0, head_kls  # the trained head moved its distribution away from the base one
+    assert max(head_kls) > 0, head_kls  # the trained head moved its distribution away from the head-less one
     assert set(runner_head) == set(learner_head)
     assert all(torch.equal(runner_head[k], learner_head[k]) for k in learner_head)
     # The same 500 held-out queries before and after: a paired difference, whose standard error (~0.014 when about

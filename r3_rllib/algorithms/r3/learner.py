@@ -10,8 +10,8 @@ by *global* token/sequence counts so any number of learners computes the same gr
 
 This module holds the update loop; the pieces it drives live beside it: the RLModule and batch packing
 (`rl_module.py`), scoring (`r3_rllib.core.logprobs`), micro-batch planning (`r3_rllib.core.batching`), memory
-diagnostics (`learner_memory.py`), collectives (`distributed.py`) and the policy's weights, export and DCP
-checkpoints (`learner_state.py`).
+diagnostics (`learner_memory.py`), collectives (`distributed.py`), the KL term and its reference model
+(`learner_kl.py`) and the policy's weights, export and DCP checkpoints (`learner_state.py`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from r3_rllib.algorithms.r3.distributed import (
     metrics_as_floats,
     shard_policy,
 )
+from r3_rllib.algorithms.r3.learner_kl import KLTermMixin, RowCache, agg_count, fit_row, kl_weight_ratio
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_state import PolicyStateMixin
-from r3_rllib.algorithms.r3.r2po import stage_correction, stage_head_kl_coef, stage_head_kl_type
+from r3_rllib.algorithms.r3.r2po import KLTerm, stage_correction
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
 from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chunks, token_budget_chunks
@@ -48,12 +49,7 @@ from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.rollout_schedule import HEAD_STAGE, Stage
 from r3_rllib.models.dtypes import resolve_dtype
-from r3_rllib.models.hub import policy_path
-from r3_rllib.models.lora import AdapterOff
 from r3_rllib.types import TrainingBatch
-
-#: Per-row tensors (a row's log-probs at every position), keyed by the row's index in the batch.
-RowCache = dict[int, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -62,13 +58,14 @@ class _StepContext:
 
     denom: int  # the minibatch's global token (token-mean) or sequence count: the loss normaliser
     loss_params: dict[str, Any]
-    head_kl_coef: float  # R^2PO stage A's KL(rollout || base) weight, 0 otherwise
+    kl: KLTerm  # the stage's KL term (learner_kl.py)
+    kl_denom: int  # the minibatch's count in the KL term's aggregation mode
     correction: mismatch.RolloutCorrection  # behaviour importance weight, rejection, veto (core/mismatch.py)
     old_lp: RowCache | None  # proximal log-probs of rows scored already (None: one optimizer step only)
     ref_lp: RowCache | None  # reference log-probs likewise
 
 
-class R3Learner(PolicyStateMixin, TorchLearner):
+class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
     """Trains the policy on `TrainingBatch`es with advantages (see module docstring)."""
 
     # -- building -----------------------------------------------------------------------------------------------
@@ -106,7 +103,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             lr=self.config.lr,
             weight_decay=self.config.weight_decay,
         )
-        self._reference = self._load_reference() if self.config.kl_coef > 0 else None
+        self._reference = self._load_reference()  # None unless a KL term compares with it (learner_kl.py)
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
         self._policy_version = 0
         self._peak_memory = PeakMemory(self._device)
@@ -127,16 +124,6 @@ class R3Learner(PolicyStateMixin, TorchLearner):
     @property
     def policy(self) -> torch.nn.Module:
         return self._module[DEFAULT_MODULE_ID].model
-
-    def _load_reference(self) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        if self._lora is not None:  # LoRA: the base is the policy with its adapter off (no second model)
-            return AdapterOff(self._lora)
-        path = policy_path(self.config.model_path)
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
-        ref.eval().requires_grad_(False)
-        return ref
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
@@ -301,11 +288,6 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             for p in self.policy.parameters():
                 p.requires_grad_(True)
 
-    @property
-    def _uses_reference(self) -> bool:
-        # Stage A trains the head only: a KL term to the reference would regularise a base that does not move.
-        return self._reference is not None and self._stage != HEAD_STAGE
-
     # -- one optimizer step -------------------------------------------------------------------------------------
     def _minibatch_step(
         self, batch: TrainingBatch, mb: np.ndarray, old_lp: RowCache | None, ref_lp: RowCache | None
@@ -316,13 +298,12 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         cfg = self.config
         self._optimizer.zero_grad(set_to_none=True)
         # Global normalisers: the loss of a minibatch must not depend on how it is split over ranks/chunks.
-        n_tokens = int(batch.trained_tokens[mb].sum())  # tool output (loss_mask False) is not trained on
+        kl = self._kl_term
         step = _StepContext(
-            denom=n_tokens if cfg.loss_agg_mode == "token-mean" else len(mb),
+            denom=agg_count(batch, mb, cfg.loss_agg_mode),  # tool output (loss_mask False) is not trained on
             loss_params=LOSS_FNS.params_from(cfg.policy_loss, cfg),
-            # R^2PO stage A: KL(rollout || base) with the base log-probs from the training forward itself (the
-            # base is frozen in stage A, so they are exact for every minibatch and need no second model).
-            head_kl_coef=stage_head_kl_coef(cfg, self._stage),
+            kl=kl,
+            kl_denom=agg_count(batch, mb, kl.agg_mode),
             correction=stage_correction(cfg, self._stage),
             old_lp=old_lp,
             ref_lp=ref_lp,
@@ -349,21 +330,20 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         cfg = self.config
         packed = pack_batch(batch, idx, self._pad_id, self._device)
         mask = packed["response_mask"]
+        kl = step.kl
         logp, entropy, *base = self._score(
             self.policy,
             packed,
             with_entropy=cfg.learner_entropy,
             rollout=self._stage == HEAD_STAGE,
-            with_base=step.head_kl_coef > 0,
+            with_base=kl.coef > 0 and kl.target == "base",  # stage A toward the current base: same forward
         )
         old = self._proximal_logprobs(logp, idx, real, step.old_lp)
-        ref, kl_coef, kl_type = (
-            self._reference_logprobs(packed, logp, idx, real, step.ref_lp),
-            cfg.kl_coef,
-            cfg.kl_type,
+        local_count = agg_count(batch, idx, cfg.loss_agg_mode) if real else 0
+        # The KL term is aggregated over this micro-batch in its own mode: weigh it by its own count.
+        ratio = kl_weight_ratio(
+            (local_count, agg_count(batch, idx, kl.agg_mode)), (step.denom, step.kl_denom)
         )
-        if base:  # stage A (no reference KL then: `_uses_reference` is off)
-            ref, kl_coef, kl_type = base[0], step.head_kl_coef, stage_head_kl_type(cfg)
         loss, metrics = rl_objective(
             logp,
             old,
@@ -373,22 +353,23 @@ class R3Learner(PolicyStateMixin, TorchLearner):
             policy_loss=cfg.policy_loss,
             loss_params=step.loss_params,
             correction=step.correction,
-            ref_logprobs=ref,
-            kl_coef=kl_coef,
-            kl_type=kl_type,
+            ref_logprobs=self._kl_target_logprobs(packed, logp, base, idx, real, step.ref_lp),
+            kl_coef=kl.coef * ratio,
+            kl_type=kl.kind,
             agg_mode=cfg.loss_agg_mode,
+            kl_agg_mode=kl.agg_mode,
             norm_len=cfg.max_new_tokens,
         )
+        metrics["kl"] = metrics["kl"] * ratio  # the micro-batches' weighted sum is then the minibatch's KL
         # Counted on the host from the batch's lengths (the mask's sum): no device sync before the backward.
         tokens = int(batch.trained_tokens[idx].sum())
-        local_count = tokens if cfg.loss_agg_mode == "token-mean" else len(idx)
         # The objective divides by the micro-batch's own count (of kept tokens: `share` of it); rescale to the
         # minibatch's, times world size because FSDP (and average_gradients) average gradients over ranks.
         weight = (local_count / step.denom) if real else 0.0
         share = mismatch.micro_batch_share(metrics, cfg.loss_agg_mode) if step.correction.rejects else 1.0
         (loss * weight * share * self._world).backward()
         self._maxima.take(metrics, real)
-        metrics = self._pass_metrics(loss, metrics, entropy, mask, head_kl=bool(base))
+        metrics = self._pass_metrics(loss, metrics, entropy, mask, head_kl=self._stage == HEAD_STAGE)
         mismatch.scale_loss_metrics(metrics, share)  # the reported loss is the objective's value
         return metrics, weight, tokens if real else 0
 
@@ -399,28 +380,11 @@ class R3Learner(PolicyStateMixin, TorchLearner):
         has been taken yet (or for a padding pass), the current ones, recorded for later epochs."""
         width = logp.shape[1]
         if old_lp is not None and real and int(idx[0]) in old_lp:
-            return torch.stack([_fit(old_lp[int(i)], width) for i in idx])
+            return torch.stack([fit_row(old_lp[int(i)], width) for i in idx])
         old = logp.detach()
         if old_lp is not None and real:
             old_lp.update({int(i): old[j] for j, i in enumerate(idx)})
         return old
-
-    def _reference_logprobs(
-        self, packed: dict[str, torch.Tensor], logp: torch.Tensor, idx: np.ndarray, real: bool, ref_lp
-    ) -> torch.Tensor | None:
-        """The KL reference model's log-probs of rows `idx` (None without a reference term): recorded ones, else
-        scored now (and recorded); a padding pass with recorded rows takes the policy's own (weight 0 anyway)."""
-        if not self._uses_reference:
-            return None
-        if ref_lp is not None and real and int(idx[0]) in ref_lp:
-            return torch.stack([_fit(ref_lp[int(i)], logp.shape[1]) for i in idx])
-        if not real and ref_lp is not None:
-            return logp.detach()
-        with torch.no_grad():
-            ref, _ = self._score(self._reference, packed)
-        if ref_lp is not None:
-            ref_lp.update({int(i): ref[j] for j, i in enumerate(idx)})
-        return ref
 
     def _pass_metrics(
         self,
@@ -433,7 +397,7 @@ class R3Learner(PolicyStateMixin, TorchLearner):
     ) -> dict[str, torch.Tensor]:
         """The metrics one forward/backward pass reports (the same keys on every rank and in every pass)."""
         if self._rollout_head is not None:
-            # learner/kl stays the reference model's; stage A's term toward the base is its own metric.
+            # learner/kl stays the reference model's; stage A's term (toward its own target) is its own metric.
             metrics["r2po_kl"] = metrics.pop("kl") if head_kl else torch.zeros(())
             metrics.setdefault("kl", torch.zeros(()))
         metrics["loss"] = loss.detach()
@@ -489,11 +453,3 @@ def _param_groups(
     head_ids = {id(p) for p in head.parameters()}
     base = [p for p in policy.parameters() if id(p) not in head_ids]
     return [{"params": base}, {"params": list(head.parameters()), "lr": float(head_lr)}]
-
-
-def _fit(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Pad/trim a per-position row recomputed in another packing to `width` (positions past a row's end are
-    masked out of every loss)."""
-    if t.shape[0] >= width:
-        return t[:width]
-    return torch.nn.functional.pad(t, (0, width - t.shape[0]))

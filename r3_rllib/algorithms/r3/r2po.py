@@ -6,8 +6,8 @@ policy's logits (:mod:`r3_rllib.models.rollout_head`) and alternates two stages
 
 - stage A trains the head only, on the log-probs of the rollout distribution (head on), with the rarity reward
   (``rollout_head_advantage``) of the fresh groups' graded outcomes (``rollout_head_rarity_count``: the samples'
-  correct flags, or their exact task rewards) and a k3 KL penalty toward the base policy (head off;
-  ``rollout_head_kl_coef``, :func:`stage_head_kl_coef`). Replay and ranking are off: they reshape the base
+  correct flags, or their exact task rewards) and a k3 KL penalty toward the initial head-less model (or the
+  current base; ``rollout_head_kl_coef``, :func:`stage_kl_term`). Replay and ranking are off: they reshape the base
   policy's task signal (past samples, graded failures), and with reward counting ranking's continuous rewards
   would make every reward distinct, which the rarity reward maps to zeros. Reflection groups (prompts of their own) stay in: rarity is
   defined within any group of G responses to one prompt. Every fresh sample of either stage enters the replay buffer
@@ -98,25 +98,66 @@ def stage_settings(settings: IterationSettings, stage: Stage | None, config: Any
     raise ValueError(f"unknown R^2PO stage {stage!r}")
 
 
-#: KL estimator of stage A's penalty toward the base policy: the reference code's k3, unclamped (see
-#: `stage_head_kl_coef`); ``rollout_head_kl_clamp=True`` clamps it at 10 as verl's low_var_kl (`stage_head_kl_type`).
+#: KL estimator of stage A's penalty: the reference code's k3, unclamped (see `stage_head_kl_coef`);
+#: ``rollout_head_kl_clamp=True`` clamps it at 10 as verl's low_var_kl (`stage_head_kl_type`).
 HEAD_KL_TYPE = "k3_unclamped"
 
 
 def stage_head_kl_type(config: Any) -> str:
     """Stage A's KL estimator: the reference's unclamped k3, or with ``rollout_head_kl_clamp`` the k3 clamped to
-    [-10, 10] (a token the head moved far from the base then adds 10 and no gradient)."""
+    [-10, 10] (a token the head moved far from its target then adds 10 and no gradient)."""
     return "k3" if getattr(config, "rollout_head_kl_clamp", False) else HEAD_KL_TYPE
 
 
 def stage_head_kl_coef(config: Any, stage: Stage | None) -> float:
-    """The weight of stage A's KL(rollout || base) penalty in ``stage`` (0 outside stage A).
+    """The weight of stage A's KL(rollout || target) penalty in ``stage`` (0 outside stage A).
 
     Stage A adds ``rollout_head_kl_coef`` times the :data:`HEAD_KL_TYPE` estimate per token, ``exp(d) - d - 1`` with
-    ``d = log pi_base - log pi_rollout`` on the sampled tokens (``kl_penalty(rollout, base, "k3")``), aggregated as
-    the policy term: the head is trained to explore while its distribution stays near the base policy's. Stage B
-    trains the base and has the ordinary KL to the reference model (``kl_coef``) instead."""
+    ``d = log pi_target - log pi_rollout`` on the sampled tokens, the target being the initial head-less model or
+    the current base (:func:`stage_kl_term`): the head is trained to explore while its distribution stays near the
+    target's. Stage B trains the base and has the ordinary KL to the reference model (``kl_coef``) instead."""
     return float(config.rollout_head_kl_coef) if stage == HEAD_STAGE else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class KLTerm:
+    """The KL term of an update: ``coef`` times the ``kind`` estimate of KL(trained || target) per token,
+    aggregated with ``agg_mode``. ``target``: "reference", the frozen reference model's log-probs (the initial
+    model, loaded from ``model_path``); "base", the current base policy's (head off), from the training forward."""
+
+    coef: float  # 0: no KL term
+    kind: str
+    agg_mode: str
+    target: str
+
+
+def stage_kl_term(config: Any, stage: Stage | None) -> KLTerm:
+    """The KL term of an update in ``stage``.
+
+    Stage A (R^2PO): ``rollout_head_kl_coef`` toward ``rollout_head_kl_target``: 'initial' (default, the reference
+    code's: its reference server serves the head-less model it was started with for the whole run) is the frozen
+    reference model, 'current' the base as it is now (frozen in stage A, so its log-probs come exactly from the
+    training forward, no second model). Aggregated per ``rollout_head_kl_agg_mode``: 'seq-mean-token-mean' (default,
+    the reference code's loss is the mean over sequences of each one's token mean, KL included) or 'loss_agg_mode'
+    (as the policy term). The reference model's own KL (``kl_coef``) is off in stage A: it would regularise a base
+    that does not move. Other stages: ``kl_coef`` toward the reference model, aggregated as the policy term."""
+    if stage == HEAD_STAGE:
+        agg = getattr(config, "rollout_head_kl_agg_mode", "seq-mean-token-mean")
+        target = getattr(config, "rollout_head_kl_target", "initial")
+        return KLTerm(
+            coef=stage_head_kl_coef(config, stage),
+            kind=stage_head_kl_type(config),
+            agg_mode=config.loss_agg_mode if agg == "loss_agg_mode" else agg,
+            target="reference" if target == "initial" else "base",
+        )
+    return KLTerm(float(config.kl_coef), config.kl_type, config.loss_agg_mode, "reference")
+
+
+def needs_reference_model(config: Any) -> bool:
+    """Whether the learner holds a frozen reference model (a second copy of the policy's weights, or with LoRA the
+    adapter-off base): only when a KL term of some stage compares with it (:func:`stage_kl_term`)."""
+    stages = (None, HEAD_STAGE, BASE_STAGE) if getattr(config, "rollout_head", False) else (None,)
+    return any((t := stage_kl_term(config, s)).coef > 0 and t.target == "reference" for s in stages)
 
 
 def stage_is_cap(config: Any, stage: Stage | None) -> float | None:

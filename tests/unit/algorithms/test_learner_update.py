@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from numeric import TORCH_THREADS, forward_atol
+from numeric import TORCH_THREADS, f32_tol, forward_atol
 from random_samples import random_samples
 
 from r3_rllib import R3Config
@@ -91,7 +91,9 @@ def test_a_single_optimizer_step_recomputes_nothing(tiny_random_model):
     assert metrics["optimizer_steps"] == 1.0
 
 
-def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_base(tiny_random_model):
+def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_current_base_as_an_option(
+    tiny_random_model,
+):
     from r3_rllib.algorithms.r3.rl_module import pack_samples
     from r3_rllib.models.rollout_head import rollout_token_logprobs
 
@@ -100,17 +102,16 @@ def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_base(tiny_rand
         tiny_random_model,
         rollout_head=True,
         rollout_head_kl_coef=beta,
+        rollout_head_kl_target="current",  # ours: the current base, from the training forward
+        rollout_head_kl_agg_mode="loss_agg_mode",  # ours: aggregated as the policy term
         num_minibatches=1,
         num_epochs=1,
         loss_agg_mode="token-mean",  # two micro-batches of 3: their metrics add up to the token means below
         is_cap=2.0,
         off_policy_correction=True,
     )
-    head = learner._rollout_head
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():  # a head far from its ~0 init: head-on and head-off log-probs differ
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    assert learner._reference is None  # no KL term toward a reference model: no second model held
+    _perturb_head(learner)
     samples = _samples(6)
     packed = pack_samples(samples, learner._pad_id, "cpu")
     m = packed["response_mask"]
@@ -144,6 +145,71 @@ def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_base(tiny_rand
     assert metrics["kl"] == 0.0  # no KL to the reference model in stage A
     # Stage B trains the base: no head KL term.
     assert learner.update_from_samples(samples, seed=0, stage="B")["r2po_kl"] == 0.0
+
+
+def _perturb_head(learner: R3Learner) -> None:
+    """Move the head far from its ~0 init: head-on and head-off log-probs then differ visibly."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in learner._rollout_head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def test_r2po_stage_a_kl_is_k3_to_the_initial_model_seq_mean_token_mean_by_default(tiny_random_model):
+    from transformers import AutoModelForCausalLM
+
+    from r3_rllib.algorithms.r3.rl_module import pack_samples
+    from r3_rllib.core.logprobs import token_logprobs
+    from r3_rllib.models.rollout_head import rollout_token_logprobs
+
+    # Defaults: rollout_head_kl_target='initial', rollout_head_kl_agg_mode='seq-mean-token-mean' (the reference
+    # code's), here beside a token-mean policy term split over two micro-batches of 3 rows.
+    learner = _learner(tiny_random_model, rollout_head=True, num_minibatches=1, num_epochs=1)
+    assert learner.config.loss_agg_mode == "token-mean" and learner._reference is not None
+    _perturb_head(learner)
+    samples = _samples(6)
+    learner.update_from_samples(
+        samples, seed=0, stage="B"
+    )  # one lr 1e-2 step on the base: it leaves the initial
+    packed = pack_samples(samples, learner._pad_id, "cpu")
+    ids, attn, m = packed["input_ids"], packed["attention_mask"], packed["response_mask"]
+    initial = AutoModelForCausalLM.from_pretrained(tiny_random_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        roll, base = rollout_token_logprobs(learner.policy, ids, attn, m, temperature=learner._temperature)
+        init, _ = token_logprobs(initial, ids, attn, response_mask=m, temperature=learner._temperature)
+    assert (base - init)[m].abs().max() > 1e-2  # the current base is not the initial model any more
+
+    # By hand: k3 = exp(d) - d - 1 with d = init - roll per token; each row's mean over its tokens, then the mean
+    # over the 6 rows (responses of 1-4 tokens: not the token mean).
+    mf = m.float()
+
+    def k3(d: torch.Tensor) -> torch.Tensor:
+        return torch.exp(d) - d - 1
+
+    per_row = (k3(init - roll) * mf).sum(1) / mf.sum(1)
+    expected = per_row.mean().item()
+    lens = mf.sum(1).tolist()
+    assert len(set(lens)) > 1, lens
+    # Each log-prob may differ from the learner's by forward_atol (tests/numeric.py: FORWARD_ULPS of their scale;
+    # the learner scores micro-batches of 3, the hand values one batch of 6); d is a difference of two, and
+    # d k3 / d d = e^d - 1. Means do not grow the error; the micro-batches' weighted sum adds a few float32
+    # roundings of the largest k3 (16 ulps).
+    d = (init - roll)[m]
+    tol = 2 * forward_atol(roll[m], init[m]) * float((torch.exp(d) - 1).abs().max())
+    tol += f32_tol(float(k3(d).max()), 16)
+    token_mean = k3(d).mean().item()
+    to_current = ((k3(base - roll) * mf).sum(1) / mf.sum(1)).mean().item()
+    # The test can fail: the token mean and the KL to the current base are other numbers.
+    assert abs(expected - token_mean) > 10 * tol and abs(expected - to_current) > 10 * tol
+
+    metrics = learner.update_from_samples(samples, seed=0, stage="A")
+    assert metrics["r2po_kl"] == pytest.approx(expected, abs=tol)
+    assert metrics["kl"] == 0.0  # learner/kl is kl_coef's term (off): stage A's is r2po_kl
+    # The objective is the policy term plus beta (0.04, the default) times this one: the same passes' sums, up to
+    # float32 roundings of each pass's sum and of their weighted sums (16 ulps of the larger value).
+    scale = max(abs(metrics["loss"]), abs(metrics["pg_loss"]))
+    combined = metrics["pg_loss"] + 0.04 * metrics["r2po_kl"]
+    assert metrics["loss"] == pytest.approx(combined, abs=f32_tol(scale, 16))
 
 
 def _response_logprob_sums(learner: R3Learner, samples: list[Sample]) -> np.ndarray:

@@ -175,7 +175,12 @@ def test_each_preset_is_its_reference_recipe_and_docs_presets_md_is_the_table():
 
     from r3_rllib.config.presets import PRESET_RECIPES, presets_markdown
 
-    built = {"grpo": R3Config.grpo_preset(), "dapo": R3Config.dapo_preset(), "cispo": R3Config()}
+    built = {
+        "grpo": R3Config.grpo_preset(),
+        "dapo": R3Config.dapo_preset(),
+        "cispo": R3Config(),
+        "r2po": R3Config().training(rollout_head=True),
+    }
     assert set(built) == set(PRESET_RECIPES)
     for preset, fields in PRESET_RECIPES.items():
         for name, entry in fields.items():

@@ -1,0 +1,111 @@
+"""The learner's KL term (a mixin of `R3Learner`): the frozen reference model, loaded only when a term compares with
+it, and the target log-probs each micro-batch's term is taken against.
+
+Which term an update has is :func:`r3_rllib.algorithms.r3.r2po.stage_kl_term`: ``kl_coef`` toward the reference
+model outside R^2PO's stage A; in stage A, ``rollout_head_kl_coef`` toward the initial head-less model (the same
+frozen reference model: the policy as loaded from ``model_path``) or toward the current base (head off, from the
+training forward). A term aggregated otherwise than the policy term (stage A's default, seq-mean-token-mean) is
+weighted per micro-batch by its own count (:func:`kl_weight_ratio`), so the minibatch's term is that aggregate
+whatever the micro-batching.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from r3_rllib.algorithms.r3.r2po import KLTerm, needs_reference_model, stage_kl_term
+from r3_rllib.models.hub import policy_path
+from r3_rllib.models.lora import AdapterOff
+from r3_rllib.types import TrainingBatch
+
+#: Per-row tensors (a row's log-probs at every position), keyed by the row's index in the batch.
+RowCache = dict[int, torch.Tensor]
+
+
+def agg_count(batch: TrainingBatch, rows: np.ndarray, agg_mode: str) -> int:
+    """What a loss aggregated with ``agg_mode`` over ``rows`` is divided by: their trained tokens (token-mean) or
+    their number (the sequence modes)."""
+    return int(batch.trained_tokens[rows].sum()) if agg_mode == "token-mean" else len(rows)
+
+
+def kl_weight_ratio(local: tuple[int, int], denom: tuple[int, int]) -> float:
+    """The KL term's weight in the minibatch relative to the policy term's, for one micro-batch: ``local`` and
+    ``denom`` are the (policy, KL) aggregation counts of the micro-batch and of the minibatch. The learner weighs
+    the micro-batch's objective by ``local[0] / denom[0]``; the KL term, aggregated over the micro-batch with its
+    own mode, needs ``local[1] / denom[1]``. 1 when both modes agree (or for a pass with no policy count, whose
+    rows have no trained token and so no KL either)."""
+    if local[0] == 0 or (local[0], denom[0]) == (local[1], denom[1]):
+        return 1.0
+    if denom[1] == 0:  # a token-mean term over a minibatch with no trained token: nothing to weigh
+        return 0.0
+    return (local[1] / denom[1]) / (local[0] / denom[0])
+
+
+class KLTermMixin:
+    """The reference model and the KL term's target log-probs (see module docstring)."""
+
+    def _load_reference(self) -> torch.nn.Module | None:
+        """The frozen reference model when a KL term of some stage needs it (None otherwise: no memory spent):
+        loaded from the policy's own checkpoint, i.e. the policy as it starts; with LoRA the policy with its
+        adapter off (no second model)."""
+        if not needs_reference_model(self.config):
+            return None
+        if self._lora is not None:
+            return AdapterOff(self._lora)
+        from transformers import AutoModelForCausalLM
+
+        path = policy_path(self.config.model_path)
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
+        ref.eval().requires_grad_(False)
+        return ref
+
+    @property
+    def _kl_term(self) -> KLTerm:
+        """The KL term of the update in progress (its stage's)."""
+        return stage_kl_term(self.config, self._stage)
+
+    @property
+    def _uses_reference(self) -> bool:
+        term = self._kl_term
+        return self._reference is not None and term.coef > 0 and term.target == "reference"
+
+    def _kl_target_logprobs(
+        self,
+        packed: dict[str, torch.Tensor],
+        logp: torch.Tensor,
+        base: list,
+        idx: np.ndarray,
+        real: bool,
+        ref_lp,
+    ) -> torch.Tensor | None:
+        """The log-probs the KL term of rows `idx` compares `logp` with (None without a term): the current base's
+        from the training forward (`base`, stage A toward the current base), else the reference model's."""
+        if base:
+            return base[0]
+        return self._reference_logprobs(packed, logp, idx, real, ref_lp)
+
+    def _reference_logprobs(
+        self, packed: dict[str, torch.Tensor], logp: torch.Tensor, idx: np.ndarray, real: bool, ref_lp
+    ) -> torch.Tensor | None:
+        """The reference model's log-probs of rows `idx` (None without a term toward it): recorded ones, else
+        scored now (and recorded); a padding pass with recorded rows takes the policy's own (weight 0 anyway)."""
+        if not self._uses_reference:
+            return None
+        if ref_lp is not None and real and int(idx[0]) in ref_lp:
+            return torch.stack([fit_row(ref_lp[int(i)], logp.shape[1]) for i in idx])
+        if not real and ref_lp is not None:
+            return logp.detach()
+        with torch.no_grad():
+            ref, _ = self._score(self._reference, packed)
+        if ref_lp is not None:
+            ref_lp.update({int(i): ref[j] for j, i in enumerate(idx)})
+        return ref
+
+
+def fit_row(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad/trim a per-position row recomputed in another packing to `width` (positions past a row's end are
+    masked out of every loss)."""
+    if t.shape[0] >= width:
+        return t[:width]
+    return torch.nn.functional.pad(t, (0, width - t.shape[0]))
