@@ -322,6 +322,67 @@ def part_learner_1p5b(sizes: Sizes, shape: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _timed_updates(learner, samples: list, reps: int) -> tuple[list[float], dict]:
+    import torch
+
+    times, metrics = [], {}
+    for _ in range(reps + 1):  # the first is warm-up (kernels, allocator)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        metrics = learner.update_from_samples(samples, seed=0)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times, metrics
+
+
+def part_learner_sweep(sizes: Sizes, shape: dict[str, Any]) -> dict[str, Any]:
+    """The 1.5B-shaped update at other micro-batch budgets and without gradient checkpointing, and with the
+    weights themselves in bf16 (what an unsharded learner did before fp32 master weights): speed, memory, and the
+    fraction of weights one lr-1e-6 step moves."""
+    import gc
+
+    import torch
+
+    path = _build_1p5b(shape, Path(tempfile.mkdtemp(prefix="r1_distill_shape_")))
+    samples = _samples(sizes.rows, sizes.prompt, sizes.response, shape["vocab_size"])
+    tokens = sizes.rows * (sizes.prompt + sizes.response)
+    settings = {
+        "mbt11264_ckpt": dict(micro_batch_max_tokens=11264, gradient_checkpointing=True),
+        "mbt22528_ckpt": dict(micro_batch_max_tokens=22528, gradient_checkpointing=True),
+        "mbt65536_ckpt": dict(micro_batch_max_tokens=65536, gradient_checkpointing=True),
+        "mbt11264_no_ckpt": dict(micro_batch_max_tokens=11264, gradient_checkpointing=False),
+        "bf16_weights_mbt11264_ckpt": dict(micro_batch_max_tokens=11264, gradient_checkpointing=True),
+    }
+    out: dict[str, Any] = {}
+    for name, setting in settings.items():
+        try:
+            learner = _learner(path, lr=1e-6, temperature=0.6, attn_implementation="sdpa", **setting)
+            if name.startswith("bf16_weights"):
+                learner.policy.to(torch.bfloat16)  # in place: the optimizer keeps the same parameter objects
+            params = [p for p in learner.policy.parameters() if p.requires_grad]
+            before = [p.detach().to("cpu", copy=True) for p in params]
+            times, metrics = _timed_updates(learner, samples, sizes.reps)
+            moved = sum(int((p.detach().cpu() != b).sum()) for p, b in zip(params, before, strict=True))
+            step = float(np.median(times[1:]))
+            out[name] = {
+                "update_s": times,
+                "tokens_per_s": tokens / step,
+                "peak_gpu_mem_gb": metrics.get("peak_gpu_mem_gb"),
+                "moved_fraction_after_steps": moved / sum(b.numel() for b in before),
+            }
+        except Exception as err:  # an OOM at one setting is a result
+            out[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+        print(f"  {name}: {out[name]}", flush=True)
+        learner = params = before = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return out
+
+
 def part_algo(sizes: Sizes) -> dict[str, Any]:
     import r3_rllib  # noqa: F401  (registers R3)
 
@@ -391,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": lambda: part_engine(sizes),
         "learner_1p5b": lambda: part_learner_1p5b(sizes, shape),
         "algo": lambda: part_algo(sizes),
+        "learner_sweep": lambda: part_learner_sweep(sizes, shape),
     }
     failed = 0
     for name in args.parts.split(","):
