@@ -1,5 +1,5 @@
 """Text environments: the TextEnv API, the registry, and the built-in tasks (arithmetic, chat_arithmetic, math,
-gridworld).
+gridworld, and reward_fn: a dataset and a reward function of one's own).
 
 Importing this package imports neither transformers nor math-verify: tokenizers load when a MathEnv gets a folder,
 and math-verify runs in the grader's worker subprocess.
@@ -17,10 +17,12 @@ from r3_rllib.envs.data import (
 from r3_rllib.envs.math_env import DEFAULT_PROMPT_TEMPLATE, MathEnv
 from r3_rllib.envs.registry import (
     get_text_env_factory,
+    load_object,
     make_text_env,
     register_text_env,
     registered_text_envs,
 )
+from r3_rllib.envs.reward_fn import RewardFnEnv
 
 __all__ = [
     "DEFAULT_PROMPT_TEMPLATE",
@@ -31,11 +33,13 @@ __all__ = [
     "MathEnv",
     "MathProblem",
     "PooledTextEnv",
+    "RewardFnEnv",
     "TextEnv",
     "generate_arithmetic_problems",
     "get_text_env_factory",
     "load_math_problems",
     "load_math_problems_with_report",
+    "load_object",
     "make_text_env",
     "register_text_env",
     "registered_text_envs",

@@ -236,22 +236,27 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, str, Any]]:
         yield row, f"row {row}", value
 
 
-def _read_hub(name: str, split: str) -> Iterator[tuple[int, str, Any]]:
+def _read_hub(name: str, split: str, config: str | None = None) -> Iterator[tuple[int, str, Any]]:
     import datasets
 
     try:
-        dataset = datasets.load_dataset(name, split=split)
+        if config is None:
+            dataset = datasets.load_dataset(name, split=split)
+        else:  # the dataset's configuration (subset), e.g. "main" of openai/gsm8k
+            dataset = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # network, auth, unknown name, unknown split: all surface as one clear error
         raise DataError(f"hub dataset {name!r} (split {split!r}): cannot load: {exc}") from exc
     for row, value in enumerate(dataset):
         yield row, f"row {row}", value
 
 
-def _open_source(source: str | os.PathLike, split: str) -> tuple[str, str, Iterator[tuple[int, str, Any]]]:
+def _open_source(
+    source: str | os.PathLike, split: str, hub_config: str | None = None
+) -> tuple[str, str, Iterator[tuple[int, str, Any]]]:
     """(display name, id stem, row iterator)."""
     if not _is_local(source):
         name = str(source)
-        return f"{name}[{split}]", name.rsplit("/", 1)[-1], _read_hub(name, split)
+        return f"{name}[{split}]", name.rsplit("/", 1)[-1], _read_hub(name, split, hub_config)
     path = Path(os.path.expanduser(str(source)))
     if not path.exists():
         raise DataError(f"{path}: file not found")
@@ -351,6 +356,22 @@ def load_math_problems(
         max_rows=max_rows,
     )
     return problems
+
+
+def read_rows(
+    source: str | os.PathLike, *, split: str = "train", hub_config: str | None = None
+) -> tuple[str, str, list[tuple[str, Any]]]:
+    """The rows of a local ``.json``/``.jsonl``/``.parquet`` file or a hub dataset (``datasets.load_dataset(source,
+    hub_config, split=split)``), read as for math problems but kept as they are, for an env with rows of its own
+    (``reward_fn``): ``(display name, id stem, [(where, row)])``, ``where`` naming the row (and line) for messages.
+    A JSON line that does not parse raises :class:`DataError` naming it."""
+    display, stem, rows = _open_source(source, split, hub_config)
+    out: list[tuple[str, Any]] = []
+    for _, where, value in rows:
+        if isinstance(value, _BadRow):
+            raise DataError(f"{display}: {where}: {value}")
+        out.append((where, value))
+    return display, stem, out
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -2,15 +2,23 @@
 
 Factories come from two places: :func:`register_text_env` calls, and installed packages that declare an entry point
 in the group ``r3_rllib.text_envs`` (``name = "package.module:Factory"``; this package declares ``arithmetic``,
-``chat_arithmetic``, ``math`` and ``gridworld``). Entry points are loaded on first use, so listing names imports
-nothing. An explicit registration takes precedence over an entry point of the same name only when it is the same
-factory or ``overwrite=True``. The registry is a :class:`~r3_rllib.core.registry.Registry`, the package's one
-implementation of named entries.
+``chat_arithmetic``, ``math``, ``reward_fn``, ``gridworld``, ...). Entry points are loaded on first use, so listing
+names imports nothing. An explicit registration takes precedence over an entry point of the same name only when it
+is the same factory or ``overwrite=True``. The registry is a :class:`~r3_rllib.core.registry.Registry`, the
+package's one implementation of named entries.
+
+A name written ``"module:attribute"`` (``"my_tasks:SortEnv"``, ``"my_pkg.envs:make_env"``) needs no registration:
+wherever an env name is accepted (``R3Config.environment``, run files, ``make_text_env``, ``r3 eval --env``) it names
+the TextEnv class or factory that attribute of that module holds, imported on use (:func:`load_object`; a module
+that cannot be imported, or lacks the attribute, is a ``ValueError`` naming it).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -44,6 +52,10 @@ def register_text_env(name: str, factory: TextEnvFactory, *, overwrite: bool = F
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"text env name must be a non-empty string, got {name!r}")
+    if is_object_path(name):
+        raise ValueError(
+            f"text env name {name!r} holds ':', which marks a 'module:Class' path; pick another name"
+        )
     if not callable(factory):
         raise TypeError(f"factory for text env {name!r} must be callable, got {type(factory).__name__}")
     _REGISTRY.add(name, factory, overwrite=overwrite)
@@ -54,8 +66,87 @@ def registered_text_envs() -> list[str]:
     return _REGISTRY.names()
 
 
+class ObjectPathError(ValueError):
+    """A ``"module:attribute"`` path that names nothing usable; the message names the module or attribute."""
+
+
+def is_object_path(name: object) -> bool:
+    """Whether ``name`` is written ``"module:attribute"`` (registered names hold no colon)."""
+    return isinstance(name, str) and ":" in name
+
+
+def _import_module(module_name: str, path: str, what: str) -> Any:
+    """``module_name`` imported; not found on ``sys.path``, it is looked for in the current directory too (Ray adds
+    the driver's current directory to its workers' paths; ``r3`` run as a console script does not have it)."""
+    module = _try_import(module_name, path, what)
+    cwd = os.getcwd()
+    if module is None and cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+        module = _try_import(module_name, path, what)
+    if module is None:
+        raise ObjectPathError(
+            f"{what} {path!r}: cannot import module {module_name!r}: not found; it must be importable where the "
+            f"env is built: an installed package, a module in the current directory ({cwd}) or on PYTHONPATH"
+        )
+    return module
+
+
+def _try_import(module_name: str, path: str, what: str) -> Any:
+    """The module, or None when it is not found; an error raised while importing it is an ObjectPathError."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            return None
+        failure = exc  # the module was found; something it imports was not
+    except Exception as exc:  # a syntax error or an exception at the module's top level
+        failure = exc
+    raise ObjectPathError(
+        f"{what} {path!r}: importing module {module_name!r} failed: {type(failure).__name__}: {failure}"
+    ) from failure
+
+
+def load_object(path: str, *, what: str = "object") -> Any:
+    """The object ``"package.module:attribute"`` names (the attribute may be dotted: ``"mod:Class.method"``),
+    imported now; ``what`` names it in errors (``"text env"``, ``"reward"``). An :class:`ObjectPathError` (a
+    ``ValueError``) names the malformed path, the module that cannot be imported, or the missing attribute."""
+    module_name, _, attr = path.partition(":")
+    if not module_name.strip() or not attr.strip() or ":" in attr:
+        raise ObjectPathError(
+            f"{what} {path!r}: expected 'module:attribute', e.g. 'my_tasks:MyEnv' or 'my_pkg.rewards:exact_match'"
+        )
+    obj = _import_module(module_name, path, what)
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            hint = difflib.get_close_matches(part, names, n=1)
+            raise ObjectPathError(
+                f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
+            ) from None
+    return obj
+
+
+def _load_env_path(name: str) -> TextEnvFactory:
+    factory = load_object(name, what="text env")
+    if isinstance(factory, type) and not issubclass(factory, TextEnv):
+        raise ObjectPathError(f"text env {name!r}: {factory.__name__} is a class but not a TextEnv")
+    if not callable(factory):
+        raise ObjectPathError(
+            f"text env {name!r} is a {type(factory).__name__}, not a TextEnv class or factory"
+        )
+    return factory
+
+
 def get_text_env_factory(name: str) -> TextEnvFactory:
-    """The factory for ``name``; ``ValueError`` naming the known names and the closest match when unknown."""
+    """The factory for ``name`` (a registered name, or a ``"module:attribute"`` path); ``ValueError`` naming the
+    known names and the closest match when unknown."""
+    if is_object_path(name):
+        return _load_env_path(name)
     factory = _REGISTRY.lookup(name)
     if factory is not None:
         return factory
@@ -64,6 +155,7 @@ def get_text_env_factory(name: str) -> TextEnvFactory:
     raise ValueError(
         f"unknown text env {name!r}; known: {', '.join(known) or 'none'}"
         + (f"; did you mean {hint[0]!r}?" if hint else "")
+        + " (an env of your own module is named 'module:Class')"
     )
 
 

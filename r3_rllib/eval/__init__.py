@@ -1,4 +1,5 @@
-"""Evaluation on math benchmarks (``r3 eval``) and training-curve plots (``r3 plot``)."""
+"""Evaluation on math benchmarks and on any text env (``r3 eval``, ``r3 eval --env``) and training-curve plots
+(``r3 plot``)."""
 
 from r3_rllib.eval.benchmarks import (
     BENCHMARKS,
@@ -8,6 +9,7 @@ from r3_rllib.eval.benchmarks import (
     load_benchmark,
     parse_benchmark_names,
 )
+from r3_rllib.eval.env_eval import evaluate_env
 from r3_rllib.eval.evaluate import (
     BenchmarkResult,
     EvalReport,
@@ -30,6 +32,7 @@ __all__ = [
     "add_plot_args",
     "build_figure",
     "evaluate",
+    "evaluate_env",
     "get_benchmark",
     "load_benchmark",
     "load_runs",

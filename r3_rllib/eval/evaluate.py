@@ -45,6 +45,7 @@ PROMPT_TEMPLATE = DEFAULT_PROMPT_TEMPLATE
 
 # DeepScaleR evaluates its 1.5B models with a 32k-token response budget.
 DEFAULT_MAX_NEW_TOKENS = 32768
+DEFAULT_ENV_MAX_NEW_TOKENS = 1024  # r3 eval --env
 DEFAULT_BATCH_SIZE = 64  # prompts per engine call (each fans out to n samples)
 
 
@@ -74,6 +75,7 @@ class BenchmarkResult:
     truncated_frac: float
     problem_ids: list[str] = field(default_factory=list)
     num_correct: list[int] = field(default_factory=list)  # per problem, out of n
+    mean_reward: float | None = None  # env evaluations (r3 eval --env): the env's reward, over all samples
 
     @classmethod
     def from_samples(
@@ -394,7 +396,10 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-problems", type=int, default=None, help="first N problems of each benchmark")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="default: %(default)s"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"default: {DEFAULT_MAX_NEW_TOKENS} for the math benchmarks, {DEFAULT_ENV_MAX_NEW_TOKENS} with --env",
     )
     parser.add_argument("--temperature", type=float, default=0.6, help="default: %(default)s")
     parser.add_argument("--top-p", type=float, default=0.95, help="default: %(default)s")
@@ -430,6 +435,7 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help='JSON: the training run\'s reasoning_gym env options (e.g. \'{"few_shot": 3}\') and "task_config": '
         "{task: options} for tasks trained at other than their default settings",
     )
+    add_env_eval_args(parser)
     parser.add_argument(
         "--with-head",
         action="store_true",
@@ -452,7 +458,7 @@ def _engine_kwargs(kind: str, args: argparse.Namespace, model_path: Path) -> dic
     if kind != "vllm":
         return out
     # Room for the longest benchmark prompt (well under 4k tokens) plus the response budget, capped by the model.
-    max_model_len = args.max_new_tokens + 4096
+    max_model_len = max_new_tokens_of(args) + 4096
     config_file = model_path / "config.json"
     if config_file.is_file():
         limit = json.loads(config_file.read_text()).get("max_position_embeddings")
@@ -482,6 +488,92 @@ def _check_head(args: argparse.Namespace, model_path: Path) -> None:
         )
 
 
+def add_env_eval_args(parser: argparse.ArgumentParser) -> None:
+    """``r3 eval --env NAME``: any text env's held-out queries instead of the math benchmarks (env_eval.py)."""
+    parser.add_argument(
+        "--env",
+        default=None,
+        help="score this text env instead of the math benchmarks: a registered name (reward_fn, arithmetic, ...) "
+        "or 'module:Class'; its held-out queries (split 'test'), --max-problems of them (default all)",
+    )
+    parser.add_argument(
+        "--env-config",
+        type=json.loads,
+        default=None,
+        help="with --env: the env_config, as JSON (as in training)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --env: one env_config key (a YAML value; repeatable), e.g. --set reward=my_rewards:exact_match",
+    )
+    parser.add_argument(
+        "--split", default="test", help="with --env: the env's split option (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--greedy", action="store_true", help="with --env: one greedy response per query (not --n)"
+    )
+
+
+def env_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--env-config`` with each ``--set key=value`` on top (a value read as YAML: numbers, lists, true/false)."""
+    import yaml
+
+    config = dict(args.env_config or {})
+    if not isinstance(args.env_config or {}, dict):
+        raise ValueError(f"--env-config must be a JSON object, got {args.env_config!r}")
+    for text in args.set or []:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {text!r}")
+        config[key.strip()] = yaml.safe_load(value)
+    return config
+
+
+def _eval_env(args: argparse.Namespace, tokenizer) -> Any:
+    """``--env``'s env, built with ``--env-config``/``--set`` and ``--split`` (a note when it has no split option:
+    its queries are then the ones it trains on)."""
+    from r3_rllib.eval.env_eval import build_eval_env, takes_split
+
+    split = args.split or None
+    if split is not None and not takes_split(args.env):
+        print(
+            f"r3 eval: note: env {args.env!r} has no split option: scoring the queries it serves",
+            file=sys.stderr,
+        )
+    return build_eval_env(args.env, env_config_from_args(args), tokenizer, split)
+
+
+def _env_report(engine: GenerationEngine, tokenizer, args: argparse.Namespace, env: Any) -> EvalReport:
+    from r3_rllib.eval.env_eval import evaluate_env
+
+    report = evaluate_env(
+        engine,
+        tokenizer,
+        env,
+        name=args.env,
+        n=args.n,
+        greedy=args.greedy,
+        num_queries=args.max_problems,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
+    report.config.update(env_config=_printable(env_config_from_args(args)), split=args.split or None)
+    return report
+
+
+def _printable(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` for a JSON report: values that are not JSON data (a function, a tokenizer) as their repr."""
+    return {
+        k: v if isinstance(v, str | int | float | bool | type(None) | list | dict) else repr(v)
+        for k, v in config.items()
+    }
+
+
 def _reasoning_gym_report(engine: GenerationEngine, tokenizer, args: argparse.Namespace) -> EvalReport:
     from r3_rllib.eval.reasoning_gym_eval import evaluate_reasoning_gym
 
@@ -499,22 +591,37 @@ def _reasoning_gym_report(engine: GenerationEngine, tokenizer, args: argparse.Na
     )
 
 
+def max_new_tokens_of(args: argparse.Namespace) -> int:
+    """``--max-new-tokens``, else its default: the math benchmarks' 32k, or 1024 with ``--env``."""
+    if args.max_new_tokens is not None:
+        return int(args.max_new_tokens)
+    return DEFAULT_ENV_MAX_NEW_TOKENS if getattr(args, "env", None) else DEFAULT_MAX_NEW_TOKENS
+
+
+def _check_data_dir(names: list[str], data_dir: str | None) -> None:
+    """With ``--data-dir``: every benchmark's file is there, checked before the engine is built (loading a large
+    model takes minutes)."""
+    if data_dir is None:
+        return
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"--data-dir {data_dir} is not a folder")
+    for name in names:
+        if not local_path(name, data_dir).is_file():
+            raise FileNotFoundError(
+                f"benchmark {name!r}: {local_path(name, data_dir)} not found (with --data-dir, "
+                "benchmarks are read only from <benchmark>.jsonl files there)"
+            )
+
+
 def run_eval(
     args: argparse.Namespace, *, engine_factory: Callable[..., GenerationEngine] | None = None
 ) -> int:
     """``r3 eval``: evaluate a model on benchmarks, print the markdown table, optionally write JSON (and .md)."""
+    env_eval = getattr(args, "env", None)
+    args.max_new_tokens = max_new_tokens_of(args)
     try:
         names = parse_benchmark_names(args.benchmarks)
-        if args.data_dir is not None:
-            if not Path(args.data_dir).is_dir():
-                raise FileNotFoundError(f"--data-dir {args.data_dir} is not a folder")
-            # Check every file before building the engine (loading a large model takes minutes).
-            for name in names:
-                if not local_path(name, args.data_dir).is_file():
-                    raise FileNotFoundError(
-                        f"benchmark {name!r}: {local_path(name, args.data_dir)} not found (with --data-dir, "
-                        "benchmarks are read only from <benchmark>.jsonl files there)"
-                    )
+        _check_data_dir(names, args.data_dir)
         model_path = build_model_path(args.model)  # builds a named model first
         _check_head(args, model_path)
     except (OSError, ValueError) as e:
@@ -523,6 +630,11 @@ def run_eval(
     from r3_rllib.models.tiny import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer or model_path)
+    try:  # the env is built (its data read, its reward function imported) before the model is loaded
+        env = _eval_env(args, tokenizer) if env_eval else None
+    except (OSError, ValueError, TypeError) as e:
+        print(f"r3 eval: error: --env {env_eval}: {e}", file=sys.stderr)
+        return 2
     kind = args.engine or default_engine_kind()
     if engine_factory is None:
         from r3_rllib.engines import make_engine
@@ -531,7 +643,9 @@ def run_eval(
     engine = engine_factory(kind, model_path, tokenizer, **_engine_kwargs(kind, args, model_path))
     try:
         report = (
-            _reasoning_gym_report(engine, tokenizer, args)
+            _env_report(engine, tokenizer, args, env)
+            if env is not None
+            else _reasoning_gym_report(engine, tokenizer, args)
             if args.reasoning_gym
             else evaluate(
                 engine,
@@ -558,11 +672,19 @@ def run_eval(
     report.config.update(
         model=str(args.model), engine=kind, with_head=bool(getattr(args, "with_head", False))
     )
+    _print_report(report, args.out)
+    return 0
+
+
+def _print_report(report: EvalReport, out_path: str | None) -> None:
+    """The markdown table (and each env's mean reward) on stdout; the JSON and the table at ``out_path``."""
     table = report.to_markdown()
     print(table)
-    if args.out:
-        out = report.to_json(args.out)
+    for r in report.results:
+        if r.mean_reward is not None:
+            print(f"{r.name}: mean reward {r.mean_reward:.4f} over {r.num_problems} queries x {r.n}")
+    if out_path:
+        out = report.to_json(out_path)
         table_path = out.with_suffix(".md") if out.suffix != ".md" else out.with_name(out.name + ".table.md")
         table_path.write_text(table + "\n")
         print(f"wrote {out} and {table_path}", file=sys.stderr)
-    return 0

@@ -150,11 +150,15 @@ class R3Config(AlgorithmConfig):
     def environment(self, env=NotProvided, **kwargs) -> R3Config:
         """RLlib's `.environment()`. A TextEnv name registered only in this process (`register_text_env`, no
         installed entry point) is also put in Ray Tune's cluster-wide env registry, as RLlib does for gym envs: the
-        EnvRunners and Tune trials that build the env run in other processes, with registries of their own."""
+        EnvRunners and Tune trials that build the env run in other processes, with registries of their own. A
+        ``"module:Class"`` path is imported here once, so a module or class that cannot be found is named now
+        (a ValueError), not by every EnvRunner; the runners import it again by its path."""
         if isinstance(env, str):
-            from r3_rllib.envs.registry import get_text_env_factory, registered_only_here
+            from r3_rllib.envs.registry import get_text_env_factory, is_object_path, registered_only_here
 
-            if registered_only_here(env):
+            if is_object_path(env):
+                get_text_env_factory(env)
+            elif registered_only_here(env):
                 from ray.tune.registry import register_env
 
                 register_env(env, get_text_env_factory(env))
