@@ -67,6 +67,10 @@ def _train(args) -> int:
     # A private cluster keeps token authentication on (ray_session.py).
     init_ray(args.address, log_to_driver=args.verbose, num_cpus=args.num_cpus)
     reporter = tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5)
+    from r3_rllib.algorithms.r3.trackers import tracker_callbacks
+
+    # run.loggers: the named trackers only (a resumed run keeps its own, and needs Tune's automatic ones off too).
+    callbacks = tracker_callbacks(run, experiment=name, exp_dir=exp_dir)
     run_config = tune.RunConfig(
         name=name,
         storage_path=storage,
@@ -77,6 +81,7 @@ def _train(args) -> int:
             num_to_keep=run.get("keep_checkpoints_num"),
         ),
         progress_reporter=reporter,
+        callbacks=callbacks,
         # A trial that failed (a learner died) restarts from its newest complete checkpoint (R3.restore).
         failure_config=tune.FailureConfig(max_failures=int(run.get("max_failures", 0))),
         verbose=int(run.get("verbose", 1)),
@@ -261,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="one self-contained HTML page of a run: curves, health checks, samples")
     add_report_args(p)
     p.set_defaults(func=run_report)
+
+    from r3_rllib.algorithms.r3.export import add_export_args, run_export
+
+    p = sub.add_parser("export", help="a Hugging Face folder (model, tokenizer, card) of a run's checkpoint")
+    add_export_args(p)
+    p.set_defaults(func=run_export)
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

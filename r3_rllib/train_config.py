@@ -172,6 +172,10 @@ def _schema_section(raw: dict, section: str) -> dict:
     if not isinstance(values, dict):
         raise ConfigError(f"section {section!r} must be a mapping")
     errors = key_errors(section, values)
+    if section == "run" and not errors:
+        from r3_rllib.algorithms.r3.trackers import tracker_errors
+
+        errors = tracker_errors(values)
     if errors:
         raise ConfigError("; ".join(errors))
     return values

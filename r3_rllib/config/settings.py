@@ -479,6 +479,16 @@ class RunSettings:
     checkpoint run again and train what they trained the first time (rollout/trained_digest shows it): set
     checkpoint_frequency so that little is redone. 0 (default): a failed trial stays failed (`r3 train --resume`
     continues it); -1: no limit."""
+    loggers: list | None = setting(None, types=(list,), none_ok=True)
+    """Where results are logged: any of tensorboard, csv, json, wandb, mlflow (json is always written: r3 export
+    reads it); None: Tune's defaults (tensorboard, csv, json). wandb and mlflow need the trackers extra
+    (r3_rllib/algorithms/r3/trackers.py)."""
+    wandb: dict = setting(default_factory=dict, types=(dict,))
+    """W&B's options (with wandb in loggers): project (default: the run's name), entity, group, mode ('offline':
+    written under the trial's folder, no account needed; or WANDB_MODE), dir, tags, notes, ..."""
+    mlflow: dict = setting(default_factory=dict, types=(dict,))
+    """MLflow's options (with mlflow in loggers): tracking_uri (default: MLFLOW_TRACKING_URI, else a file store
+    beside the run, <storage_path>/<name>/mlruns), experiment_name (default: the run's name), tags, ..."""
 
 
 @dataclasses.dataclass

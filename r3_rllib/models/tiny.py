@@ -207,6 +207,57 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path
     return path
 
 
+def _byte_symbols() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the symbol byte-level tokenizers (Qwen2's among them) write each byte as
+    (printable ASCII stays itself, a space is 'Ġ', a newline 'Ċ')."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {b: chr(b) for b in kept} | {b: chr(256 + i) for i, b in enumerate(moved)}
+
+
+def portable_char_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerFast:
+    """The character tokenizer as a byte-level BPE without merges: the same ids for the same text, and a folder
+    that plain ``AutoTokenizer.from_pretrained`` loads right. transformers resolves a Qwen2 folder to
+    ``Qwen2Tokenizer`` whatever tokenizer_config.json names, and that class rebuilds a byte-level BPE from
+    tokenizer.json's vocabulary: the character vocabulary's ' ' and '\\n' are not byte-level symbols, so it dropped
+    them ('cat dog' -> 'catdog'); written as 'Ġ' and 'Ċ' they round-trip. Text outside printable ASCII has no id
+    (the character tokenizer's ``<unk>``; ``Qwen2Tokenizer`` drops it)."""
+    if not _is_char_tokenizer(tokenizer):
+        raise ValueError("not the character tokenizer (build_tiny_tokenizer)")
+    symbols = _byte_symbols()
+    vocab = {(t if t in SPECIAL_TOKENS else symbols[ord(t)]): i for t, i in tokenizer.get_vocab().items()}
+    core = Tokenizer(tok_models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+        padding_side="left",
+    )
+
+
+def save_portable_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
+    """Save a tokenizer into an exported model folder so that ``AutoTokenizer.from_pretrained(path)`` loads it
+    (and :func:`load_tokenizer` too): the character tokenizer as :func:`portable_char_tokenizer` (marked, and
+    named ``PreTrainedTokenizerFast`` in tokenizer_config.json, which transformers 4 and 5 both read), any other
+    as it is."""
+    if not _is_char_tokenizer(tokenizer):
+        return save_tokenizer(tokenizer, path)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    portable_char_tokenizer(tokenizer).save_pretrained(str(path))
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    (path / MARKER_FILE).write_text(json.dumps({"kind": CHAR_TOKENIZER_KIND}, indent=2) + "\n")
+    return path
+
+
 def load_tiny(
     path: str | Path, *, dtype: torch.dtype = torch.float32
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerBase]:

@@ -27,6 +27,13 @@ and examples/ use none):
 11  ``EnvRunnerGroup._make_worker``, ``_remote_config``,      runner_group.py ``R3EnvRunnerGroup``: passes remote runners
     ``_remote_config_obj_ref``; ``EnvRunnerGroup`` as a     the config by value; ``Algorithm.setup`` builds the group
     global of ``ray.rllib.algorithms.algorithm``             class it finds under that global (no config field picks it)
+12  ``WandbLoggerCallback._logger_actor_cls``,             tracker_callbacks.py ``R3WandbLoggerCallback``: its actor class
+    ``_remote_logger_class``, ``_start_logging_actor``,      (a sample table), the actor's options (WANDB_* settings, no
+    ``_trial_logging_actors``, ``_trial_queues``;             restarts), the trial's folder as W&B's dir, and results
+    ``_WandbLoggingActor._handle_result``, ``_clean_log``,   queued without waiting; ``R3MLflowLoggerCallback``: batched
+    ``_QueueItem``; ``Queue.actor``;                         params and metrics through MLflow's client, per trial run
+    ``_force_on_current_node``; ``MLflowLoggerCallback``'s
+    ``_trial_runs``, ``_MLflowLoggerUtil._get_client``
 ==  =======================================================  ==============================================================
 """
 
@@ -137,3 +144,30 @@ def test_algorithm_setup_builds_the_group_found_under_its_module_global():
     params = inspect.signature(EnvRunnerGroup._make_worker).parameters
     for name in ("config", "worker_index"):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_tune_tracker_callbacks_keep_the_hooks_r3_overrides():
+    # 12. tracker_callbacks.py.
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from ray.air._internal.mlflow import _MLflowLoggerUtil
+    from ray.air.integrations import wandb as ray_wandb
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.air.util.node import _force_on_current_node
+    from ray.util.queue import Queue
+
+    callback = ray_wandb.WandbLoggerCallback
+    assert callback._logger_actor_cls is ray_wandb._WandbLoggingActor
+    init = inspect.getsource(callback.__init__)
+    for attribute in ("_remote_logger_class = None", "_trial_logging_actors", "_trial_queues"):
+        assert f"self.{attribute}" in init
+    start = inspect.getsource(callback._start_logging_actor)
+    assert "if not self._remote_logger_class:" in start and "(self._logger_actor_cls)" in start
+    assert _params(callback._start_logging_actor) == ["self", "trial", "exclude_results", "wandb_init_kwargs"]
+    assert "self._handle_result(item_content)" in inspect.getsource(ray_wandb._WandbLoggingActor.run)
+    assert _params(ray_wandb._WandbLoggingActor._handle_result) == ["self", "result"]
+    assert "_QueueItem.RESULT" in inspect.getsource(ray_wandb._WandbLoggingActor.run)
+    assert _params(ray_wandb._clean_log)[0] == "obj" and callable(_force_on_current_node)
+    assert "self.actor = (" in inspect.getsource(Queue.__init__)
+    assert "self._trial_runs = {}" in inspect.getsource(MLflowLoggerCallback.setup)
+    assert _params(_MLflowLoggerUtil._get_client) == ["self"]

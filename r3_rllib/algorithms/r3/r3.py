@@ -24,7 +24,12 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
 from r3_rllib.algorithms.r3 import checkpoint_tune
-from r3_rllib.algorithms.r3.checkpoint import AlgorithmState, read_algorithm_state, write_algorithm_state
+from r3_rllib.algorithms.r3.checkpoint import (
+    LEARNER_DIR,
+    AlgorithmState,
+    read_algorithm_state,
+    write_algorithm_state,
+)
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
 from r3_rllib.algorithms.r3.groups import (
@@ -49,8 +54,6 @@ from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.rollout_schedule import Stage
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
-
-LEARNER_DIR = "learner_dcp"
 
 logger = logging.getLogger(__name__)
 
@@ -445,10 +448,12 @@ class R3(Algorithm):
             lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
         )
         assert any(r is not None for r in _all_results(results))
+        from r3_rllib.algorithms.r3.export import make_readable
         from r3_rllib.algorithms.r3.runner_env import load_policy_tokenizer
-        from r3_rllib.models.tiny import save_tokenizer
+        from r3_rllib.models.tiny import save_portable_tokenizer
 
-        save_tokenizer(load_policy_tokenizer(self.config), path)
+        save_portable_tokenizer(load_policy_tokenizer(self.config), path)  # loads with AutoTokenizer
+        make_readable(path)
         return path
 
     def replay_metrics(self) -> dict[str, float]:
