@@ -320,6 +320,23 @@ def head_kl_aggregation_agrees_under_rejection(config: Any) -> str | None:
     return None
 
 
+def is_weight_alarm_can_fire(config: Any) -> str | None:
+    """The importance weight is truncated (at is_cap; IcePop: at its band's upper bound), so a health alarm above
+    that bound would never fire."""
+    threshold = config.health_is_weight_max
+    if not isinstance(threshold, int | float) or isinstance(threshold, bool):
+        return None
+    bound, name = config.is_cap, "is_cap"
+    if config.rollout_rs == "icepop" and config.rollout_rs_threshold is not None:
+        bound, name = config.rollout_rs_threshold, "rollout_rs_threshold"
+    if isinstance(bound, int | float) and threshold > bound:
+        return (
+            f"health_is_weight_max={threshold} can never fire: the importance weight is truncated at "
+            f"{name}={bound}; set it at or below {bound}, or None"
+        )
+    return None
+
+
 #: Every cross-field rule, in the order their messages are listed.
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
@@ -347,6 +364,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     rollout_is_level_needs_a_weight,
     icepop_weight_is_per_token,
     head_kl_aggregation_agrees_under_rejection,
+    is_weight_alarm_can_fire,
 )
 
 

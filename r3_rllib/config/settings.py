@@ -425,6 +425,52 @@ class R3Settings:
     eval_num_queries: int = setting(64, range=">= 1", integer=True)
     """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""
 
+    # --- health checks (core/health.py, algorithms/r3/health_monitor.py) ----------------------------------------
+    health_checks: bool = True
+    """Check the run's health every iteration: health/<check> metrics (1 while it fires), health/<check>_value and
+    health/<check>_threshold in the result, a warning logged once each time a check starts firing, and a stop on
+    NaN/inf in the loss or gradients. A health_* threshold set to None switches its check off."""
+    health_entropy_min: float | None = setting(0.01, range=">= 0", finite=True, none_ok=True)
+    """entropy_collapse: warn when the mean token entropy (learner/entropy; rollout/entropy_mean with
+    learner_entropy off) is at or below this many nats. 0.01 nats: the average token puts ~99.9 % on one choice, so
+    a group's samples barely differ."""
+    health_entropy_drop: float | None = setting(0.1, range="(0, 1)", none_ok=True)
+    """entropy_collapse: also warn when the entropy has fallen to this fraction of its mean over the first
+    health_baseline_iterations iterations (0.1: a tenfold fall)."""
+    health_mismatch_k3_max: float | None = setting(0.01, range="> 0", finite=True, none_ok=True)
+    """mismatch_kl: warn when learner/mismatch_k3 (the k3 KL estimate of the engine's sampling policy to the
+    learner's) is at or above this. 0.01 is ~10x what a bf16 engine against an fp32 learner shows (BENCHMARKS
+    section 27: 1.6e-4 to 1.1e-3): a weight sync gone wrong or a wrong engine dtype."""
+    health_is_weight_max: float | None = setting(None, range="> 0", finite=True, none_ok=True)
+    """is_weight_spike: warn when learner/mismatch_is_weight_max is at or above this (None: off). The weight is
+    truncated at is_cap (except with rollout_rs 'icepop'), so a useful value lies at or below is_cap."""
+    health_zero_adv_frac_max: float | None = setting(0.95, range="(0, 1]", none_ok=True)
+    """zero_advantage: warn when rollout/zero_adv_frac (groups whose samples all got one reward: no gradient) is
+    at or above this in each of health_zero_adv_iterations iterations running."""
+    health_zero_adv_iterations: int = setting(3, range=">= 1", integer=True)
+    """zero_advantage: iterations in a row (one all-equal batch is common early on)."""
+    health_length_growth: float | None = setting(3.0, range="> 1", finite=True, none_ok=True)
+    """length_blowup: warn when rollout/response_len_mean reaches this many times its mean over the first
+    health_baseline_iterations iterations."""
+    health_truncated_frac_max: float | None = setting(0.5, range="(0, 1]", none_ok=True)
+    """truncation: warn when this fraction of the responses or more hit max_new_tokens (rollout/truncated_frac)."""
+    health_reward_rise: float | None = setting(0.1, range="> 0", finite=True, none_ok=True)
+    """reward_hacking: warn when rollout/reward_mean rose by this much or more over the last health_window
+    iterations (least-squares trend) while rollout/accuracy rose by health_accuracy_rise_max or less: a reward paid
+    for form, not correctness. A reward that is not meant to track accuracy (none of its samples reach the
+    env's 'correct') should set this to None."""
+    health_accuracy_rise_max: float = setting(0.02, range=">= 0", finite=True)
+    """reward_hacking: the accuracy rise over the window that still counts as flat."""
+    health_window: int = setting(10, range=">= 2", integer=True)
+    """reward_hacking: iterations over which the reward and accuracy trends are fitted."""
+    health_baseline_iterations: int = setting(3, range=">= 1", integer=True)
+    """The run's first iterations whose means are the baseline of entropy_collapse's drop and length_blowup (both
+    start after them)."""
+    health_stop_on_nonfinite: bool = True
+    """Stop training (NonFiniteTrainingError) when the loss or gradient norm is NaN/inf, naming the metric, the
+    iteration and the last complete checkpoint; False: warn only. Either way the learner skips an optimizer step
+    whose gradient is not finite, so the weights stay finite."""
+
 
 #: The names of every field of :class:`R3Settings`.
 R3_FIELDS = frozenset(f.name for f in dataclasses.fields(R3Settings))

@@ -69,6 +69,16 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
         for key in ("loss", "grad_norm", "clip_frac", "entropy", "train_tokens_per_s"):
             assert key in learner, key
         assert result["timers_s"]["weight_sync_s"] > 0
+        # Health checks (core/health.py): every check logs its flag, value and threshold; a healthy run raises none
+        # of them but truncation, which this random policy's 5-token responses do hit (its flag tells the truth).
+        from r3_rllib.core.health import CHECK_NAMES
+
+        for r in results:
+            health, truncated = r["health"], r["rollout"]["truncated_frac"]
+            assert set(CHECK_NAMES) - {"is_weight_spike"} <= set(health)  # is_weight_spike is off by default
+            assert health["truncation"] == float(truncated >= 0.5) and health["truncation_value"] == truncated
+            assert health["firing"] == health["truncation"]
+            assert health["entropy_collapse_value"] == r["learner"]["entropy"]
 
         out = algo.export_policy(tmp_path / "hf")
         from transformers import AutoModelForCausalLM

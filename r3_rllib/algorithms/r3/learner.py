@@ -178,6 +178,8 @@ class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
         metrics = {k: v / steps for k, v in totals.items()}
         metrics["grad_norm"] = float(np.mean(grad_norms))
         metrics["optimizer_steps"] = float(steps)
+        # Steps skipped for a NaN/inf gradient (_apply_gradients): the health checks stop on them (health_monitor.py).
+        metrics["nonfinite_grad_steps"] = float(sum(not np.isfinite(g) for g in grad_norms))
         return self._finish_update(metrics, trained_tokens, time.perf_counter() - t0)
 
     def _finish_update(
@@ -407,7 +409,8 @@ class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
         return metrics
 
     def _apply_gradients(self) -> float:
-        """Average (replicated learners), clip and apply the accumulated gradients; returns the gradient norm."""
+        """Average (replicated learners), clip and apply the accumulated gradients; returns the gradient norm. A
+        gradient with a NaN/inf norm is dropped and the step skipped, so the weights and AdamW's moments stay finite."""
         policy = self.policy
         if self._stage is not None:
             # requires_grad already keeps the frozen part out of the graph; dropping any gradient it still got
@@ -422,8 +425,13 @@ class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), self.config.grad_clip or float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)  # the whole gradient's norm: every rank skips or steps alike
+        if not np.isfinite(grad_norm):
+            # A NaN/inf gradient (clipping only scales it) would make every weight it reaches NaN: skip the step.
+            self._optimizer.zero_grad(set_to_none=True)
+            return grad_norm
         self._optimizer.step()
-        return float(grad_norm)
+        return grad_norm
 
     def _all_reduce_max(self, values: dict[str, float]) -> dict[str, float]:
         return all_reduce_dict(values, self._world, self._device, op=dist.ReduceOp.MAX)

@@ -39,6 +39,7 @@ from r3_rllib.algorithms.r3.groups import (
     rescore_ranking_entropies,
     rollout_means,
 )
+from r3_rllib.algorithms.r3.health_monitor import observe_health
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
 from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
@@ -56,6 +57,8 @@ from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
 
 logger = logging.getLogger(__name__)
+#: The learner metrics R^2PO also logs under the stage they belong to (r2po/A/..., r2po/B/...).
+_STAGE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "is_weight_mean", "clip_frac", "rollout_head_norm")
 
 
 class R3(Algorithm):
@@ -189,6 +192,7 @@ class R3(Algorithm):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
             # 5. Metrics and held-out evaluation.
             self._log_metrics(rollout, r3_metrics, learner_metrics, settings.stage)
+            observe_health(self, learner_metrics)  # health/* metrics, warnings, NaN stop (health_monitor.py)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
         return None
@@ -299,9 +303,8 @@ class R3(Algorithm):
         reflection = {k: means.pop(k) for k in ("reflection_prompts", "reflection_success")}
         rollout_metrics = {
             **means,
-            "zero_adv_frac": r3_metrics[
-                "zero_adv_frac"
-            ],  # after replay and ranking (groups.py); nan: no group
+            # After replay and ranking (groups.py); nan: no group.
+            "zero_adv_frac": r3_metrics["zero_adv_frac"],
             "trained_groups": r3_metrics.get("trained_groups", 0.0),  # fresh groups with a nonzero advantage
             "gen_tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
             "grade_s": rollout.grade_s,
@@ -333,15 +336,7 @@ class R3(Algorithm):
             "train_samples": r3_metrics.get("train_samples", 0.0),
             "zero_adv_frac": r3_metrics.get("zero_adv_frac", 0.0),
         }
-        for key in (
-            "loss",
-            "pg_loss",
-            "grad_norm",
-            "entropy",
-            "is_weight_mean",
-            "clip_frac",
-            "rollout_head_norm",
-        ):
+        for key in _STAGE_KEYS:
             if key in learner_metrics:
                 per_stage[key] = learner_metrics[key]
         self.metrics.log_dict(per_stage, key=("r2po", str(stage)))
