@@ -15,12 +15,13 @@ def make_run(root: Path) -> Path:
     trial.mkdir(parents=True)
     (trial / "params.json").write_text(json.dumps({"model_path": None}))
     columns = ["training_iteration", "time_total_s", "rollout/accuracy", "rollout/reward_mean",
-               "health/entropy_collapse", "health/zero_adv_high"]  # fmt: skip
+               "health/entropy_collapse", "health/zero_advantage", "health/zero_advantage_value",
+               "health/zero_advantage_threshold", "health/firing"]  # fmt: skip
     with open(trial / "progress.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         for it in (1, 2, 3):
-            writer.writerow([it, 2.0 * it, 0.1 * it, 0.2 * it, 0, 1 if it == 3 else 0])
+            writer.writerow([it, 2.0 * it, 0.1 * it, 0.2 * it, 0, int(it == 3), 0.25 * it, 0.95, int(it == 3)])
     for it in (2, 3):
         records = [
             SampleRecord(

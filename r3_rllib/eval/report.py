@@ -3,8 +3,8 @@
 What it holds, all inline (no network, no files beside it, opens from an e-mail or a cluster's shared disk):
 
 - the learning curves of the run's trials (the figure `r3 plot` draws, as inline SVG);
-- the health checks: every ``health/*`` column of ``progress.csv`` (see :mod:`r3_rllib.core.health`), its latest
-  value and the iterations where a check fired;
+- the health checks (:mod:`r3_rllib.core.health`): each check's ``health/<check>`` flags in ``progress.csv``, the
+  iterations where it fired, its latest measured value and threshold;
 - a sample browser over the per-sample rollout records (``<trial>/samples/iter_*.parquet``, see
   :mod:`r3_rllib.rollout.records`): prompt, completion and reward of each logged sample, filtered by iteration,
   reward and grade reason, the completion's tokens shaded by their entropy or their importance weight
@@ -52,18 +52,32 @@ def curves_svg(runs: Sequence[RunCurves], metrics: Sequence[str] = DEFAULT_METRI
     return svg[svg.index("<svg") :]
 
 
+def _latest_finite(values: np.ndarray | None) -> float | None:
+    if values is None:
+        return None
+    finite = np.asarray(values, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return float(finite[-1]) if finite.size else None
+
+
 def health_rows(run: RunCurves) -> list[dict[str, Any]]:
-    """One row per ``health/*`` column: its latest finite value and the iterations where it was non-zero."""
+    """One row per health check the run logged (``health/<check>``, 0/1, for the checks of
+    :data:`r3_rllib.core.health.CHECK_NAMES`): the iterations where it fired, and the latest measured value and
+    threshold (``health/<check>_value``, ``_threshold``)."""
+    from r3_rllib.core.health import CHECK_NAMES
+
     iterations = run.columns.get("training_iteration", np.arange(1, len(run) + 1, dtype=np.float64))
     rows = []
-    for name in sorted(c for c in run.columns if c.startswith(HEALTH_PREFIX)):
-        values = np.asarray(run.columns[name], dtype=np.float64)
-        finite = values[np.isfinite(values)]
-        fired = [int(it) for it, v in zip(iterations, values, strict=False) if np.isfinite(v) and v != 0]
+    for check in CHECK_NAMES:
+        flags = run.columns.get(f"{HEALTH_PREFIX}{check}")
+        if flags is None:
+            continue
+        fired = [int(it) for it, v in zip(iterations, flags, strict=False) if np.isfinite(v) and v != 0]
         rows.append(
             {
-                "check": name.removeprefix(HEALTH_PREFIX),
-                "latest": float(finite[-1]) if finite.size else None,
+                "check": check,
+                "value": _latest_finite(run.columns.get(f"{HEALTH_PREFIX}{check}_value")),
+                "threshold": _latest_finite(run.columns.get(f"{HEALTH_PREFIX}{check}_threshold")),
                 "fired_at": fired,
             }
         )
@@ -202,11 +216,13 @@ def _health_html(runs: Sequence[RunCurves]) -> str:
                 if fired
                 else '<span class="ok">never fired</span>'
             )
-            latest = "n/a" if r["latest"] is None else f"{r['latest']:.4g}"
-            cells.append(f"<tr><td>{html.escape(r['check'])}</td><td>{latest}</td><td>{status}</td></tr>")
+            value, limit = (("n/a" if v is None else f"{v:.4g}") for v in (r["value"], r["threshold"]))
+            cells.append(
+                f"<tr><td>{html.escape(r['check'])}</td><td>{value}</td><td>{limit}</td><td>{status}</td></tr>"
+            )
         parts.append(
-            f"<h3>{html.escape(run.label)}</h3><table id='health'><tr><th>check</th><th>latest</th>"
-            f"<th>iterations</th></tr>{''.join(cells)}</table>"
+            f"<h3>{html.escape(run.label)}</h3><table id='health'><tr><th>check</th><th>latest value</th>"
+            f"<th>threshold</th><th>iterations</th></tr>{''.join(cells)}</table>"
         )
     return "".join(parts)
 

@@ -13,12 +13,13 @@ from r3_rllib.eval.plot import load_trial
 from r3_rllib.eval.report import health_rows, render_report, sample_entries
 
 
-def test_health_rows_give_the_latest_value_and_the_iterations_a_check_fired(tmp_path):
+def test_health_rows_give_each_check_its_latest_value_threshold_and_the_iterations_it_fired(tmp_path):
     run = make_run(tmp_path)
     rows = health_rows(load_trial(run / "R3_trial_0"))
+    # Only the checks' flags are rows (not health/firing, nor the _value / _threshold columns).
     assert rows == [
-        {"check": "entropy_collapse", "latest": 0.0, "fired_at": []},
-        {"check": "zero_adv_high", "latest": 1.0, "fired_at": [3]},
+        {"check": "entropy_collapse", "value": None, "threshold": None, "fired_at": []},
+        {"check": "zero_advantage", "value": 0.75, "threshold": 0.95, "fired_at": [3]},
     ]
 
 
