@@ -82,6 +82,7 @@ def run_sweep(
     from ray.tune.schedulers import ASHAScheduler
 
     import r3_rllib  # noqa: F401  (registers the "R3" trainable)
+    from r3_rllib.algorithms.r3.tune_output import R3CSVLoggerCallback, trial_name
 
     scheduler = ASHAScheduler(
         time_attr="training_iteration",
@@ -98,12 +99,15 @@ def run_sweep(
             mode="max",
             scheduler=scheduler,
             num_samples=num_samples,
+            trial_name_creator=trial_name,  # r3_arithmetic_<id>: the trials run R^3
         ),
         run_config=tune.RunConfig(
             name=name,
             storage_path=os.path.abspath(storage),
             stop={"training_iteration": iterations},
             verbose=0 if quick else 1,
+            # progress.csv with every metric from its first iteration on (Tune's writer keeps the first row's columns).
+            callbacks=[R3CSVLoggerCallback()],
         ),
     )
     return tuner.fit()

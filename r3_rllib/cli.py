@@ -55,6 +55,7 @@ def _train(args) -> int:
         os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     from ray import tune
 
+    from r3_rllib.algorithms.r3.tune_output import run_callbacks, tune_config
     from r3_rllib.ray_session import init_ray
 
     register_with_tune()
@@ -84,8 +85,9 @@ def _train(args) -> int:
         callbacks=callbacks,
         # A trial that failed (a learner died) restarts from its newest complete checkpoint (R3.restore).
         failure_config=tune.FailureConfig(max_failures=int(run.get("max_failures", 0))),
-        verbose=int(run.get("verbose", 1)),
+        verbose=int(run.get("verbose", 0)),
     )
+    run_config.callbacks = run_callbacks(run_config.callbacks, spec)  # progress line, progress.csv's columns
     if args.resume:
         # Tune restores the experiment as it was started (stop criteria and run settings included).
         tuner = tune.Tuner.restore(exp_dir, trainable="R3", resume_errored=True, param_space=spec.config)
@@ -93,7 +95,7 @@ def _train(args) -> int:
         tuner = tune.Tuner(
             "R3",
             param_space=spec.config,
-            tune_config=tune.TuneConfig(num_samples=int(run.get("num_samples", 1))),
+            tune_config=tune_config(run),
             run_config=run_config,
         )
     return _fit_and_report(tuner, args.config, storage, exp_dir)

@@ -417,6 +417,16 @@ class R3Settings:
     rollout_head_eval_with_head: bool = False
     """R^2PO: held-out evaluation samples with the head on (False: the base policy, what is exported and served)."""
 
+    # --- console (algorithms/r3/progress.py) -----------------------------------------------------------------
+    progress: bool = True
+    """Print one line per training iteration: iteration/total, seconds per iteration, ETA, reward, accuracy,
+    held-out accuracy when measured, zero-advantage fraction, generated tokens/s. A plain algo.train() loop prints it
+    from the algorithm; `r3 train` from the driver (Tune's status table is off unless run.verbose >= 1). Also a
+    keyword of `.reporting()`."""
+    progress_total_iterations: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """The run's length in iterations, for the progress line's x/N and ETA in an algo.train() loop (None: neither);
+    `r3 train` takes stop.training_iteration. Also a keyword of `.reporting()`."""
+
     # --- evaluation ------------------------------------------------------------------------------------------
     eval_interval: int = setting(0, range=">= 0", integer=True)
     """Held-out greedy accuracy every this many iterations (0: off)."""
@@ -515,8 +525,9 @@ class RunSettings:
     """Checkpoint when the run stops."""
     num_samples: int = setting(1, range=">= 1", integer=True)
     """Trials of the param space (Tune's num_samples)."""
-    verbose: int = setting(1, choices=(0, 1, 2, 3), expect="0, 1, 2 or 3")
-    """Tune's console verbosity."""
+    verbose: int = setting(0, choices=(0, 1, 2, 3), expect="0, 1, 2 or 3")
+    """Tune's console output: 0 (default) none, the progress line (training.progress) shows each iteration; 1 Tune's
+    status table every few seconds; 2 and 3 Tune's result dumps as well."""
     keep_checkpoints_num: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
     """Checkpoints kept (the newest); None: all."""
     max_failures: int = setting(0, range=">= 0", integer=True, also=(-1,), note="-1: without limit")

@@ -117,12 +117,14 @@ class HFEngine(GenerationEngine):
         self.kv_cache = kv_cache
         self.device = torch.device(device)
         if isinstance(model, (str, Path)):
+            from r3_rllib.models.progress_bars import no_progress_bars
             from r3_rllib.models.tiny import load_tokenizer
 
             path = Path(model)
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"no model folder (config.json) at {path}")
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
+            with no_progress_bars():
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
             if tokenizer is None:
                 tokenizer = load_tokenizer(path)
         self.model = model.to(self.device).eval()

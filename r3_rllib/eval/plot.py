@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import math
 import re
@@ -30,7 +31,8 @@ PROGRESS_FILE = "progress.csv"
 RESULT_FILE = "result.json"
 
 # Column names the R^3 / GRPO algorithm logs (see r3_rllib/algorithms). eval/accuracy only exists when periodic
-# evaluation is on, so its absence is not worth a warning.
+# evaluation is on, so its absence from the default list is not worth a warning (a metric named with --metrics
+# always is).
 DEFAULT_METRICS: tuple[str, ...] = (
     "rollout/accuracy",
     "rollout/reward_mean",
@@ -193,8 +195,31 @@ def _x_values(run: RunCurves, key: str) -> np.ndarray | None:
     return None
 
 
-def build_figure(runs: Sequence[RunCurves], metrics: Sequence[str] = DEFAULT_METRICS):
-    """A matplotlib Figure: one column per metric found in any run, rows against iteration and time."""
+def _columns_text(runs: Sequence[RunCurves], limit: int = 40) -> str:
+    available = sorted({c for run in runs for c in run.columns})
+    return ", ".join(available[:limit]) + (
+        f" ... ({len(available)} in all)" if len(available) > limit else ""
+    )
+
+
+def _missing_metric_message(metric: str, runs: Sequence[RunCurves]) -> str:
+    """Names the metric, the likeliest columns meant, and the columns the runs have."""
+    available = sorted({c for run in runs for c in run.columns})
+    group = metric.rpartition("/")[0]
+    same_group = [c for c in available if group and c.rpartition("/")[0] == group]
+    # The likeliest first: of the metric's own group (eval/, rollout/, ...) if it has columns, else of all of them.
+    close = difflib.get_close_matches(metric, same_group or available, n=3, cutoff=0.0 if same_group else 0.8)
+    hint = f" (closest: {', '.join(close)})" if close else ""
+    return f"metric {metric!r} is in no run; skipping it{hint}. Columns there: {_columns_text(runs)}"
+
+
+def build_figure(
+    runs: Sequence[RunCurves],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    optional: frozenset[str] = OPTIONAL_METRICS,
+):
+    """A matplotlib Figure: one column per metric found in any run, rows against iteration and time. A metric no
+    run has is skipped with a warning naming it and the columns there, except those in ``optional``."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on clusters and CI; must precede pyplot's first import
@@ -204,11 +229,10 @@ def build_figure(runs: Sequence[RunCurves], metrics: Sequence[str] = DEFAULT_MET
     for metric in metrics:
         if any(resolve_column(run.columns, metric) is not None for run in runs):
             present.append(metric)
-        elif metric not in OPTIONAL_METRICS:
-            warnings.warn(f"metric {metric!r} is in no run; skipping it", stacklevel=2)
+        elif metric not in optional:
+            warnings.warn(_missing_metric_message(metric, runs), stacklevel=2)
     if not present:
-        available = sorted({c for run in runs for c in run.columns})
-        shown = ", ".join(available[:40]) + (" ..." if len(available) > 40 else "")
+        shown = _columns_text(runs)
         raise ValueError(
             f"none of the metrics {list(metrics)} is in {[str(r.path) for r in runs]}; columns there: {shown}"
         )
@@ -252,14 +276,16 @@ def plot_runs(
     *,
     metrics: Sequence[str] = DEFAULT_METRICS,
     labels: Sequence[str] | None = None,
+    optional: frozenset[str] = OPTIONAL_METRICS,
 ) -> Path:
-    """Plot ``metrics`` of every trial under ``run_dirs`` into ``out_png``; return its path."""
+    """Plot ``metrics`` of every trial under ``run_dirs`` into ``out_png``; return its path. A metric no run has is
+    skipped with a warning (none for those in ``optional``)."""
     import matplotlib.pyplot as plt
 
     if isinstance(run_dirs, str | Path):
         run_dirs = [run_dirs]
     runs = load_runs(run_dirs, labels)
-    fig = build_figure(runs, metrics)
+    fig = build_figure(runs, metrics, optional)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -280,8 +306,9 @@ def add_plot_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics",
         type=_split_list,
-        default=list(DEFAULT_METRICS),
-        help="comma-separated metric columns (default: %(default)s)",
+        default=None,
+        help=f"comma-separated metric columns (default: {','.join(DEFAULT_METRICS)}); one no run has is named in a "
+        "warning with the columns there",
     )
     parser.add_argument(
         "--labels", type=_split_list, default=None, help="comma-separated legend labels, one per folder"
@@ -290,10 +317,19 @@ def add_plot_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    try:
-        out = plot_runs(args.run_dirs, args.out, metrics=args.metrics, labels=args.labels)
-    except (OSError, ValueError) as e:
-        print(f"r3 plot: error: {e}", file=sys.stderr)
+    # Metrics named on the command line are all expected: a missing one is warned about, eval/accuracy included.
+    metrics = args.metrics if args.metrics is not None else DEFAULT_METRICS
+    optional = OPTIONAL_METRICS if args.metrics is None else frozenset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = plot_runs(args.run_dirs, args.out, metrics=metrics, labels=args.labels, optional=optional)
+        except (OSError, ValueError) as e:
+            out = e
+    for warning in caught:
+        print(f"r3 plot: warning: {warning.message}", file=sys.stderr)
+    if isinstance(out, Exception):
+        print(f"r3 plot: error: {out}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

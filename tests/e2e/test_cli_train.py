@@ -47,10 +47,10 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
         "--set", f"run.storage_path={tmp_path}",
         "--set", "run.name=cli",
         "--set", "run.checkpoint_frequency=5",
-        "--set", "run.verbose=0",
         "--set", "training.queries_per_iteration=4",
         "--set", "training.group_size=4",
-        "--set", "training.eval_interval=0",
+        "--set", "training.eval_interval=5",  # held-out accuracy first at iteration 5: a column of progress.csv
+        "--set", "training.eval_num_queries=8",
     ]  # fmt: skip
     first = subprocess.Popen(
         args, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -66,7 +66,7 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
-    (trial_dir,) = glob.glob(str(tmp_path / "cli" / "R3_*"))
+    (trial_dir,) = glob.glob(str(tmp_path / "cli" / "*_00000_*"))  # <method>_<env>_<id>_00000_...
     done_before = [json.loads(line)["training_iteration"] for line in open(Path(trial_dir) / "result.json")]
     assert 5 <= max(done_before) < iterations, out[-3000:]
 
@@ -84,6 +84,41 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     # --set values reached the trial's config
     params = json.loads((Path(trial_dir) / "params.json").read_text())
     assert params["queries_per_iteration"] == 4 and params["group_size"] == 4
+    _check_progress_output(
+        Path(trial_dir), out, done_before, resumed.stdout, first_after["training_iteration"]
+    )
+
+
+def _check_progress_output(
+    trial_dir: Path, first: str, done_before: list[int], resumed: str, restart: int
+) -> None:
+    """One progress line per iteration in each run's output (from the driver; the resumed run from its checkpoint
+    on), none of Tune's status tables, and the held-out accuracy, first measured at iteration 5, a column of
+    progress.csv with its values at the evaluation iterations (the file widened when it appeared, across the
+    resume)."""
+    import csv
+    import re
+
+    def iterations(text: str) -> list[int]:
+        return [int(m) for m in re.findall(r"^iter +(\d+)/24  [\d.]+ s/it  ", text, flags=re.MULTILINE)]
+
+    assert iterations(first) == done_before, first[-3000:]
+    assert iterations(resumed) == list(range(restart, 25)), resumed[-3000:]
+    assert "eval_acc " in resumed and "nan" not in "".join(re.findall(r"^iter .*$", resumed, flags=re.M))
+    for text in (first, resumed):
+        assert "== Status ==" not in text and "Result logdir" not in text and "Trial name" not in text
+    # The trial is named after its method (the run file's grpo preset) and says where its results are (relative to
+    # the working folder, the storage path here).
+    assert re.search(rf"^grpo_arithmetic_\w+_00000: results in cli/{re.escape(trial_dir.name)}$", first, re.M)
+    with open(trial_dir / "progress.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert "eval/accuracy" in rows[0]
+    for row in rows:
+        value = row["eval/accuracy"]
+        if int(row["training_iteration"]) % 5 == 0:
+            assert 0.0 <= float(value) <= 1.0, row["training_iteration"]
+        else:
+            assert value in ("", "nan"), (row["training_iteration"], value)
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ LAYERS: list[set[str]] = [
     {"config"},  # typed settings and their validation
     {"warmstart"},  # warm-start SFT and the builders of named models made by training
     {"eval"},  # benchmarks and evaluation (builds a named model before evaluating it)
-    {"algorithms", "ray_session"},  # the only Ray/RLlib code; starting or joining Ray (token auth kept on)
+    {"ray_session"},  # starting or joining Ray (token auth kept on); an algorithm built in Python starts it
+    {"algorithms"},  # the only Ray/RLlib code
     {
         "train_config",
         "config_reference",

@@ -30,6 +30,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
+from ray.util import log_once
 
 from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 from r3_rllib.algorithms.r3.settings import max_staleness_of
@@ -171,6 +172,13 @@ class R3Config(AlgorithmConfig):
         self._set_fields(ours)
         return super().training(**kwargs)
 
+    @override(AlgorithmConfig)
+    def reporting(self, *, progress=NotProvided, progress_total_iterations=NotProvided, **kwargs) -> R3Config:
+        """RLlib's `.reporting()` plus the progress line's settings: ``progress`` (one line per iteration) and
+        ``progress_total_iterations`` (its x/N and ETA in an ``algo.train()`` loop)."""
+        self._set_fields({"progress": progress, "progress_total_iterations": progress_total_iterations})
+        return super().reporting(**kwargs)
+
     def r3(self, **kwargs) -> R3Config:
         """R^3's switches and parameters (replay*, reflection*, ranking*, adv_alpha, adv_lambda)."""
         self._set_fields(kwargs)
@@ -247,6 +255,10 @@ class R3Config(AlgorithmConfig):
             field_rules=ALGORITHM_FIELD_RULES,
         )
         with _algorithm_named_only(self):
+            # RLlib logs once per process "You are running R3 on the new API stack! ... If you don't want to use the
+            # new API stack, set config.api_stack(...=False)": R3 runs on that stack only (its runners, learner and
+            # module are new-stack classes), so the switch it offers breaks the run. Its log-once key is spent here.
+            log_once(f"{self.algo_class.__name__}_on_new_api_stack")
             super().validate()
         # Streaming rollouts keep max_staleness requests on each runner, and a weight load behind each (RLlib
         # counts requests per tag; twice the bound leaves room for a runner that falls behind).

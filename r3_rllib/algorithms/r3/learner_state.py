@@ -8,8 +8,10 @@ rel 1e-9 after a restore in a new process: tests/e2e/test_distributed_and_checkp
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import warnings
 from typing import Any
 
 import ray
@@ -20,6 +22,19 @@ from ray.rllib.utils.annotations import override
 from r3_rllib.algorithms.r3.distributed import global_sum, local_tensor
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, pack_weights
 from r3_rllib.models.lora import target_module_names
+
+#: What torch.distributed.checkpoint warns at every save and load in a process without a process group (a run's only
+#: learner): "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to save in a single
+#: process". That is the intent, and torch has no way to say so without the warning (no_dist=True warns as well).
+_DCP_SINGLE_PROCESS_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
+
+
+@contextlib.contextmanager
+def _dcp_without_single_process_warning():
+    """While inside, :data:`_DCP_SINGLE_PROCESS_WARNING` is not shown (every other warning is)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_DCP_SINGLE_PROCESS_WARNING, category=UserWarning)
+        yield
 
 
 class PolicyStateMixin:
@@ -122,10 +137,13 @@ class PolicyStateMixin:
             return self._export_lora(sd, path)
         from transformers import AutoModelForCausalLM
 
+        from r3_rllib.models.progress_bars import no_progress_bars
+
         sd, head_sd = split_rollout_head_state(sd)
         model = AutoModelForCausalLM.from_config(self.policy.config)
         model.load_state_dict(sd, strict=False)
-        model.save_pretrained(path)
+        with no_progress_bars():
+            model.save_pretrained(path)
         if with_head:
             head = RolloutHead(
                 self._rollout_head.hidden_size, self._rollout_head.vocab_size, self._rollout_head.init_std
@@ -177,7 +195,8 @@ class PolicyStateMixin:
 
         from r3_rllib.algorithms.r3.checkpoint_files import atomic_open
 
-        dcp.save(self._dcp_state(), checkpoint_id=path)
+        with _dcp_without_single_process_warning():
+            dcp.save(self._dcp_state(), checkpoint_id=path)
         extra = {"torch": torch.get_rng_state(), "version": int(self._policy_version)}
         with atomic_open(os.path.join(path, f"rank{self._rank}_extra.pt")) as f:
             torch.save(extra, f)
@@ -199,7 +218,8 @@ class PolicyStateMixin:
         except Exception as e:  # unpickling errors of any kind; torch's message says what it refused
             raise CorruptCheckpointError(f"{extra_path}: not readable as a learner state file: {e}") from e
         state = self._dcp_state()
-        dcp.load(state, checkpoint_id=path)
+        with _dcp_without_single_process_warning():
+            dcp.load(state, checkpoint_id=path)
         set_state_dict(
             self.policy,
             self._optimizer,

@@ -31,6 +31,7 @@ from r3_rllib.algorithms.r3.checkpoint import (
     write_algorithm_state,
 )
 from r3_rllib.algorithms.r3.config import R3Config
+from r3_rllib.algorithms.r3.console import R3Console
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
 from r3_rllib.algorithms.r3.groups import (
     Group,
@@ -61,7 +62,7 @@ logger = logging.getLogger(__name__)
 _STAGE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "is_weight_mean", "clip_frac", "rollout_head_norm")
 
 
-class R3(Algorithm):
+class R3(R3Console, Algorithm):
     """GRPO-family RL of causal LMs on text environments, with R^3 (replay, reflection, ranking rewards)."""
 
     @classmethod

@@ -27,11 +27,14 @@ class CausalLMModule(TorchRLModule):
     def setup(self):
         from transformers import AutoModelForCausalLM
 
+        from r3_rllib.models.progress_bars import no_progress_bars
+
         path = policy_path(self.model_config.get("model_path"))
         kwargs = {}
         if self.model_config.get("attn_implementation"):
             kwargs["attn_implementation"] = self.model_config["attn_implementation"]
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+        with no_progress_bars():
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
         if self.model_config.get("rollout_head"):
             # R^2PO: the head is a submodule of the policy from the start, so the optimizer, FSDP2 sharding, DCP
             # checkpoints and the weight sync carry it (as rollout_head.*) with no code of their own. Seeded: every

@@ -189,3 +189,37 @@ def test_cli(tmp_path, capsys):
     args = parser.parse_args([str(tmp_path / "missing"), "--out", str(tmp_path / "d.png")])
     assert run_plot(args) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_named_metric_no_run_has_is_warned_about_with_the_columns_there(tmp_path, capsys):
+    """`--metrics eval/accuracy` on a run without it: a warning naming the metric and the run's columns, eval/accuracy
+    included (only the default list leaves it out quietly: evaluation may be off)."""
+    cols = [c for c in ALL_COLUMNS if c != "eval/accuracy"]
+    run = write_progress(tmp_path / "run", 4, 0.2, columns=cols)
+    parser = add_plot_args(argparse.ArgumentParser())
+    args = parser.parse_args(
+        [
+            str(run),
+            "--out",
+            str(tmp_path / "c.png"),
+            "--metrics",
+            "rollout/accuracy,eval/accuracy,rollout/acuracy",
+        ]
+    )
+    assert run_plot(args) == 0 and (tmp_path / "c.png").is_file()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(
+        "r3 plot: warning: metric 'eval/accuracy' is in no run; skipping it. Columns there: "
+    )
+    assert err[0].endswith("rollout/reward_mean, rollout/zero_adv_frac, time_total_s, training_iteration")
+    assert err[1].startswith(
+        "r3 plot: warning: metric 'rollout/acuracy' is in no run; skipping it (closest: rollout/accuracy"
+    )
+    assert len(err) == 2
+    # The default list: no warning for eval/accuracy.
+    args = parser.parse_args([str(run), "--out", str(tmp_path / "d.png")])
+    assert run_plot(args) == 0 and capsys.readouterr().err == ""
+    with pytest.warns(
+        UserWarning, match=r"'eval/accuracy' is in no run; skipping it\. Columns there: rollout/"
+    ):
+        build_figure(load_runs([run]), metrics=["rollout/accuracy", "eval/accuracy"], optional=frozenset())
