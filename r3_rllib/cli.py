@@ -34,7 +34,7 @@ def _train(args) -> int:
     from r3_rllib.train_config import ConfigError, load_run_file
 
     try:
-        spec = load_run_file(args.config, args.set or [])
+        spec = load_run_file(args.config, [*(args.set or []), *_log_samples(args)])
     except ConfigError as e:
         print(f"r3 train: {e}", file=sys.stderr)
         return 2
@@ -88,6 +88,7 @@ def _train(args) -> int:
         verbose=int(run.get("verbose", 0)),
     )
     run_config.callbacks = run_callbacks(run_config.callbacks, spec)  # progress line, progress.csv's columns
+    _print_sample_rows(run_config, spec.config.log_samples, args.verbose)
     if args.resume:
         # Tune restores the experiment as it was started (stop criteria and run settings included).
         tuner = tune.Tuner.restore(exp_dir, trainable="R3", resume_errored=True, param_space=spec.config)
@@ -99,6 +100,20 @@ def _train(args) -> int:
             run_config=run_config,
         )
     return _fit_and_report(tuner, args.config, storage, exp_dir)
+
+
+def _log_samples(args) -> list[str]:
+    """``--log-samples N`` as the override ``training.log_samples=N`` (checked with the run file's settings)."""
+    return [] if args.log_samples is None else [f"training.log_samples={args.log_samples}"]
+
+
+def _print_sample_rows(run_config, n: int, verbose: bool) -> None:
+    """log_samples > 0: the driver prints each iteration's recorded rows (sample_log.py); the trials' own output,
+    where the algorithm prints them too, shows only with --verbose."""
+    if n and not verbose:
+        from r3_rllib.algorithms.r3.sample_log import SampleRowsCallback
+
+        run_config.callbacks = [*(run_config.callbacks or []), SampleRowsCallback(n)]
 
 
 def _fit_and_report(tuner, config_path: str, storage: str, exp_dir: str) -> int:
@@ -238,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray")
     p.add_argument("--verbose", action="store_true", help="show actor logs")
+    p.add_argument(
+        "--log-samples",
+        type=int,
+        metavar="N",
+        help="print N prompt -> completion -> reward rows per iteration",
+    )
     p.set_defaults(func=_train)
 
     from r3_rllib.warmstart.arithmetic import add_sft_args, run_sft
@@ -268,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="one self-contained HTML page of a run: curves, health checks, samples")
     add_report_args(p)
     p.set_defaults(func=run_report)
+    from r3_rllib.eval.samples import add_samples_args, run_samples
+
+    p = sub.add_parser(
+        "samples", help="a run's recorded completions, filtered (iteration, reward, reason, group)"
+    )
+    add_samples_args(p)
+    p.set_defaults(func=run_samples)
 
     from r3_rllib.algorithms.r3.export import add_export_args, run_export
 

@@ -320,6 +320,16 @@ def head_kl_aggregation_agrees_under_rejection(config: Any) -> str | None:
     return None
 
 
+def printed_samples_are_recorded(config: Any) -> str | None:
+    """log_samples prints rows of the recorded groups: with none recorded there is nothing to print."""
+    if config.log_samples > 0 and config.sample_log_fraction <= 0:
+        return (
+            f"log_samples={config.log_samples} prints recorded samples, but sample_log_fraction=0 records none: "
+            "set sample_log_fraction > 0 or log_samples=0"
+        )
+    return None
+
+
 def is_weight_alarm_can_fire(config: Any) -> str | None:
     """The importance weight is truncated (at is_cap; IcePop: at its band's upper bound), so a health alarm above
     that bound would never fire."""
@@ -364,6 +374,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     rollout_is_level_needs_a_weight,
     icepop_weight_is_per_token,
     head_kl_aggregation_agrees_under_rejection,
+    printed_samples_are_recorded,
     is_weight_alarm_can_fire,
 )
 

@@ -435,6 +435,21 @@ class R3Settings:
     eval_num_queries: int = setting(64, range=">= 1", integer=True)
     """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""
 
+    # --- sampled completions (algorithms/r3/sample_log.py) -------------------------------------------------------
+    sample_log_fraction: float = setting(0.1, range="[0, 1]")
+    """Fraction of each iteration's groups whose samples are recorded (prompt and response text and ids, reward
+    and its parts, grade reason, log-probs, IS weight, entropy, versions, flags) as Parquet beside the run
+    (samples/iter_NNNNNN.parquet; `r3 samples RUN` prints them): ceil(fraction x groups), at most
+    sample_log_max_groups, drawn with the run's seed and the iteration, a group kept or dropped whole (0: off)."""
+    sample_log_max_groups: int | None = setting(8, range=">= 1", integer=True, none_ok=True)
+    """Most groups recorded per iteration (None: no cap), so that a big batch's records stay small."""
+    sample_log_dir: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
+    """Folder of the records of a run outside Tune (a plain algo.train() loop); None: <algo.logdir>/samples. A
+    Tune trial (r3 train) writes them in its trial folder: runs/<name>/<trial>/samples."""
+    log_samples: int = setting(0, range=">= 0", integer=True)
+    """Print this many recorded prompt -> completion -> reward rows per iteration (0: none); `r3 train
+    --log-samples N` sets it and prints them from the driver."""
+
     # --- health checks (core/health.py, algorithms/r3/health_monitor.py) ----------------------------------------
     health_checks: bool = True
     """Check the run's health every iteration: health/<check> metrics (1 while it fires), health/<check>_value and

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from repo_paths import REPO
 
@@ -51,6 +52,10 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
         "--set", "training.group_size=4",
         "--set", "training.eval_interval=5",  # held-out accuracy first at iteration 5: a column of progress.csv
         "--set", "training.eval_num_queries=8",
+        # Every group's samples recorded (samples/iter_*.parquet), two rows printed per iteration.
+        "--set", "training.sample_log_fraction=1.0",
+        "--set", "training.sample_log_max_groups=null",
+        "--log-samples", "2",
     ]  # fmt: skip
     first = subprocess.Popen(
         args, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -86,6 +91,51 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     assert params["queries_per_iteration"] == 4 and params["group_size"] == 4
     _check_progress_output(
         Path(trial_dir), out, done_before, resumed.stdout, first_after["training_iteration"]
+    )
+    _check_sample_records(Path(trial_dir), rows, out + resumed.stdout)
+
+
+def _check_sample_records(trial_dir: Path, results: list[dict], printed: str) -> None:
+    """Every iteration's records are in the trial's folder, with the records' columns; each fully recorded
+    iteration's rows agree with its metrics (the last result of an iteration run again after the resume); the
+    rows were printed and `r3 samples` finds them."""
+    import pandas as pd
+
+    from r3_rllib.rollout.records import SCHEMA
+
+    last = {r["training_iteration"]: r for r in results}
+    files = sorted((trial_dir / "samples").glob("iter_*.parquet"))
+    assert [int(f.stem.split("_")[1]) for f in files] == sorted(last)
+    for f in files:
+        df = pd.read_parquet(f)
+        assert list(df.columns) == SCHEMA.names
+        result = last[int(df["iteration"].iloc[0])]
+        fresh = df[~df["replayed"] & ~df["reflection"]]
+        assert len(fresh) == 16  # 4 queries x G = 4
+        assert fresh["reward"].mean() == pytest.approx(result["rollout"]["reward_mean"], abs=1e-12)
+        assert fresh["correct"].mean() == pytest.approx(result["rollout"]["accuracy"], abs=1e-12)
+        assert (df.groupby("group").size() == 4).all()  # whole groups of G = 4
+        trained = df[df["trained"]]
+        assert len(trained) == result["r3"]["train_samples"]
+        # The learner's log-probs of the samples it trained: the sampling policy's, up to the engine's numerics.
+        assert trained["learner_logprobs"].map(len).tolist() == trained["response_len"].tolist()
+        assert np.allclose(trained["is_weight_mean"], 1.0, atol=1e-3)
+        # Sampled by the weights the batch was trained from (one version behind the one logged after the sync).
+        trained_from = result["rollout"]["policy_version"] - (len(trained) > 0)
+        assert (df["staleness"] == 0).all() and (df["policy_version"] == trained_from).all()
+    assert printed.count("recorded samples; all: r3 samples") >= len(last) // 2
+    assert '" -> reward ' in printed
+    listing = subprocess.run(
+        [R3, "samples", str(trial_dir.parent), "--iteration", "-1", "-n", "3"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listing.returncode == 0, listing.stderr
+    assert (
+        listing.stdout.splitlines()[0]
+        == f"{trial_dir}: 16 of 16 rows match (iterations {max(last)}-{max(last)}), showing 3"
     )
 
 

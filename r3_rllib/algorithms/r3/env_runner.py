@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import time
 import uuid
 from collections import Counter
@@ -206,10 +207,10 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         reasons: Counter[str] = (
             Counter()
         )  # the env's grade reasons (info["grade_reason"]), counted in metrics
-        for (qid, user_content, _), ids, comps in zip(prompts, prompt_ids, completions, strict=True):
+        for (qid, user_content, text), ids, comps in zip(prompts, prompt_ids, completions, strict=True):
             samples = []
             for c in comps:
-                reward, correct, reason = self._score(qid, user_content, c.text)
+                reward, correct, reason, parts = self._score(qid, user_content, c.text)
                 if reason is not None and user_content is None:
                     reasons[reason] += 1
                 samples.append(
@@ -226,9 +227,13 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
                         token_versions=c.token_versions,
                         response_text=c.text,
                         is_reflection=user_content is not None,
+                        grade_reason=reason,
+                        reward_parts=parts,
                     )
                 )
-            groups.append(Group(query_id=qid, samples=samples, is_reflection=user_content is not None))
+            groups.append(
+                Group(query_id=qid, samples=samples, is_reflection=user_content is not None, prompt_text=text)
+            )
         grade_s = time.perf_counter() - t_grade
         gen_tokens = sum(len(c.token_ids) for comps in completions for c in comps)
         totals = rollout_totals(groups) | {f"grade_reason/{r}": float(n) for r, n in reasons.items()}
@@ -300,7 +305,11 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             max_total_tokens=budget,
         )
 
-    def _score(self, query_id: str, user_content: str | None, text: str) -> tuple[float, bool, str | None]:
+    def _score(
+        self, query_id: str, user_content: str | None, text: str
+    ) -> tuple[float, bool, str | None, dict[str, float] | None]:
+        """(reward, correct, grade reason, reward parts) of response ``text`` to the query (or its reflection
+        prompt ``user_content``), from the env's ``step``."""
         options, self.query_id = {"query_id": query_id}, query_id
         if user_content is not None:
             options["user_content"] = user_content
@@ -313,7 +322,12 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
                 "rollout_head_rarity_count='reward' for an env whose reward values are its outcomes"
             )
         check_finite_reward(query_id, type(self.env).__name__, reward)
-        return float(reward), bool(info.get("correct", reward > 0)), info.get("grade_reason")
+        parts = info.get("reward_components")
+        if isinstance(parts, dict):  # numbers only (the records' column is a map of floats)
+            parts = {str(k): float(v) for k, v in parts.items() if isinstance(v, numbers.Real)}
+        else:
+            parts = None
+        return float(reward), bool(info.get("correct", reward > 0)), info.get("grade_reason"), parts
 
     def _rarity_counts_outcomes(self) -> bool:
         c = self.config

@@ -67,6 +67,9 @@ class Sample:
     loss_mask: np.ndarray | None = None
     # Partial rollouts: the policy version of each response token (policy_version is the oldest of them).
     token_versions: np.ndarray | None = None
+    # What the env said beyond the reward (info's grade_reason, reward_components): kept for the sample records.
+    grade_reason: str | None = None
+    reward_parts: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.env_reward is None:
@@ -112,6 +115,7 @@ class Group:
     query_id: str
     samples: list[Sample]
     is_reflection: bool = False
+    prompt_text: str = ""  # the prompt as the env rendered it (single-step rollouts; for the sample records)
 
     @property
     def is_degenerate(self) -> bool:
@@ -210,10 +214,8 @@ def rescore_ranking_entropies(
             diffs.append(np.asarray(s.entropies, np.float64) - np.asarray(h, np.float64))
     rows = iter(new)
     rescored = {
-        id(g): Group(
-            g.query_id,
-            [replace(s, entropies=np.asarray(next(rows), dtype=np.float32)) for s in g.samples],
-            is_reflection=g.is_reflection,
+        id(g): replace(
+            g, samples=[replace(s, entropies=np.asarray(next(rows), np.float32)) for s in g.samples]
         )
         for g in targets
     }

@@ -40,6 +40,7 @@ from r3_rllib.algorithms.r3.distributed import (
 )
 from r3_rllib.algorithms.r3.learner_kl import KLTermMixin, RowCache, agg_count, fit_row, kl_weight_ratio
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
+from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
 from r3_rllib.algorithms.r3.learner_state import PolicyStateMixin
 from r3_rllib.algorithms.r3.r2po import KLTerm, stage_correction
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
@@ -65,7 +66,7 @@ class _StepContext:
     ref_lp: RowCache | None  # reference log-probs likewise
 
 
-class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
+class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
     """Trains the policy on `TrainingBatch`es with advantages (see module docstring)."""
 
     # -- building -----------------------------------------------------------------------------------------------
@@ -152,6 +153,7 @@ class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
         t0 = time.perf_counter()
         self._peak_memory.reset()
         self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
+        self._reset_proximal_rows()  # the proximal log-probs the sample records read (learner_rows.py)
         self.policy.train()
         # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
         # old log-probs it recomputes once cover every sample it trains on.
@@ -341,6 +343,7 @@ class R3Learner(PolicyStateMixin, KLTermMixin, TorchLearner):
             with_base=kl.coef > 0 and kl.target == "base",  # stage A toward the current base: same forward
         )
         old = self._proximal_logprobs(logp, idx, real, step.old_lp)
+        self._keep_proximal_rows(idx, real, old, mask)
         local_count = agg_count(batch, idx, cfg.loss_agg_mode) if real else 0
         # The KL term is aggregated over this micro-batch in its own mode: weigh it by its own count.
         ratio = kl_weight_ratio(

@@ -48,6 +48,7 @@ from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
+from r3_rllib.algorithms.r3.sample_log import SampleLog
 from r3_rllib.algorithms.r3.schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
@@ -102,6 +103,7 @@ class R3(R3Console, Algorithm):
         self.coordinator.weights = self.weights  # runner_loss='reask' re-sends a lost request's weights
         # (query id, policy version) of every sample the last iteration trained, in batch order (chaos tests).
         self.last_trained_stream: list[tuple[str, int]] = []
+        self.sample_log = SampleLog.for_algorithm(self)  # sampled completions (sample_log.py)
         if board is not None:
             self.env_runner_group.foreach_env_runner(
                 lambda r, b=board: r.set_weight_board(b), local_env_runner=False
@@ -191,6 +193,7 @@ class R3(R3Console, Algorithm):
                     )
                 for phase in ("learner_update_s", "weight_sync_s"):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
+            self.sample_log.record(groups, batch, settings, self.iteration + 1, self.weights.version)
             # 5. Metrics and held-out evaluation.
             self._log_metrics(rollout, r3_metrics, learner_metrics, settings.stage)
             observe_health(self, learner_metrics)  # health/* metrics, warnings, NaN stop (health_monitor.py)

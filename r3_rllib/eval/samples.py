@@ -1,0 +1,165 @@
+"""``r3 samples RUN``: the recorded completions of a run (records.py), filtered and printed.
+
+RUN is an experiment folder (``runs/<name>``: every trial in it), a trial folder, a ``samples`` folder, or one
+``iter_NNNNNN.parquet`` file. Filters: ``--iteration`` (negative: from the last), ``--min-reward`` /
+``--max-reward`` (the env's reward), ``--reason`` (the env's grade reason, or correct / wrong where it gives
+none), ``--group`` (``I:G`` or the index G within each iteration). Prints one line per row (``--full``: the whole
+texts), at most ``-n`` rows per trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from r3_rllib.rollout.records import (
+    FILE_PREFIX,
+    SAMPLES_DIR,
+    format_row,
+    read_rows,
+    reason_of,
+    row_label,
+    row_outcome,
+)
+
+#: The columns printing and filtering read (the token and log-prob lists stay on disk).
+COLUMNS = (
+    "iteration",
+    "group",
+    "sample",
+    "query_id",
+    "prompt_text",
+    "response_text",
+    "reward",
+    "correct",
+    "grade_reason",
+    "trained",
+    "advantage",
+    "replayed",
+    "reflection",
+    "ranked",
+)
+
+
+def record_files(run: str | Path) -> dict[Path, list[Path]]:
+    """The records files under ``run``, by the folder of the trial they belong to (its ``samples`` folder's
+    parent), each list in iteration order."""
+    run = Path(run)
+    files = [run] if run.is_file() else sorted(run.rglob(f"{FILE_PREFIX}*.parquet"))
+    by_trial: dict[Path, list[Path]] = {}
+    for f in files:
+        if not f.name.startswith("."):
+            folder = f.parent.parent if f.parent.name == SAMPLES_DIR else f.parent
+            by_trial.setdefault(folder, []).append(f)
+    return {k: sorted(v, key=iteration_of) for k, v in sorted(by_trial.items())}
+
+
+def iteration_of(path: Path) -> int:
+    """The iteration of a records file, from its name (``iter_000012.parquet`` -> 12)."""
+    stem = path.name.removeprefix(FILE_PREFIX).removesuffix(".parquet")
+    return int(stem) if stem.isdigit() else -1
+
+
+def select_files(files: Sequence[Path], iteration: int | None) -> list[Path]:
+    """``files`` of ``iteration`` (negative: counted from the last one; None: all)."""
+    if iteration is None:
+        return list(files)
+    if iteration < 0:
+        return list(files[iteration : len(files) + iteration + 1] if -iteration <= len(files) else [])
+    return [f for f in files if iteration_of(f) == iteration]
+
+
+def matches(
+    row: dict[str, Any],
+    *,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    reason: str | None = None,
+    group: str | None = None,
+) -> bool:
+    """Whether ``row`` passes the filters (None: no filter on that)."""
+    if min_reward is not None and not row["reward"] >= min_reward:
+        return False
+    if max_reward is not None and not row["reward"] <= max_reward:
+        return False
+    if reason is not None and reason_of(row) != reason:
+        return False
+    if group is not None:
+        wanted = group.split(":") if ":" in group else [None, group]
+        if wanted[0] is not None and str(row["iteration"]) != wanted[0].strip():
+            return False
+        if str(row["group"]) != wanted[1].strip():
+            return False
+    return True
+
+
+def full_text(row: dict[str, Any]) -> str:
+    """A row with its whole prompt and completion, for ``--full``."""
+    return "\n".join(
+        [
+            f"{row_label(row)} query {row['query_id']}: {row_outcome(row)}",
+            "--- prompt ---",
+            row.get("prompt_text") or "",
+            "--- completion ---",
+            row.get("response_text") or "",
+            "",
+        ]
+    )
+
+
+def show_samples(run: str | Path, args: argparse.Namespace, out=None) -> int:
+    """Print the rows of ``run`` that pass the filters of ``args``; 2 when ``run`` holds no records."""
+    out = out or sys.stdout
+    trials = record_files(run)
+    if not trials:
+        print(f"r3 samples: no sample records under {run} (samples/{FILE_PREFIX}*.parquet)", file=sys.stderr)
+        return 2
+    for folder, files in trials.items():
+        chosen = select_files(files, args.iteration)
+        rows = [r for f in chosen for r in read_rows(str(f), COLUMNS)]
+        kept = [
+            r
+            for r in rows
+            if matches(
+                r,
+                min_reward=args.min_reward,
+                max_reward=args.max_reward,
+                reason=args.reason,
+                group=args.group,
+            )
+        ]
+        shown = kept if args.n <= 0 else kept[: args.n]
+        span = (
+            f"iterations {iteration_of(chosen[0])}-{iteration_of(chosen[-1])}" if chosen else "no iteration"
+        )
+        print(f"{folder}: {len(kept)} of {len(rows)} rows match ({span}), showing {len(shown)}", file=out)
+        for r in shown:
+            print(full_text(r) if args.full else "  " + format_row(r), file=out)
+    return 0
+
+
+def add_samples_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "run", help="experiment folder (runs/<name>), trial folder, samples folder or .parquet file"
+    )
+    parser.add_argument("--iteration", type=int, default=None, help="only this iteration (-1: the last)")
+    parser.add_argument("--min-reward", type=float, default=None, help="only rows with reward >= this")
+    parser.add_argument("--max-reward", type=float, default=None, help="only rows with reward <= this")
+    parser.add_argument(
+        "--reason", default=None, help="only this grade reason (correct / wrong where the env gives none)"
+    )
+    parser.add_argument("--group", default=None, help="only group G of each iteration, or I:G")
+    parser.add_argument("-n", type=int, default=20, help="rows per trial (default 20; 0: all)")
+    parser.add_argument("--full", action="store_true", help="whole prompts and completions, not one line")
+    return parser
+
+
+def run_samples(args: argparse.Namespace) -> int:
+    try:
+        return show_samples(args.run, args)
+    except OSError as e:
+        print(f"r3 samples: error: {e}", file=sys.stderr)
+        return 2
