@@ -29,6 +29,7 @@ from ray.tune import Callback
 from ray.tune.logger import CSVLoggerCallback
 from ray.tune.utils import flatten_dict
 
+from r3_rllib.algorithms.r3.health_monitor import HealthWarningCallback
 from r3_rllib.algorithms.r3.progress import format_progress_line, method_name
 
 
@@ -138,8 +139,8 @@ def trial_name(trial: Any) -> str:
 def run_callbacks(callbacks: list | None, spec: Any) -> list:
     """``callbacks`` (a run's trackers, or None) as an ``r3 train`` run of ``spec`` (a run file's ``RunSpec``) needs
     them: Tune's CSV writer replaced by :class:`R3CSVLoggerCallback` (added where Tune would add its own: Tune then
-    keeps adding its JSON and TensorBoard writers), and the progress line when the config's ``progress`` is on, with
-    ``stop.training_iteration`` as the run's length."""
+    keeps adding its JSON and TensorBoard writers), the progress line when the config's ``progress`` is on, with
+    ``stop.training_iteration`` as the run's length, and the health warnings (:class:`HealthWarningCallback`)."""
     # An exact Tune CSV writer only: a subclass of it is someone's own.
     out = [R3CSVLoggerCallback() if type(c) is CSVLoggerCallback else c for c in callbacks or []]
     auto_loggers = os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1"
@@ -147,6 +148,8 @@ def run_callbacks(callbacks: list | None, spec: Any) -> list:
         out.append(R3CSVLoggerCallback())
     if getattr(spec.config, "progress", True):
         out.append(ProgressLineCallback((spec.stop or {}).get("training_iteration")))
+    # The trial's own warning lines stay in its worker's log under `r3 train`: the driver prints them from results.
+    out.append(HealthWarningCallback())
     return out
 
 

@@ -15,6 +15,7 @@ pytest.importorskip("ray.tune")
 
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback  # noqa: E402
 
+from r3_rllib.algorithms.r3.health_monitor import HealthWarningCallback
 from r3_rllib.algorithms.r3.tune_output import (  # noqa: E402
     ProgressLineCallback,
     R3CSVLoggerCallback,
@@ -146,22 +147,26 @@ def _spec(progress=True, stop=None):
     return SimpleNamespace(config=SimpleNamespace(progress=progress), stop=stop or {"training_iteration": 7})
 
 
-def test_run_callbacks_replace_tunes_csv_writer_and_add_the_progress_line(monkeypatch):
+def test_run_callbacks_replace_tunes_csv_writer_and_add_the_progress_line_and_health_warnings(monkeypatch):
     monkeypatch.delenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", raising=False)
     # No trackers: ours replaces the CSV writer Tune would add (Tune still adds its JSON and TensorBoard ones).
     callbacks = run_callbacks(None, _spec())
-    assert [type(c) for c in callbacks] == [R3CSVLoggerCallback, ProgressLineCallback]
+    assert [type(c) for c in callbacks] == [R3CSVLoggerCallback, ProgressLineCallback, HealthWarningCallback]
     assert callbacks[1].total == 7
-    assert [type(c) for c in run_callbacks(None, _spec(progress=False))] == [R3CSVLoggerCallback]
+    assert [type(c) for c in run_callbacks(None, _spec(progress=False))] == [
+        R3CSVLoggerCallback,
+        HealthWarningCallback,
+    ]
     # Trackers named in the run file (Tune's automatic loggers off): the csv one is ours, the others stay.
     monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     json_writer = JsonLoggerCallback()
     callbacks = run_callbacks([CSVLoggerCallback(), json_writer], _spec())
-    assert [type(c) for c in callbacks] == [R3CSVLoggerCallback, JsonLoggerCallback, ProgressLineCallback]
+    assert [type(c) for c in callbacks][:3] == [R3CSVLoggerCallback, JsonLoggerCallback, ProgressLineCallback]
     assert callbacks[1] is json_writer
     assert [type(c) for c in run_callbacks([json_writer], _spec())] == [
         JsonLoggerCallback,
         ProgressLineCallback,
+        HealthWarningCallback,
     ]
 
 
