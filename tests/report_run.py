@@ -21,7 +21,9 @@ def make_run(root: Path) -> Path:
         writer = csv.writer(f)
         writer.writerow(columns)
         for it in (1, 2, 3):
-            writer.writerow([it, 2.0 * it, 0.1 * it, 0.2 * it, 0, int(it == 3), 0.25 * it, 0.95, int(it == 3)])
+            writer.writerow(
+                [it, 2.0 * it, 0.1 * it, 0.2 * it, 0, int(it == 3), 0.25 * it, 0.95, int(it == 3)]
+            )
     for it in (2, 3):
         records = [
             SampleRecord(
