@@ -37,6 +37,19 @@ MARKER_FILE = "r3_tokenizer.json"
 CHAR_TOKENIZER_KIND = "r3-char-v1"
 
 
+def _fast_tokenizer(core: Tokenizer) -> PreTrainedTokenizerFast:
+    """`core` with the tiny models' special tokens, left padding and no clean-up of spaces."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+        padding_side="left",
+    )
+
+
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: ids 0..3 are ``<pad> <eos> <bos> <unk>``, then one id per character.
 
@@ -47,16 +60,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     # An empty split pattern with "isolated" behaviour yields one piece per character (whitespace included).
     core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=PAD_TOKEN,
-        eos_token=EOS_TOKEN,
-        bos_token=BOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        clean_up_tokenization_spaces=False,
-        padding_side="left",
-    )
-    return tokenizer
+    return _fast_tokenizer(core)
 
 
 def is_char_tokenizer_dir(path: str | Path) -> bool:
@@ -229,15 +233,7 @@ def portable_char_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTok
     core = Tokenizer(tok_models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=PAD_TOKEN,
-        eos_token=EOS_TOKEN,
-        bos_token=BOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        clean_up_tokenization_spaces=False,
-        padding_side="left",
-    )
+    return _fast_tokenizer(core)
 
 
 def save_portable_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
