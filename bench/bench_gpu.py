@@ -403,7 +403,7 @@ def part_algo(sizes: Sizes) -> dict[str, Any]:
         for _ in range(sizes.algo_iterations):
             t0 = time.perf_counter()
             result = algo.train()
-            rollout, learner = result.get("rollout", {}), result.get("learners", {})
+            rollout = result.get("rollout", {})
             rows.append(
                 {
                     "seconds": time.perf_counter() - t0,
@@ -412,14 +412,32 @@ def part_algo(sizes: Sizes) -> dict[str, Any]:
                     "mismatch": {
                         k: v for k, v in _flat(result).items() if "mismatch" in k or "is_weight" in k
                     },
-                    "learner_keys": sorted(learner)[:5],
+                    "health_firing": result.get("health", {}).get("firing"),
                 }
             )
             print("  algo iteration", rows[-1], flush=True)
+        records = _records_summary(algo)
         algo.stop()
-        return {"iterations": rows}
+        return {"iterations": rows, "records": records}
     finally:
         common.stop_ray(started)
+
+
+def _records_summary(algo) -> dict[str, Any]:
+    """The per-sample records the run wrote (learner log-probs taken on the GPU learner): files, rows, means."""
+    import pandas as pd
+
+    folders = sorted(Path(algo.logdir).rglob("samples"))
+    files = sorted(f for folder in folders for f in folder.glob("iter_*.parquet"))
+    if not files:
+        return {"files": 0}
+    frame = pd.concat([pd.read_parquet(f) for f in files])
+    return {
+        "files": len(files),
+        "rows": len(frame),
+        "learner_logprob_mean": float(frame["learner_logprob_mean"].dropna().mean()),
+        "is_weight_mean": float(frame["is_weight_mean"].dropna().mean()),
+    }
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
