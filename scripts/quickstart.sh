@@ -9,4 +9,7 @@ cd "$(dirname "$0")/.."
 # import write them.
 unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
-exec .venv/bin/r3 train examples/tiny_arithmetic_cpu.yaml "$@"
+.venv/bin/r3 train examples/tiny_arithmetic_cpu.yaml "$@"
+# What the model wrote in the last iteration: four of its recorded completions (all: `r3 samples runs/...`).
+echo
+.venv/bin/r3 samples runs/tiny_arithmetic_cpu --iteration -1 -n 4 || true

@@ -19,6 +19,7 @@ from r3_rllib.rollout.records import (
     FILE_PREFIX,
     SAMPLES_DIR,
     format_row,
+    preview,
     read_rows,
     reason_of,
     row_label,
@@ -131,7 +132,8 @@ def show_samples(run: str | Path, args: argparse.Namespace, out=None) -> int:
                 group=args.group,
             )
         ]
-        shown = kept if args.n <= 0 else kept[: args.n]
+        # -n rows of several prompts (each group's first sample, then its second, ...) unless one group is asked for.
+        shown = kept if args.n <= 0 else kept[: args.n] if args.group else preview(kept, args.n)
         span = (
             f"iterations {iteration_of(chosen[0])}-{iteration_of(chosen[-1])}" if chosen else "no iteration"
         )
