@@ -56,10 +56,11 @@ def _wandb_records(path: str):
             yield record
 
 
-def _wandb_run(trial_dir: Path) -> tuple[dict, list[dict]]:
-    """(config, history rows) of the trial's offline W&B run, values decoded from their JSON."""
+def _wandb_run(trial_dir: Path) -> tuple[dict, list[dict], bool]:
+    """(config, history rows, whether the run finished: its exit record) of the trial's offline W&B run, values
+    decoded from their JSON."""
     (path,) = glob.glob(str(trial_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
-    config, history = {}, []
+    config, history, finished = {}, [], False
     for record in _wandb_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -70,7 +71,8 @@ def _wandb_run(trial_dir: Path) -> tuple[dict, list[dict]]:
             history.append(
                 {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
             )
-    return config, history
+        finished |= kind == "exit"
+    return config, history, finished
 
 
 def _train_with_trackers(tmp_path: Path) -> Path:
@@ -104,7 +106,8 @@ def _results(trial_dir: Path) -> list[dict]:
 
 
 def _check_wandb(trial_dir: Path, results: list[dict], with_samples: bool) -> None:
-    config, history = _wandb_run(trial_dir)
+    config, history, finished = _wandb_run(trial_dir)
+    assert finished  # W&B wrote the whole run before Tune stopped its actor
     assert config["group_size"] == 4 and config["queries_per_iteration"] == 4
     assert config["env"] == "arithmetic" and config["env_config"]["digits"] == 2
     assert [row["training_iteration"] for row in history] == list(range(1, ITERATIONS + 1))

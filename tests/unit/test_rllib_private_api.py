@@ -27,11 +27,13 @@ and examples/ use none):
 11  ``EnvRunnerGroup._make_worker``, ``_remote_config``,      runner_group.py ``R3EnvRunnerGroup``: passes remote runners
     ``_remote_config_obj_ref``; ``EnvRunnerGroup`` as a     the config by value; ``Algorithm.setup`` builds the group
     global of ``ray.rllib.algorithms.algorithm``             class it finds under that global (no config field picks it)
-12  ``WandbLoggerCallback._logger_actor_cls``,             tracker_callbacks.py ``R3WandbLoggerCallback``: its actor class
+12  ``WandbLoggerCallback._logger_actor_cls``,               tracker_callbacks.py ``R3WandbLoggerCallback``: its actor class
     ``_remote_logger_class``, ``_start_logging_actor``,      (a sample table), the actor's options (WANDB_* settings, no
-    ``_trial_logging_actors``, ``_trial_queues``;             restarts), the trial's folder as W&B's dir, and results
-    ``_WandbLoggingActor._handle_result``, ``_clean_log``,   queued without waiting; ``R3MLflowLoggerCallback``: batched
-    ``_QueueItem``; ``Queue.actor``;                         params and metrics through MLflow's client, per trial run
+    ``_trial_logging_actors``, ``_trial_queues``,            restarts), the trial's folder as W&B's dir, and results
+    ``_signal_logging_actor_stop``;                          queued without waiting; ``R3MLflowLoggerCallback``: batched
+    ``_WandbLoggingActor._handle_result``, ``_clean_log``,   params and metrics through MLflow's client, per trial run
+    ``_QueueItem``; ``Queue.actor``, ``_QueueActor``'s
+    ``put_nowait_batch``;
     ``_force_on_current_node``; ``MLflowLoggerCallback``'s
     ``_trial_runs``, ``_MLflowLoggerUtil._get_client``
 ==  =======================================================  ==============================================================
@@ -169,5 +171,10 @@ def test_tune_tracker_callbacks_keep_the_hooks_r3_overrides():
     assert "_QueueItem.RESULT" in inspect.getsource(ray_wandb._WandbLoggingActor.run)
     assert _params(ray_wandb._clean_log)[0] == "obj" and callable(_force_on_current_node)
     assert "self.actor = (" in inspect.getsource(Queue.__init__)
+    assert "self._signal_logging_actor_stop(trial=trial)" in inspect.getsource(callback.log_trial_end)
+    assert _params(callback._signal_logging_actor_stop) == ["self", "trial"]
+    from ray.util.queue import _QueueActor
+
+    assert _params(_QueueActor.put_nowait_batch) == ["self", "items"]
     assert "self._trial_runs = {}" in inspect.getsource(MLflowLoggerCallback.setup)
     assert _params(_MLflowLoggerUtil._get_client) == ["self"]

@@ -36,7 +36,17 @@ _MLFLOW_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
 
 class _R3WandbLoggingActor(_WandbLoggingActor):
-    """Tune's W&B actor, which also turns the sample rows of a result into a ``wandb.Table``."""
+    """Tune's W&B actor, which also turns the sample rows of a result into a ``wandb.Table``, and returns only once
+    W&B has written everything."""
+
+    def run(self):
+        try:
+            super().run()
+        finally:
+            # wandb.finish() returns before W&B's service process has written the run's last records (its log says
+            # "finishing up" after finish returned), and Tune kills this actor, and the service with it, as soon as
+            # run() returns: an offline run lost its last iteration and its exit record. teardown() waits.
+            self._wandb.teardown()
 
     def _handle_result(self, result: dict) -> tuple[dict, dict]:
         rows = result.pop(SAMPLES_KEY, None)
@@ -51,6 +61,11 @@ class _R3WandbLoggingActor(_WandbLoggingActor):
 
 class R3WandbLoggerCallback(WandbLoggerCallback):
     _logger_actor_cls = _R3WandbLoggingActor
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._unsent: dict = {}  # trial -> the items not sent to its queue yet (_send)
+        self._in_flight: dict = {}  # trial -> the ObjectRef of its send in flight
 
     def setup(self, *args, **kwargs):
         mode = self.kwargs.get("mode") or os.environ.get("WANDB_MODE")
@@ -77,16 +92,35 @@ class R3WandbLoggerCallback(WandbLoggerCallback):
         super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
 
     def log_trial_result(self, iteration: int, trial, result: dict):
-        """As Tune's, with the sample rows, and without waiting for the queue: Tune's blocking put waits for the
-        queue actor to start at a trial's first result (16.8 s measured on 2 busy cores, Tune's loop and the
-        progress line stalled, and Tune's "operation took" warnings). One caller's calls to an actor run in
-        order, so the results still arrive in order."""
+        """As Tune's, with the sample rows, and without waiting for the queue (see :meth:`_send`)."""
         if trial not in self._trial_logging_actors:
             self.log_trial_start(trial)
         rows = _trial_samples(trial, result.get("training_iteration"))
         result = _clean_log(result, video_kwargs=self.video_kwargs, image_kwargs=self.image_kwargs)
-        item = (_QueueItem.RESULT, {**result, SAMPLES_KEY: rows} if rows else result)
-        self._trial_queues[trial].actor.put.remote(item, None)
+        self._send(trial, (_QueueItem.RESULT, {**result, SAMPLES_KEY: rows} if rows else result))
+
+    def _signal_logging_actor_stop(self, trial):
+        self._send(trial, (_QueueItem.END, None), wait=True)
+
+    def _send(self, trial, item, *, wait: bool = False) -> None:
+        """Queue ``item`` for the trial's W&B actor after the items not sent yet, in order. Tune's blocking put
+        waits for the queue actor to start at a trial's first result (16.8 s measured on 2 busy cores: Tune's loop
+        and the progress line stalled, and Tune printed its "operation took" warnings); here, while the previous
+        send is in flight, items wait in this process for the next call (``wait``: send them all now). One send
+        at a time: the queue is an async actor, whose calls may run out of order (W&B then drops the earlier
+        step)."""
+        unsent, in_flight = self._unsent.setdefault(trial, []), self._in_flight
+        unsent.append(item)
+        last = in_flight.get(trial)
+        if last is not None:
+            if wait:
+                ray.get(last)
+            elif not ray.wait([last], timeout=0)[0]:
+                return
+        batch, unsent[:] = list(unsent), []
+        in_flight[trial] = self._trial_queues[trial].actor.put_nowait_batch.remote(batch)
+        if wait:
+            ray.get(in_flight[trial])
 
 
 class R3MLflowLoggerCallback(MLflowLoggerCallback):
