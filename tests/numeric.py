@@ -53,12 +53,22 @@ def max_abs(*arrays) -> float:
 #: sum of n terms in another order moves by up to ~n ulps of its largest terms: 2 x 128 = 2**8 float32 ulps
 #: (~3e-5 relative) of the largest magnitude compared. The bugs these comparisons catch (a wrong temperature,
 #: position, token or weight) move values by 1e-2 and more.
+#: For log-probs the largest |log p| compared is the right scale even where every token is confident: to first order
+#: a log-prob's error is sum_j p_j (dz_i - dz_j) over the logits' errors dz, so |d log p_i| <= 2 (1 - p_i) max|dz|
+#: <= 2 |log p_i| max|dz|, in proportion to its own size. Only the final log of a sum of exps near 1 (p near 1) is
+#: rounded to ulps of 1 whatever its size: ~log2 V roundings of partial sums in each of the two passes, LOG_ULPS =
+#: 2**5 ulps of 1 on top (4e-6; the same for an entropy near 0).
 FORWARD_ULPS = 2**8
+LOG_ULPS = 2**5
+#: The tiny models' hidden size, the n of FORWARD_ULPS = 2 n. A larger model's passes sum proportionally more terms
+#: (its MLP's inner sums are ~3x its hidden size, as the tiny model's): `hidden_size=` scales the tolerances below.
+TINY_HIDDEN = 128
 
 
-def forward_atol(*arrays) -> float:
-    """`FORWARD_ULPS` float32 ulps of the largest magnitude in `arrays` (see above)."""
-    return f32_tol(max_abs(*arrays), FORWARD_ULPS)
+def forward_atol(*arrays, hidden_size: int = TINY_HIDDEN) -> float:
+    """`FORWARD_ULPS` float32 ulps of the largest magnitude in `arrays` (see above), times hidden_size / 128 for
+    a model of another hidden size (SmolLM2-135M: 576, so 2 x 576 ulps), plus LOG_ULPS ulps of 1."""
+    return f32_tol(max_abs(*arrays), FORWARD_ULPS * hidden_size / TINY_HIDDEN) + f32_tol(1.0, LOG_ULPS)
 
 
 #: The same comparison across two engines' implementations (vLLM's fused CPU attention and linear kernels against HF
@@ -67,9 +77,10 @@ def forward_atol(*arrays) -> float:
 ENGINE_ULPS = 2**11
 
 
-def engine_atol(*arrays) -> float:
-    """`ENGINE_ULPS` float32 ulps of the largest magnitude in `arrays` (see above)."""
-    return f32_tol(max_abs(*arrays), ENGINE_ULPS)
+def engine_atol(*arrays, hidden_size: int = TINY_HIDDEN) -> float:
+    """`ENGINE_ULPS` float32 ulps of the largest magnitude in `arrays` (see above), times hidden_size / 128, plus
+    LOG_ULPS ulps of 1 (as forward_atol)."""
+    return f32_tol(max_abs(*arrays), ENGINE_ULPS * hidden_size / TINY_HIDDEN) + f32_tol(1.0, LOG_ULPS)
 
 
 #: Gradients of a loss summed over ~1e3 per-token terms (the tiny model's batches), in orders that change with
@@ -81,3 +92,19 @@ GRAD_ULPS = 2**10
 def grad_atol(*grads) -> float:
     """`GRAD_ULPS` float32 ulps of the largest entry of `grads` (see above)."""
     return f32_tol(max_abs(*grads), GRAD_ULPS)
+
+
+def logprob_bound(model, temperature: float = 1.0) -> float:
+    """The largest magnitude a log-prob of a Llama / Qwen2 causal LM can have, from its weights: the scale of the
+    comparisons that see only a metric over log-probs (a mean importance weight, a KL estimate, an entropy gap), not
+    the log-probs themselves. The logits are `W n`, where `n = g * h / rms(h)` is the final RMSNorm's output, so
+    ||n||_2 <= max|g| sqrt(d) and |z_i| <= ||w_i||_2 max|g| sqrt(d) =: B (Cauchy-Schwarz); then
+    |log p_i| = logsumexp(z / T) - z_i / T <= 2 B / T + log V (V: the vocabulary): an upper bound of the largest
+    magnitude such a comparison would have seen (see FORWARD_ULPS for why that is the scale)."""
+    import math
+
+    norm = model.get_decoder().norm.weight.detach().float()
+    head = model.get_output_embeddings().weight.detach().float()
+    vocab, d = head.shape
+    logit = float(head.norm(dim=-1).max()) * float(norm.abs().max()) * math.sqrt(d)
+    return 2 * logit / temperature + math.log(vocab)

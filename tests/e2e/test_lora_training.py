@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from algo_checks import assert_runner_scores_like, checkpoint_fingerprint
+from numeric import engine_atol, forward_atol
 from transformers import AutoModelForCausalLM
 
 from r3_rllib import R3Config
@@ -73,13 +74,17 @@ def test_lora_trains_syncs_the_adapter_only_restores_and_exports(
         merged = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
         base = AutoModelForCausalLM.from_pretrained(default_tiny_model_path(), dtype=torch.float32)
         # The runner samples with base + the learner's adapter (merged by the HF engine, a LoRA request in vLLM):
-        # its log-probs are the exported merged model's, and not the base's.
-        assert_runner_scores_like(algo, merged, atol=1e-3)
+        # its log-probs are the exported merged model's, and not the base's. Tolerances of tests/numeric.py: the HF
+        # engine's merge against the export's, other sums (forward_atol); vLLM's LoRA kernels (engine_atol).
+        tolerance = forward_atol if engine == "hf" else engine_atol
+        assert_runner_scores_like(algo, merged, tolerance=tolerance)
         with pytest.raises(AssertionError):
-            assert_runner_scores_like(algo, base, atol=1e-3)
+            assert_runner_scores_like(algo, base, tolerance=tolerance)
 
         algo.restore(checkpoint)
-        assert checkpoint_fingerprint(algo) == pytest.approx(saved, rel=1e-6)
+        # Exact: the restore copies the adapter's, the base's and AdamW's tensors bit for bit
+        # (algo_checks.checkpoint_fingerprint says why the sums are then equal to the last bit).
+        assert checkpoint_fingerprint(algo) == saved
         assert algo.train()["rollout"]["policy_version"] == 2  # the restored version, one update on
     finally:
         algo.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from numeric import engine_atol
 
 from r3_rllib import R3Config
 
@@ -58,10 +59,12 @@ def test_vllm_runner_samples_with_the_learners_head(ray_session, tmp_path):
     with torch.no_grad():
         roll, base = rollout_token_logprobs(model, ids)
     n = len(out.token_ids)
-    np.testing.assert_allclose(
-        out.logprobs, roll[0, len(prompt) - 1 : len(prompt) - 1 + n].numpy(), atol=1e-3
-    )
-    assert (roll - base).abs().max() > 1e-3
+    # vLLM's kernels against transformers: engine_atol of the values compared (tests/numeric.py). A runner without
+    # the learner's head samples from the base distribution, which the head trained at lr 1e-2 moves by more.
+    expected = roll[0, len(prompt) - 1 : len(prompt) - 1 + n].numpy()
+    tol = engine_atol(out.logprobs, expected)
+    np.testing.assert_allclose(out.logprobs, expected, rtol=0, atol=tol)
+    assert (roll - base).abs().max() > tol
     # The exported folder holds the base policy plus the head's files; plain vLLM loads only the model's weights.
     assert (tmp_path / "policy" / HEAD_WEIGHTS_FILE).is_file()
     engine = make_engine("vllm", export)
