@@ -100,6 +100,10 @@ class R3WandbLoggerCallback(WandbLoggerCallback):
         self._send(trial, (_QueueItem.RESULT, {**result, SAMPLES_KEY: rows} if rows else result))
 
     def _signal_logging_actor_stop(self, trial):
+        # A trial that failed before its logging actor started (its EnvRunners could not start, say) has no queue:
+        # nothing to stop, and a KeyError here would hide the trial's own error behind Tune's.
+        if trial not in self._trial_queues:
+            return
         self._send(trial, (_QueueItem.END, None), wait=True)
 
     def _send(self, trial, item, *, wait: bool = False) -> None:

@@ -188,3 +188,15 @@ def test_mlflow_callback_logs_config_metrics_and_samples_to_a_file_store(tmp_pat
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == [
         "samples/iteration_000001.json"
     ]
+
+
+def test_a_trial_that_failed_before_logging_ends_without_hiding_its_error():
+    """Tune calls log_trial_end for a trial whose actor never started (its EnvRunners failed): with no W&B queue
+    for it, ending it is a no-op (it raised KeyError, which replaced the trial's own error on the console)."""
+    from r3_rllib.algorithms.r3.tracker_callbacks import R3WandbLoggerCallback
+
+    callback = R3WandbLoggerCallback.__new__(R3WandbLoggerCallback)
+    callback._trial_queues, callback._trial_logging_futures, callback._trial_logging_actors = {}, {}, {}
+    callback._unsent, callback._in_flight = {}, {}
+    callback._signal_logging_actor_stop("trial_0")  # no KeyError
+    assert callback._unsent == {} and callback._in_flight == {}
