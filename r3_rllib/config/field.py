@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from r3_rllib.core.objects import is_object_path
+
 _INTERVAL = re.compile(r"^([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])$")
 _BOUND = re.compile(r"^(>=|>)\s*(\S+)$")
 
@@ -99,8 +101,12 @@ class Rule:
             return None
         if self.types and not _of_types(value, self.types):
             return self._message(name, value)
-        if self.choices is not None and not _member(value, self.pool()):
-            return self._message(name, value)
+        if self.choices is not None:
+            pool = self.pool()
+            if _is_registry_path(value, pool):
+                return _path_error(name, value, pool)
+            if not _member(value, pool):
+                return self._message(name, value)
         if self.range is None and not self.integer:
             return None
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
@@ -151,6 +157,21 @@ def _shown(pool: Collection[Any]) -> list[Any]:
     if names is not None:
         return list(names)
     return sorted(pool) if isinstance(pool, Mapping) else list(pool)
+
+
+def _is_registry_path(value: Any, pool: Collection[Any]) -> bool:
+    """Whether ``value`` is a ``"module:attribute"`` path given where a registry's names are the choices."""
+    return is_object_path(value) and callable(getattr(pool, "lookup", None))
+
+
+def _path_error(name: str, value: str, pool: Any) -> str | None:
+    """The message when the path ``value`` does not import to a function here, in the driver (early, before any
+    worker tries it), else None."""
+    try:
+        pool.lookup(value)
+    except (ImportError, TypeError, ValueError) as exc:
+        return f"{name}: {exc}"
+    return None
 
 
 def _member(value: Any, pool: Collection[Any]) -> bool:

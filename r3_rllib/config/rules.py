@@ -17,6 +17,7 @@ from r3_rllib.config.field import Rule, field_errors, field_rule, rules_errors
 from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
+from r3_rllib.core.objects import ObjectPathError, is_object_path
 
 #: A cross-field rule: the config -> the message of what is wrong, or None.
 ConfigRule = Callable[[Any], "str | None"]
@@ -181,10 +182,12 @@ def registry_entries_find_their_fields(config: Any) -> str | None:
     """The chosen estimator and loss read config fields by name (declared at registration): they must exist."""
     errors = []
     for name, registry in ((config.advantage_estimator, ADVANTAGE_FNS), (config.policy_loss, LOSS_FNS)):
-        if name in registry:
+        if isinstance(name, str) and (name in registry or is_object_path(name)):
             try:
                 registry.params_from(name, config)
                 registry.batch_params_from(name, config)
+            except ObjectPathError:
+                pass  # the field's own rule names the path that does not import
             except ValueError as e:
                 errors.append(str(e))
     return "; ".join(errors) or None
@@ -212,7 +215,7 @@ def head_schedule_has_a_stage(config: Any) -> str | None:
 def head_advantage_is_single_step(config: Any) -> str | None:
     """Stage A scores the G responses to one prompt: its estimator cannot be a multi-step one."""
     name = config.rollout_head_advantage
-    if name in ADVANTAGE_FNS and is_step_level(name):
+    if is_step_level(name):
         return f"rollout_head_advantage {name!r} is a multi-step estimator; stage A scores single groups"
     return None
 

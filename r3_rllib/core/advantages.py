@@ -21,13 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from r3_rllib.core.registry import Registry
+from r3_rllib.core.registry import Registry, entry_point_group
 
 AdvantageFn = Callable[..., np.ndarray]
 
 #: Name -> per-group advantage function ``fn(rewards, **params, **sample_inputs) -> np.ndarray``, with the config
-#: fields each reads its parameters from (see :mod:`r3_rllib.core.registry`).
-ADVANTAGE_FNS = Registry("advantage estimator")
+#: fields each reads its parameters from (see :mod:`r3_rllib.core.registry`); installed packages add more through
+#: the entry-point group ``r3_rllib.advantages``, and a ``"module:function"`` path names one without registering it.
+ADVANTAGE_FNS = Registry("advantage estimator", entry_points=entry_point_group("r3_rllib.advantages"))
 
 
 def register_advantage(
@@ -72,7 +73,12 @@ STEP_SAMPLE_INPUTS: frozenset[str] = frozenset({"obs_keys", "traj_ids", "step_in
 
 
 def is_step_level(name: str) -> bool:
-    """Whether the registered estimator ``name`` scores the steps of multi-step episodes (reads step identities)."""
+    """Whether the registered estimator ``name`` scores the steps of multi-step episodes (reads step identities);
+    an entry point or a path is loaded first (one that fails to load is reported by the config's checks)."""
+    try:
+        ADVANTAGE_FNS.lookup(name)
+    except (ImportError, TypeError, ValueError):
+        pass
     return bool(STEP_SAMPLE_INPUTS & set(ADVANTAGE_FNS.sample_inputs.get(name, ())))
 
 

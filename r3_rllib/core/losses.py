@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from r3_rllib.core.mismatch import PREFIX, RolloutCorrection, rollout_correction
-from r3_rllib.core.registry import Registry
+from r3_rllib.core.registry import Registry, entry_point_group
 
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -270,8 +270,9 @@ LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 #: Name -> policy loss ``fn(logprobs, old_logprobs, advantages, mask, *, is_weights, **params) -> (loss, metrics)``,
 #: with the config fields each reads its parameters from (see :mod:`r3_rllib.core.registry`). The learner calls
-#: the one named by the config's ``policy_loss``.
-LOSS_FNS = Registry("policy loss")
+#: the one named by the config's ``policy_loss``; installed packages add more through the entry-point group
+#: ``r3_rllib.losses``, and a ``"module:function"`` path names one without registering it.
+LOSS_FNS = Registry("policy loss", entry_points=entry_point_group("r3_rllib.losses"))
 
 
 def register_loss(name: str, *, config_params: Mapping[str, str] | None = None) -> Callable[[LossFn], LossFn]:

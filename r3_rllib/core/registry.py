@@ -12,15 +12,20 @@ needs batch statistics (e.g. REINFORCE++-baseline's normalisation by the batch s
 generically when the entry declares one.
 
 Every named thing of the package is an instance of :class:`Registry`: advantage estimators and policy losses
-(``core``), replay priorities (``replay``), text environments (``envs``, whose entries may also come from installed
-packages' entry points, loaded on first use) and named models.
+(``core``), replay priorities (``replay``), text environments (``envs``) and named models. Estimators, losses and
+text envs may also come from installed packages' entry points (groups ``r3_rllib.advantages``, ``r3_rllib.losses``,
+``r3_rllib.text_envs``), loaded on first use; and any registry's lookup takes a ``"module:attribute"`` path
+(``"my_pkg.losses:my_loss"``), imported in the process that looks it up. Both reach every process without a
+registration run there first; a registration made only in the driver does not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from importlib.metadata import EntryPoint
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeVar
+
+from r3_rllib.core.objects import ObjectPathError, is_object_path, load_object
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,14 +120,43 @@ class Registry(dict[str, Callable[..., Any]]):
         return fn
 
     def lookup(self, name: str) -> Callable[..., Any] | None:
-        """The entry ``name``: registered, or loaded (and from then on registered) from its entry point; None
-        when neither knows it."""
+        """The entry ``name``: registered, loaded (and from then on registered) from its entry point, or, for a
+        ``"module:attribute"`` path, imported in this process (:func:`~r3_rllib.core.objects.load_object`: an
+        ``ObjectPathError`` names the module or attribute that fails); None when nothing knows it."""
         if name in self:
             return self[name]
-        fn = self.load_declared(name)
-        if fn is not None:
+        if is_object_path(name):
+            fn = load_object(name, what=self.kind)
+            if not callable(fn):
+                raise ObjectPathError(f"{self.kind} {name!r} is a {type(fn).__name__}, not a function")
+        else:
+            fn = self.load_declared(name)
+            if fn is None:
+                return None
+        if name not in self:  # importing its module may have registered it under this name already
+            self._adopt(name, fn)
+        return self[name]
+
+    def _adopt(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register ``fn`` under ``name`` with the declarations of the entry already holding it: a function its
+        module registers (``@register_loss("mine", config_params=...)``) keeps them when named by path."""
+        twin = next((other for other, f in self.items() if f is fn), None)
+        if twin is None:
             self.register(name)(fn)
-        return fn
+            return
+        self.register(
+            name,
+            config_params=self.config_params.get(twin),
+            sample_inputs=self.sample_inputs.get(twin, ()),
+            batch_fn=self.batch_fns.get(twin),
+            batch_config_params=self.batch_config_params.get(twin),
+            batch_sample_inputs=self.batch_sample_inputs.get(twin, ()),
+        )(fn)
+
+    def resolves(self, name: object) -> bool:
+        """Whether ``name`` names an entry (registered, declared by an entry point, or a path that imports);
+        a path that fails to import raises its ``ObjectPathError``."""
+        return isinstance(name, str) and self.lookup(name) is not None
 
     def get_fn(self, name: str) -> Callable[..., Any]:
         fn = self.lookup(name)
@@ -181,6 +215,12 @@ class Registry(dict[str, Callable[..., Any]]):
         self.batch_fns.pop(name, None)
         self.batch_config_params.pop(name, None)
         self.batch_sample_inputs.pop(name, None)
+
+
+def entry_point_group(group: str) -> Callable[[], dict[str, EntryPoint]]:
+    """``entry_points`` for a :class:`Registry`: the installed entry points of ``group``, read at each use, so a
+    package that declares some is found in every process (a learner actor, an env runner) with no code run first."""
+    return lambda: {ep.name: ep for ep in entry_points(group=group)}
 
 
 def _describe(fn: Callable[..., Any]) -> str:

@@ -235,7 +235,7 @@ class ReplayConfig:
             raise ValueError("length powers must be >= 0")
         if not 0.0 <= self.truncated_priority <= 1.0:
             raise ValueError(f"truncated_priority must be in [0, 1], got {self.truncated_priority}")
-        if self.priority not in PRIORITY_FNS:
+        if not PRIORITY_FNS.resolves(self.priority):
             raise ValueError(f"unknown priority {self.priority!r}; known: {sorted(PRIORITY_FNS)}")
 
 
@@ -248,7 +248,8 @@ PRIORITY_FNS = Registry("priority")
 def register_priority(name: str) -> Callable[[PriorityFn], PriorityFn]:
     """Decorator adding a priority function to :data:`PRIORITY_FNS` under ``name`` (names are unique).
 
-    Register it in a module that the replay actor's process imports too: the actor resolves the name itself.
+    Register it in a module that the replay actor's process imports too: the actor resolves the name itself. Or
+    name it by path (``replay_priority="my_pkg.replay:my_priority"``): the actor imports that module itself.
     """
     return PRIORITY_FNS.register(name)
 
@@ -303,7 +304,7 @@ class QueryReplayBuffer:
     def __init__(self, config: ReplayConfig | None = None, **overrides: Any) -> None:
         base = config if config is not None else ReplayConfig()
         self.config = ReplayConfig(**{**asdict(base), **overrides}) if overrides else base
-        self._priority_fn = PRIORITY_FNS[self.config.priority]
+        self._priority_fn = PRIORITY_FNS.get_fn(self.config.priority)
         self._rng = np.random.default_rng(self.config.seed)
         self._queries: dict[str, _QueryEntry] = {}
         # uid -> (query_id, class index, response key); insertion order = age (oldest first).

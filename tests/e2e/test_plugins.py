@@ -3,6 +3,8 @@ package, named in the config, train an iteration without any edit of the algorit
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,41 @@ def test_outside_estimator_and_loss_train_an_iteration(ray_session):
         "the loss and its metric are used"
     )
     assert after != before, "the update changed the policy"
+
+
+def test_path_named_estimator_and_loss_reach_remote_learners(ray_session):
+    """``"module:function"`` paths need no registration anywhere: two remote learner actors (fresh processes)
+    import the user's module themselves, and the loss's metrics and the estimator's advantages show it ran there."""
+    module = "tests.e2e.learner_plugins"  # imported under this one name only (a second name registers twice)
+    config = (
+        R3Config()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 16})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=2, num_cpus_per_learner=1)
+        .training(
+            group_size=4,
+            queries_per_iteration=8,
+            max_new_tokens=5,
+            advantage_estimator=f"{module}:marked_advantages",
+            policy_loss=f"{module}:marked_reinforce",
+        )
+        .debugging(seed=0)
+    )
+
+    def process_and_plugin_module(learner) -> tuple[int, bool]:  # nested: shipped by value, importing nothing
+        import os
+        import sys
+
+        return os.getpid(), "tests.e2e.learner_plugins" in sys.modules
+
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        where = algo.learner_call(process_and_plugin_module)
+    finally:
+        algo.stop()
+    assert len(where) == 2 and os.getpid() not in {pid for pid, _ in where}, "two remote learner actors"
+    assert all(imported for _, imported in where), "each learner imported the user's module itself"
+    learner = result["learner"]
+    assert learner["plugin_loss_ran"] == pytest.approx(1.0), "the user's loss ran in the learners"
+    assert learner["plugin_adv_abs_max"] == pytest.approx(0.375), "with the user's estimator's advantages"
