@@ -224,9 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         log_to_driver=False,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
     )
-    algo = build_config(
+    config = build_config(
         quick=args.quick, model_path=args.model, length=args.length, num_queries=args.num_queries
-    ).build_algo()
+    )
+    # This script prints its own line per iteration (R^3's reflections and replays beside the reward), so the
+    # library's progress line (the `progress` setting) is off here.
+    algo = config.reporting(progress=False).build_algo()
     try:
         for _ in range(iterations):
             result = algo.train()

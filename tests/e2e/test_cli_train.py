@@ -41,7 +41,7 @@ def _train_in_process(capsys, *args: str) -> tuple[int, str]:
 @pytest.mark.slow
 def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     iterations = (
-        24  # the interrupt comes a few iterations after the first checkpoint (5); the resume runs the rest
+        40  # the interrupt comes a few iterations after the first checkpoint (5); the resume runs the rest
     )
     args = [
         R3, "train", str(TINY), "--num-cpus", "2",
@@ -63,7 +63,9 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     )
     try:
         deadline = time.monotonic() + 300
-        while not glob.glob(str(tmp_path / "cli" / "*" / "checkpoint_000000")):
+        # Interrupt once the first checkpoint is complete (its manifest is written last): an interrupt while its
+        # folder was still being written could leave the resume nothing to restore.
+        while not glob.glob(str(tmp_path / "cli" / "*" / "checkpoint_000000" / "manifest.json")):
             assert first.poll() is None, first.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.1)
@@ -84,14 +86,17 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     rows = [json.loads(line) for line in open(Path(trial_dir) / "result.json")]
     assert rows[-1]["training_iteration"] == iterations
     # The resumed trial started from a checkpoint (iteration 5, 10, ...), not from scratch.
-    first_after = next(r for r in rows[len(done_before) :] if r["iterations_since_restore"] == 1)
+    seen = [(r["training_iteration"], r["iterations_since_restore"]) for r in rows]
+    restored = [r for r in rows[len(done_before) :] if r["iterations_since_restore"] == 1]
+    assert restored, f"no restored row after the {len(done_before)} before the interrupt: {seen}"
+    first_after = restored[0]
     assert first_after["training_iteration"] > 1
     assert (first_after["training_iteration"] - 1) % 5 == 0
     # --set values reached the trial's config
     params = json.loads((Path(trial_dir) / "params.json").read_text())
     assert params["queries_per_iteration"] == 4 and params["group_size"] == 4
     _check_progress_output(
-        Path(trial_dir), out, done_before, resumed.stdout, first_after["training_iteration"]
+        Path(trial_dir), out, done_before, resumed.stdout, first_after["training_iteration"], iterations
     )
     _check_sample_records(Path(trial_dir), rows, out + resumed.stdout)
 
@@ -148,7 +153,7 @@ def _check_sample_records(trial_dir: Path, results: list[dict], printed: str) ->
 
 
 def _check_progress_output(
-    trial_dir: Path, first: str, done_before: list[int], resumed: str, restart: int
+    trial_dir: Path, first: str, done_before: list[int], resumed: str, restart: int, total: int
 ) -> None:
     """One progress line per iteration in each run's output (from the driver; the resumed run from its checkpoint
     on), none of Tune's status tables, and the held-out accuracy, first measured at iteration 5, a column of
@@ -158,10 +163,10 @@ def _check_progress_output(
     import re
 
     def iterations(text: str) -> list[int]:
-        return [int(m) for m in re.findall(r"^iter +(\d+)/24  [\d.]+ s/it  ", text, flags=re.MULTILINE)]
+        return [int(m) for m in re.findall(rf"^iter +(\d+)/{total}  [\d.]+ s/it  ", text, flags=re.MULTILINE)]
 
     assert iterations(first) == done_before, first[-3000:]
-    assert iterations(resumed) == list(range(restart, 25)), resumed[-3000:]
+    assert iterations(resumed) == list(range(restart, total + 1)), resumed[-3000:]
     assert "eval_acc " in resumed and "nan" not in "".join(re.findall(r"^iter .*$", resumed, flags=re.M))
     for text in (first, resumed):
         assert "== Status ==" not in text and "Result logdir" not in text and "Trial name" not in text
