@@ -176,12 +176,11 @@ def part_precision(sizes: Sizes) -> dict[str, Any]:
         params = [p for p in learner.policy.parameters() if p.requires_grad]
         before = [p.detach().clone() for p in params]
         samples = _samples(16, 8, 8, learner.policy.config.vocab_size)
-        metrics = learner.update_from_samples(samples, seed=0)
+        learner.update_from_samples(samples, seed=0)
         moved = sum(int((p.detach() != b).sum()) for p, b in zip(params, before, strict=True))
         out[dtype] = {
             "param_dtype": str(params[0].dtype),
             "moved_fraction": moved / sum(b.numel() for b in before),
-            "loss": float(metrics.get("loss", metrics.get("learner/loss", float("nan")))),
             "logprobs": _scored(learner, samples),
         }
         del learner
@@ -284,15 +283,7 @@ def part_learner_1p5b(sizes: Sizes, shape: dict[str, Any]) -> dict[str, Any]:
     n_params = sum(p.numel() for p in learner.policy.parameters())
     samples = _samples(sizes.rows, sizes.prompt, sizes.response, shape["vocab_size"])
     tokens = sizes.rows * (sizes.prompt + sizes.response)
-    times, metrics = [], {}
-    for _ in range(sizes.reps + 1):  # the first is warm-up (kernels, allocator)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        metrics = learner.update_from_samples(samples, seed=0)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    times, metrics = _timed_updates(learner, samples, sizes.reps)
     step = float(np.median(times[1:]))
     out.update(
         params=n_params,
