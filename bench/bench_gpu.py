@@ -106,7 +106,7 @@ def _learner(model_path: str, **training: Any):
 
 
 def _samples(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> list:
-    from r3_rllib.algorithms.r3.groups import Sample
+    from r3_rllib.types.samples import Sample
 
     rng = np.random.default_rng(seed)
     return [
@@ -204,7 +204,7 @@ def _generate(engine, prompts: list[list[int]], n: int, max_new: int, temperatur
 
 
 def _as_samples(groups) -> list:
-    from r3_rllib.algorithms.r3.groups import Sample
+    from r3_rllib.types.samples import Sample
 
     return [
         Sample(

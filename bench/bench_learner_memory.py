@@ -58,10 +58,10 @@ def run_child(args: argparse.Namespace) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from r3_rllib.algorithms.r3.groups import Sample
     from r3_rllib.algorithms.r3.rl_module import pack_samples
     from r3_rllib.core.logprobs import token_logprobs
     from r3_rllib.core.losses import clipped_policy_loss
+    from r3_rllib.types.samples import Sample
 
     path = PATHS[args.child]
     config = LlamaConfig(

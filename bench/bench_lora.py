@@ -28,7 +28,7 @@ MODES = {"full fine-tuning": 0, "LoRA": None}  # None: --rank
 def _samples(n: int, prompt: int, response: int, vocab: int, seed: int) -> list:
     import numpy as np
 
-    from r3_rllib.algorithms.r3.groups import Sample
+    from r3_rllib.types.samples import Sample
 
     rng = np.random.default_rng(seed)
     return [

@@ -45,11 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import numpy as np
 
-    from r3_rllib.algorithms.r3.groups import Sample
     from r3_rllib.algorithms.r3.rl_module import pack_samples
     from r3_rllib.core.batching import token_budget_chunks
     from r3_rllib.core.logprobs import token_logprobs
     from r3_rllib.models.tiny import load_tiny
+    from r3_rllib.types.samples import Sample
 
     path = args.model or common.long_response_model("tiny" if args.smoke else "gen")
     model, tok = load_tiny(path)

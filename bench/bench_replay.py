@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from r3_rllib.replay.buffer import QueryReplayBuffer, ReplayConfig, ReplaySample, SampleRequest
+from r3_rllib.replay.buffer import QueryReplayBuffer, ReplayConfig, SampleRequest
+from r3_rllib.types.samples import ReplaySample
 
 
 def make_samples(n: int, n_queries: int, max_len: int, seed: int) -> list[ReplaySample]:

@@ -11,7 +11,7 @@ some wrong.
 
 Per iteration it prints the data epoch of the batch, which R^3 parts were active in it, replay requests and hits,
 reflection prompts, ranked groups, replay buffer size and memory, and the driver's time per iteration
-(``algo.train()``) and its parts. Before that it prints what ``algorithms/r3/schedule.py`` computes for the real
+(``algo.train()``) and its parts. Before that it prints what ``algorithms/r3/r3_schedule.py`` computes for the real
 40,315-row data set and for the simulated pool.
 
 The full first epoch of the real size is 314 iterations; on 2 CPU cores an iteration takes seconds, so the default
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     common.setup_process()
     common.print_header("R^3 schedule of the 1.5B run file, simulated on CPU", args)
-    from r3_rllib.algorithms.r3.schedule import schedule_for_config
+    from r3_rllib.algorithms.r3.r3_schedule import schedule_for_config
     from r3_rllib.train_config import load_run_file
 
     model = args.model or common.tiny_model_path()

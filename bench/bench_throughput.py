@@ -95,7 +95,7 @@ class PathResult:
 # ------------------------------------------------------------------------------------------------------------------
 def problem_stream(s: Setting, seed: int):
     """The queries our (single) EnvRunner draws, in its order, so every path trains on the same prompts."""
-    from r3_rllib.algorithms.r3.runner_env import runner_env_config
+    from r3_rllib.algorithms.r3.runner_setup import runner_env_config
     from r3_rllib.envs.arithmetic import ArithmeticEnv
 
     config = common.grpo_config(s.model_path, env_config=s.env_config, seed=seed)

@@ -192,15 +192,15 @@ def check_resume(exp_dir: str) -> bool:
 
 
 def _check_schedule(spec) -> bool:
-    """With a stop iteration in the run file: print when each R^3 part switches on (schedule.py) and warn about
+    """With a stop iteration in the run file: print when each R^3 part switches on (r3_schedule.py) and warn about
     parts the run never reaches; False on settings that make a part pointless. The data size comes from building
     the train env once here (as a runner would); when that fails, the runs' setup checks what needs no stop."""
     stop = (spec.stop or {}).get("training_iteration")
     config = spec.config
     if stop is None or not (config.replay or config.reflection or config.ranking):
         return True
-    from r3_rllib.algorithms.r3.runner_env import build_env, load_policy_tokenizer
-    from r3_rllib.algorithms.r3.schedule import schedule_for_config
+    from r3_rllib.algorithms.r3.r3_schedule import schedule_for_config
+    from r3_rllib.algorithms.r3.runner_setup import build_env, load_policy_tokenizer
     from r3_rllib.warmstart import build_named_models
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from r3_rllib.algorithms.r3.groups import Sample
+from r3_rllib.types.samples import Sample
 
 
 def random_samples(n: int, seed: int = 0, *, min_response_len: int = 1, num_queries: int = 3) -> list[Sample]:

@@ -232,8 +232,8 @@ IGNORED_RLLIB_FIELDS: dict[str, str] = {
 #: RLlib settings an R3 run reads, each with what reads it (R3's code or the RLlib machinery R3 runs: the
 #: Algorithm's iteration loop, EnvRunnerGroup, LearnerGroup, checkpoints, callbacks).
 USED_RLLIB_FIELDS: dict[str, str] = {
-    "env": "the TextEnv (runner_env.py)",
-    "env_config": "the TextEnv's keyword arguments (runner_env.py)",
+    "env": "the TextEnv (runner_setup.py)",
+    "env_config": "the TextEnv's keyword arguments (runner_setup.py)",
     "seed": "data order, sampling, minibatch split, replay draws (debugging(seed=...))",
     "lr": "R3Learner's AdamW",
     "grad_clip": "R3Learner's global-norm clip",

@@ -322,7 +322,7 @@ class R3Settings:
     """Samples older than this many policy versions (updates; one per iteration) are evicted and never replayed
     nor reflected on. None: two epochs of updates, 2 x (data size // queries_per_iteration), derived at setup from
     the runners' data size, so that a query's previous visit (at most 2 epochs - 1 updates back) is always kept.
-    A value shorter than that is warned about at setup (see algorithms/r3/schedule.py)."""
+    A value shorter than that is warned about at setup (see algorithms/r3/r3_schedule.py)."""
     reflection: bool = False
     """In-context self-reflection: hard queries get an extra prompt with a past wrong answer and guidance."""
     reflection_tau: float = setting(0.3, range=">= 0", finite=True)

@@ -3,7 +3,7 @@
 
 A longer sequence runs past the positions the model was trained on (vLLM refuses it with a message naming no query;
 an HF engine generates and trains on it silently). So every text env takes two options, filled in by the EnvRunner
-from the model's config and ``R3Config.max_new_tokens`` (``runner_env.model_context_config``), and checks its
+from the model's config and ``R3Config.max_new_tokens`` (``runner_setup.model_context_config``), and checks its
 prompts once, when it is built, with :func:`check_prompts_fit`: the first prompt too long raises a ``DataError``
 naming its query, its length and the limit. MathEnv (and PythonToolEnv) can skip such rows instead
 (``on_bad_row='skip'``). Multi-step envs check the first prompt of each query (later prompts add a bounded memory

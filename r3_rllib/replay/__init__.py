@@ -11,12 +11,12 @@ from r3_rllib.replay.buffer import (
     QueryReplayBuffer,
     QueryStats,
     ReplayConfig,
-    ReplaySample,
     SampleRequest,
     from_columns,
     register_priority,
     to_columns,
 )
+from r3_rllib.types.samples import ReplaySample
 
 _ACTOR_NAMES = ("ReplayBufferActor", "ReplayBufferClient", "create_replay_actor")
 

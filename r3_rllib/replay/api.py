@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from r3_rllib.replay.buffer import QueryReplayBuffer, ReplaySample, from_columns, to_columns
+from r3_rllib.replay.buffer import QueryReplayBuffer, from_columns, to_columns
+from r3_rllib.types.samples import ReplaySample
 
 
 class Packing(NamedTuple):

@@ -51,57 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from r3_rllib.core.registry import Registry
-
-_PER_SAMPLE_OVERHEAD = 400  # bytes: dataclass, dict slots, index entries, small Python objects (approximate)
-_INT32 = np.dtype(np.int32)
-_FLOAT32 = np.dtype(np.float32)
-
-
-def _as_array(x: Any, dtype: np.dtype) -> np.ndarray:
-    # An unpickled array's dtype is equal to, but not the same object as, np.dtype(np.int32), and np.asarray(x, dtype)
-    # then copies: compare with == so arrays arriving through Ray or a checkpoint are kept as they are.
-    if isinstance(x, np.ndarray) and x.dtype == dtype:
-        return x
-    return np.asarray(x, dtype=dtype)
-
-
-@dataclass
-class ReplaySample:
-    """One stored response. Token arrays are converted to ``int32`` / ``float32`` numpy arrays on creation."""
-
-    query_id: str
-    prompt_ids: np.ndarray
-    response_ids: np.ndarray
-    behavior_logprobs: np.ndarray  # log-prob of each response token under the policy that sampled it
-    reward: float
-    correct: bool
-    policy_version: int
-    truncated: bool = False
-    response_text: str = ""  # decoded response, for reflection prompts
-    # Multi-turn tool use: which response tokens the model sampled (True) and which a tool wrote (False); None: all
-    # sampled by the model.
-    loss_mask: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        self.prompt_ids = _as_array(self.prompt_ids, _INT32)
-        self.response_ids = _as_array(self.response_ids, _INT32)
-        self.behavior_logprobs = _as_array(self.behavior_logprobs, _FLOAT32)
-        if self.response_ids.ndim != 1 or self.behavior_logprobs.shape != self.response_ids.shape:
-            raise ValueError(
-                f"query {self.query_id!r}: behavior_logprobs {self.behavior_logprobs.shape} must match "
-                f"response_ids {self.response_ids.shape} (one log-prob per response token)"
-            )
-        if self.loss_mask is not None:
-            self.loss_mask = np.asarray(self.loss_mask, dtype=bool).reshape(-1)
-            if self.loss_mask.shape != self.response_ids.shape:
-                raise ValueError(f"query {self.query_id!r}: loss_mask must hold one entry per response token")
-
-    def nbytes(self) -> int:
-        """Approximate memory of this sample (arrays + text + fixed overhead), prompt included."""
-        n = self.prompt_ids.nbytes + self.response_ids.nbytes + self.behavior_logprobs.nbytes
-        if self.loss_mask is not None:
-            n += self.loss_mask.nbytes
-        return n + len(self.response_text) + _PER_SAMPLE_OVERHEAD
+from r3_rllib.types.samples import ReplaySample
 
 
 def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:

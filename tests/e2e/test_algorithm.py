@@ -220,8 +220,9 @@ def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_ran
     """With kl_coef > 0 a group whose rewards are all equal stays in the batch with advantage 0: it adds KL and
     its tokens count in the token mean. Hand-computed on the learner: one update is one optimizer step, so the
     ratio is exactly 1 and pg_loss = -sum_i A_i |o_i| / (tokens in the batch)."""
-    from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch
-    from r3_rllib.algorithms.r3.settings import IterationSettings
+    from r3_rllib.algorithms.r3.groups import build_training_batch
+    from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
+    from r3_rllib.types.samples import Group, Sample
 
     def sample(qid, reward, n_tokens):
         return Sample(

@@ -42,7 +42,7 @@ def test_max_staleness_1_is_the_overlap_loop_bit_for_bit(ray_session, tiny_rando
 
 def _data_order(config, worker_id: int, n: int) -> list[str]:
     """The first ``n`` query ids runner ``worker_id`` draws from its shard of the data order."""
-    from r3_rllib.algorithms.r3.runner_env import build_env, load_policy_tokenizer, runner_env_config
+    from r3_rllib.algorithms.r3.runner_setup import build_env, load_policy_tokenizer, runner_env_config
 
     env = build_env(config.env, runner_env_config(config, worker_id), load_policy_tokenizer(config))
     return [env.reset()[1]["query_id"] for _ in range(n)]

@@ -1,5 +1,5 @@
 """One global data order per epoch, sharded over the EnvRunners (envs/data.py: QueryOrder, Shard), and the R^3
-schedule it gives an algorithm with 4 runners (algorithms/r3/schedule.py)."""
+schedule it gives an algorithm with 4 runners (algorithms/r3/r3_schedule.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3.runner_env import env_accepts_shard, runner_env_config
-from r3_rllib.algorithms.r3.schedule import schedule_for_config
+from r3_rllib.algorithms.r3.r3_schedule import schedule_for_config
+from r3_rllib.algorithms.r3.runner_setup import env_accepts_shard, runner_env_config
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 from r3_rllib.envs.data import MathProblem, QueryOrder, Shard, runner_shards
 from r3_rllib.envs.math_env import MathEnv

@@ -6,7 +6,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 ray = pytest.importorskip("ray")
 
 from r3_rllib.replay.actor import ReplayBufferActor, ReplayBufferClient, create_replay_actor  # noqa: E402
-from r3_rllib.replay.buffer import QueryReplayBuffer, ReplayConfig, ReplaySample, SampleRequest  # noqa: E402
+from r3_rllib.replay.buffer import QueryReplayBuffer, ReplayConfig, SampleRequest  # noqa: E402
+from r3_rllib.types.samples import ReplaySample  # noqa: E402
 
 CONFIG = ReplayConfig(max_per_query=3, max_staleness=4, seed=3)
 

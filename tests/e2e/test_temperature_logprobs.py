@@ -16,13 +16,13 @@ import pytest
 import torch
 from numeric import EPS32, engine_atol, forward_atol
 
-from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.algorithms.r3.rl_module import pack_samples
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import truncated_importance_weights
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.engines.hf_engine import HFEngine
 from r3_rllib.models import default_tiny_model_path, load_tiny
+from r3_rllib.types.samples import Sample
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 PROMPTS = ["12+34=", "57+38=", "90+19=", "1+2 is ", "x"]

@@ -12,7 +12,7 @@ and examples/ use none):
     ``set_actor_state(actor_id, healthy)``)                  unhealthy or lists the handles of unhealthy runners
 2   ``TorchLearner._make_modules_ddp_if_necessary``          learner.py: overridden to a no-op so RLlib's DDP does not wrap
                                                              the policy that R3Learner shards with FSDP2 itself
-3   ``ray.tune.registry._global_registry``                   runner_env.py ``_text_env_factory``: envs registered in the
+3   ``ray.tune.registry._global_registry``                   runner_setup.py ``_text_env_factory``: envs registered in the
     (``contains``, ``get``)                                  driver reach remote runners; Tune has no public lookup
 4   ``Algorithm._counters``                                  r3.py ``restore_env_runners``: counts restored runners as
                                                              RLlib's own restore does
@@ -78,7 +78,7 @@ def test_torch_learner_wraps_modules_through_an_overridable_ddp_hook():
 
 
 def test_tune_global_registry_resolves_env_creators():
-    # 3. runner_env.py `_text_env_factory`.
+    # 3. runner_setup.py `_text_env_factory`.
     from ray.tune.registry import ENV_CREATOR, _global_registry, register_env
 
     register_env("r3_private_api_probe", lambda cfg: cfg)

@@ -32,8 +32,8 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.util import log_once
 
+from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of
 from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
-from r3_rllib.algorithms.r3.settings import max_staleness_of
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
 from r3_rllib.config.presets import recipe_values
 from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults

@@ -32,7 +32,8 @@ import numpy as np
 import ray
 
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
-from r3_rllib.algorithms.r3.groups import Group, select_dynamic_groups
+from r3_rllib.algorithms.r3.groups import select_dynamic_groups
+from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of, overlong_shaping
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, RunnerState, merge_results
 from r3_rllib.algorithms.r3.runner_faults import (
     raise_runner_errors,
@@ -40,9 +41,9 @@ from r3_rllib.algorithms.r3.runner_faults import (
     wait_for_runner_ids,
     wait_for_runners,
 )
-from r3_rllib.algorithms.r3.settings import max_staleness_of, overlong_shaping
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.core.reward_shaping import DynamicSamplingShortfall, another_gen_batch, shortfall_message
+from r3_rllib.types.samples import Group
 
 #: RLlib async-request tag of the rollout a runner generates (ahead of the learner with overlap_generation).
 ROLLOUT_TAG = "r3_rollout"

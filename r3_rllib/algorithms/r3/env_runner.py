@@ -5,7 +5,7 @@ One `sample()` call: take the next queries from the runner's TextEnv, add R^3 re
 response with the env, and return a `RolloutResult` (rollout_types.py): `Group`s carrying token ids, behaviour
 log-probs and entropies, with the runner's data epoch, timings, totals and state. A multi-step env is rolled out as
 trajectories of step samples instead; which of the two is decided once, when the runner is built. How the env is
-built and sharded is in runner_env.py.
+built and sharded is in runner_setup.py.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from r3_rllib.algorithms.r3.groups import Group, Sample, rollout_totals
+from r3_rllib.algorithms.r3.groups import rollout_totals
 from r3_rllib.algorithms.r3.multistep import step_groups
 from r3_rllib.algorithms.r3.partial_rollout import NewerWeightsPuller, oldest_version
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerState
-from r3_rllib.algorithms.r3.runner_env import (
+from r3_rllib.algorithms.r3.runner_eval import HeldOutEvaluation
+from r3_rllib.algorithms.r3.runner_faults import check_finite_reward, check_finite_rewards
+from r3_rllib.algorithms.r3.runner_setup import (
     build_env,
     check_estimator_fits_env,
     check_tool_settings_fit_env,
@@ -41,8 +43,6 @@ from r3_rllib.algorithms.r3.runner_env import (
     runner_env_config,
     runner_seed,
 )
-from r3_rllib.algorithms.r3.runner_eval import HeldOutEvaluation
-from r3_rllib.algorithms.r3.runner_faults import check_finite_reward, check_finite_rewards
 from r3_rllib.algorithms.r3.tool_rollout import trajectory_groups
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors, unpack_weights
 from r3_rllib.core.reflection import ReflectionSettings, past_score, select_reflection_queries
@@ -53,6 +53,7 @@ from r3_rllib.envs.context import drop_long_prompts
 from r3_rllib.models.hub import policy_path
 from r3_rllib.rollout.multistep import episode_totals, rollout_multistep, supports_episodes
 from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes, tool_use_totals
+from r3_rllib.types.samples import Group, Sample
 
 logger = logging.getLogger(__name__)
 

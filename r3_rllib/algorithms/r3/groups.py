@@ -21,13 +21,13 @@ Choices the paper leaves open, made here and documented:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from r3_rllib.algorithms.r3.settings import IterationSettings
+from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
 from r3_rllib.core.advantages import (
     ADVANTAGE_FNS,
     apply_batch_step,
@@ -36,99 +36,7 @@ from r3_rllib.core.advantages import (
 )
 from r3_rllib.core.ranking import structural_entropy_rewards
 from r3_rllib.core.reward_shaping import OverlongShaping, keep_group
-from r3_rllib.replay.buffer import ReplaySample
-
-
-@dataclass
-class Sample:
-    """One response with everything the learner, the ranking reward and the replay buffer need."""
-
-    query_id: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    behavior_logprobs: np.ndarray
-    entropies: np.ndarray
-    reward: float
-    correct: bool
-    truncated: bool
-    policy_version: int
-    response_text: str = ""
-    is_replay: bool = False
-    is_reflection: bool = False
-    advantage: float = 0.0
-    env_reward: float | None = None  # the env's reward, kept when a ranking reward replaces `reward`
-    # Identity within a multi-step episode (single-step samples keep the defaults): the trajectory the step belongs
-    # to, its index in it, and the observation key that step-level estimators (HGPO) group by.
-    trajectory_id: str | None = None
-    step_index: int = 0
-    obs_key: Hashable | None = None
-    # Multi-turn tool use: True on the response tokens the model sampled, False on tool output (no loss, no
-    # importance weight); None: every response token is the model's.
-    loss_mask: np.ndarray | None = None
-    # Partial rollouts: the policy version of each response token (policy_version is the oldest of them).
-    token_versions: np.ndarray | None = None
-    # What the env said beyond the reward (info's grade_reason, reward_components): kept for the sample records.
-    grade_reason: str | None = None
-    reward_parts: dict[str, float] | None = None
-
-    def __post_init__(self) -> None:
-        if self.env_reward is None:
-            self.env_reward = self.reward
-
-    def to_replay(self) -> ReplaySample:
-        """The replay buffer's compact form (int32/float32 arrays) of this fresh sample, keeping the env's reward,
-        not a ranking reward given within one batch's group."""
-        return ReplaySample(
-            query_id=self.query_id,
-            prompt_ids=self.prompt_ids,
-            response_ids=self.response_ids,
-            behavior_logprobs=self.behavior_logprobs,
-            reward=float(self.env_reward),
-            correct=bool(self.correct),
-            policy_version=int(self.policy_version),
-            truncated=bool(self.truncated),
-            response_text=self.response_text,
-            loss_mask=self.loss_mask,
-        )
-
-    @classmethod
-    def from_replay(cls, stored: ReplaySample) -> Sample:
-        """A training sample from a replayed one (no entropies: ranking only grades a group's fresh samples)."""
-        return cls(
-            query_id=stored.query_id,
-            prompt_ids=[int(x) for x in stored.prompt_ids],
-            response_ids=[int(x) for x in stored.response_ids],
-            behavior_logprobs=np.asarray(stored.behavior_logprobs, dtype=np.float32),
-            entropies=np.zeros(0, dtype=np.float32),
-            reward=float(stored.reward),  # the env's reward (shaped partial credit included)
-            correct=bool(stored.correct),
-            truncated=bool(stored.truncated),
-            policy_version=int(stored.policy_version),
-            response_text=stored.response_text,
-            is_replay=True,
-            loss_mask=None if stored.loss_mask is None else np.asarray(stored.loss_mask, dtype=bool),
-        )
-
-
-@dataclass
-class Group:
-    query_id: str
-    samples: list[Sample]
-    is_reflection: bool = False
-    prompt_text: str = ""  # the prompt as the env rendered it (single-step rollouts; for the sample records)
-
-    @property
-    def is_degenerate(self) -> bool:
-        """All its own samples have the same reward: every advantage within the group is zero."""
-        return group_is_degenerate([s.reward for s in self.samples])
-
-    @property
-    def all_wrong(self) -> bool:
-        return not any(s.correct for s in self.samples)
-
-    @property
-    def all_right(self) -> bool:
-        return all(s.correct for s in self.samples)
+from r3_rllib.types.samples import Group, Sample
 
 
 def replay_requests(groups: Sequence[Group], k: int) -> list[tuple[str, bool, int]]:

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.algorithms.r3.partial_rollout import oldest_version
 from r3_rllib.rollout.multistep import StepRecord
+from r3_rllib.types.samples import Group, Sample
 
 
 def step_groups(records: Sequence[StepRecord], policy_version: int) -> list[Group]:

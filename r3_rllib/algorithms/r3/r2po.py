@@ -31,9 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from r3_rllib.algorithms.r3.settings import FIRST_STAGES as FIRST_STAGES  # the stage is a settings field now
-from r3_rllib.algorithms.r3.settings import IterationSettings, estimator_settings
-from r3_rllib.algorithms.r3.settings import iteration_stage as iteration_stage
+from r3_rllib.algorithms.r3.iteration_settings import (
+    FIRST_STAGES as FIRST_STAGES,  # the stage is a settings field now
+)
+from r3_rllib.algorithms.r3.iteration_settings import IterationSettings, estimator_settings
+from r3_rllib.algorithms.r3.iteration_settings import iteration_stage as iteration_stage
 from r3_rllib.core.advantages import compute_group_advantages, register_advantage
 from r3_rllib.core.mismatch import RolloutCorrection, correction_from_config
 from r3_rllib.core.rarity import skip_flat_group

@@ -33,30 +33,25 @@ from r3_rllib.algorithms.r3.checkpoint import (
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.console import R3Console
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
-from r3_rllib.algorithms.r3.groups import (
-    Group,
-    Sample,
-    build_training_batch,
-    rescore_ranking_entropies,
-    rollout_means,
-)
+from r3_rllib.algorithms.r3.groups import build_training_batch, rescore_ranking_entropies, rollout_means
 from r3_rllib.algorithms.r3.health_monitor import observe_health
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
+from r3_rllib.algorithms.r3.iteration_settings import IterationSettings, iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
+from r3_rllib.algorithms.r3.r3_schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
 from r3_rllib.algorithms.r3.sample_log import SampleLog
-from r3_rllib.algorithms.r3.schedule import Schedule, log_late_starts, schedule_for_config
-from r3_rllib.algorithms.r3.settings import IterationSettings, iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
 from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.rollout_schedule import Stage
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
+from r3_rllib.types.samples import Group, Sample
 
 logger = logging.getLogger(__name__)
 #: The learner metrics R^2PO also logs under the stage they belong to (r2po/A/..., r2po/B/...).
@@ -85,7 +80,7 @@ class R3(R3Console, Algorithm):
             raise
         self._raise_runner_startup_error()  # some runners failed: a short-handed run would hide it
         self.schedule = self._check_schedule()
-        log_late_starts(self.schedule)  # no stop is known here: say when a part switches on (schedule.py)
+        log_late_starts(self.schedule)  # no stop is known here: say when a part switches on (r3_schedule.py)
         self._rng = np.random.default_rng(self.config.seed)
         # Requests, gathers and merges rollouts (overlap, dynamic sampling, timeouts, restarts); owns the data epoch.
         # With max_staleness >= 2 the rollouts stream (streaming.py).
@@ -120,7 +115,7 @@ class R3(R3Console, Algorithm):
             self.weights.sync()
 
     def _check_schedule(self) -> Schedule | None:
-        """The R^3 schedule for the runners' data size (schedule.py): logged, and an error for settings that make
+        """The R^3 schedule for the runners' data size (r3_schedule.py): logged, and an error for settings that make
         a part pointless. None when the env has no finite size (then replay_max_staleness None means no bound)."""
         ids = self.env_runner_group.healthy_worker_ids()[:1]
         sizes = self.env_runner_group.foreach_env_runner(
@@ -255,7 +250,7 @@ class R3(R3Console, Algorithm):
 
     def iteration_settings(self) -> IterationSettings:
         """What the next rollout and batch use: the R^3 parts on at the current data epoch, the estimator's
-        parameters, the reflection settings for this policy version, the R^2PO stage of this iteration (settings.py).
+        parameters, the reflection settings for this policy version, the R^2PO stage of this iteration (iteration_settings.py).
         """
         return iteration_settings(
             self.config,
@@ -448,7 +443,7 @@ class R3(R3Console, Algorithm):
         )
         assert any(r is not None for r in _all_results(results))
         from r3_rllib.algorithms.r3.export import make_readable
-        from r3_rllib.algorithms.r3.runner_env import load_policy_tokenizer
+        from r3_rllib.algorithms.r3.runner_setup import load_policy_tokenizer
         from r3_rllib.models.tiny import save_portable_tokenizer
 
         save_portable_tokenizer(load_policy_tokenizer(self.config), path)  # loads with AutoTokenizer

@@ -19,7 +19,8 @@ from r3_rllib.algorithms.r3.checkpoint import (
     SUPPORTED_RUNNER_STATE_VERSIONS,
     checked_version,
 )
-from r3_rllib.algorithms.r3.groups import Group, merge_rollout_totals
+from r3_rllib.algorithms.r3.groups import merge_rollout_totals
+from r3_rllib.types.samples import Group
 
 #: Format version of :class:`RolloutResult` (driver and runners run the same package; a mismatch is a bug).
 ROLLOUT_RESULT_VERSION = 1

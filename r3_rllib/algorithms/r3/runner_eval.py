@@ -5,7 +5,7 @@ response, multi-step ones as trajectories of steps, tool envs as multi-turn traj
 from __future__ import annotations
 
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
-from r3_rllib.algorithms.r3.runner_env import build_env, eval_env_config
+from r3_rllib.algorithms.r3.runner_setup import build_env, eval_env_config
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.rollout.multistep import episode_stats, rollout_multistep

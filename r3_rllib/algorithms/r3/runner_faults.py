@@ -27,8 +27,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from r3_rllib.algorithms.r3.groups import Group
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RunnerError, RunnerTraceback
+from r3_rllib.types.samples import Group
 
 #: Seconds between two attempts to restore restarted runners while none is healthy.
 RESTORE_POLL_S = 0.5

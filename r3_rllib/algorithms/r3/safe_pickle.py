@@ -34,8 +34,7 @@ DRIVER_STATE_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("numpy", "dtype"),
         *((f"numpy.{core}.multiarray", n) for core in ("core", "_core") for n in ("_reconstruct", "scalar")),
         *((f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")),
-        ("r3_rllib.algorithms.r3.groups", "Group"),
-        ("r3_rllib.algorithms.r3.groups", "Sample"),
+        *(("r3_rllib.types.samples", n) for n in ("Group", "Sample", "ReplaySample")),
         *(
             ("r3_rllib.algorithms.r3.rollout_types", n)
             for n in ("Rollout", "RolloutResult", "RolloutTimings", "RunnerState")
@@ -43,6 +42,12 @@ DRIVER_STATE_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("r3_rllib.algorithms.r3.streaming", "QueuedRollout"),
     }
 )
+
+#: Where a type a checkpoint may reference lived when older checkpoints were written -> where it lives now.
+MOVED_GLOBALS: dict[tuple[str, str], tuple[str, str]] = {
+    ("r3_rllib.algorithms.r3.groups", "Group"): ("r3_rllib.types.samples", "Group"),
+    ("r3_rllib.algorithms.r3.groups", "Sample"): ("r3_rllib.types.samples", "Sample"),
+}
 
 _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _DCP_GLOBALS = frozenset(
@@ -83,6 +88,7 @@ class _AllowListUnpickler(pickle.Unpickler):
         self._allowed, self._source = allowed, source
 
     def find_class(self, module: str, name: str) -> Any:
+        module, name = MOVED_GLOBALS.get((module, name), (module, name))
         if not self._allowed(module, name):
             raise CheckpointFormatError(
                 f"{self._source}: refused to load: it references {module}.{name}, which is not a type a checkpoint "

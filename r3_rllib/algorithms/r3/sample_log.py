@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 from ray import tune
 
-from r3_rllib.algorithms.r3.groups import Group, Sample, rankable
+from r3_rllib.algorithms.r3.groups import rankable
+from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
 from r3_rllib.algorithms.r3.r2po import stage_settings
-from r3_rllib.algorithms.r3.settings import IterationSettings
 from r3_rllib.rollout.records import (
     SAMPLES_DIR,
     SampleRecord,
@@ -42,6 +42,7 @@ from r3_rllib.rollout.records import (
     records_table,
     write_iteration,
 )
+from r3_rllib.types.samples import Group, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ class SampleLog:
 
     def decode(self, ids: Sequence[int]) -> str:
         if self._decode is None:  # only multi-step and tool-use groups need it: loaded on first use
-            from r3_rllib.algorithms.r3.runner_env import load_policy_tokenizer
+            from r3_rllib.algorithms.r3.runner_setup import load_policy_tokenizer
 
             tokenizer = load_policy_tokenizer(self.config)
             self._decode = lambda x: tokenizer.decode(list(x), skip_special_tokens=False)

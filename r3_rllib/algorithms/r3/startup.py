@@ -107,7 +107,7 @@ REPLAY_RESTART_TIMEOUT_S = 60.0
 def replay_config(config, max_staleness: int | None):
     """The replay buffer's typed configuration (``replay.ReplayConfig``), built once in the driver from the
     algorithm config; ``max_staleness`` is the schedule's bound (two epochs of updates when the config leaves it
-    None, schedule.py)."""
+    None, r3_schedule.py)."""
     from r3_rllib.replay import ReplayConfig
 
     return ReplayConfig(

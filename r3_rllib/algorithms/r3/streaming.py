@@ -41,10 +41,10 @@ from r3_rllib.algorithms.r3.coordinator import (
     RolloutCoordinator,
     query_shares,
 )
-from r3_rllib.algorithms.r3.groups import Group
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, merge_results
 from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
 from r3_rllib.core.reflection import ReflectionSettings
+from r3_rllib.types.samples import Group
 
 #: Seconds between polls of the requests in flight while the learner waits for groups.
 POLL_S = 0.02

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.algorithms.r3.partial_rollout import oldest_version
 from r3_rllib.rollout.tool_use import ToolTrajectory, response_arrays
+from r3_rllib.types.samples import Group, Sample
 
 
 def trajectory_sample(traj: ToolTrajectory, policy_version: int, *, is_reflection: bool = False) -> Sample:

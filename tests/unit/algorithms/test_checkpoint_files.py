@@ -42,9 +42,9 @@ from r3_rllib.algorithms.r3.checkpoint_files import (
     write_manifest,
 )
 from r3_rllib.algorithms.r3.checkpoint_tune import disk_full_error
-from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RunnerState
 from r3_rllib.algorithms.r3.safe_pickle import check_dcp_metadata
+from r3_rllib.types.samples import Group, Sample
 
 
 def _state(**overrides) -> AlgorithmState:

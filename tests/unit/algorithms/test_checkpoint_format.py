@@ -18,7 +18,6 @@ from r3_rllib.algorithms.r3.checkpoint import (
     read_algorithm_state,
     write_algorithm_state,
 )
-from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.algorithms.r3.rollout_types import (
     Rollout,
     RolloutResult,
@@ -26,6 +25,7 @@ from r3_rllib.algorithms.r3.rollout_types import (
     RunnerState,
     merge_results,
 )
+from r3_rllib.types.samples import Group, Sample
 
 
 def _state(**overrides) -> AlgorithmState:

@@ -10,9 +10,9 @@ import pytest
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
-from r3_rllib.algorithms.r3.groups import Group, Sample
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.core.reward_shaping import DynamicSamplingShortfall
+from r3_rllib.types.samples import Group, Sample
 
 #: Groups the iteration needs (queries_per_iteration) and groups in each generation batch.
 NEEDED = 4

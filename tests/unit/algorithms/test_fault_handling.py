@@ -13,7 +13,6 @@ from random_samples import random_samples
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3 import runner_faults
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
-from r3_rllib.algorithms.r3.groups import Group
 from r3_rllib.algorithms.r3.learner_faults import LearnerDiedError, learner_death_error
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerError, RunnerState
 from r3_rllib.algorithms.r3.runner_faults import (
@@ -23,6 +22,7 @@ from r3_rllib.algorithms.r3.runner_faults import (
     sample_or_error,
     wait_for_runners,
 )
+from r3_rllib.types.samples import Group
 
 
 class _Env:

@@ -6,16 +6,15 @@ import numpy as np
 import pytest
 
 from r3_rllib.algorithms.r3.groups import (
-    Group,
-    Sample,
     build_training_batch,
     ranking_rewards,
     replay_requests,
     rescore_ranking_entropies,
     select_dynamic_groups,
 )
-from r3_rllib.algorithms.r3.settings import IterationSettings
+from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
 from r3_rllib.core.reward_shaping import OverlongShaping
+from r3_rllib.types.samples import Group, Sample
 
 
 def _sample(qid, reward, correct, entropies=(1.0,), version=0):

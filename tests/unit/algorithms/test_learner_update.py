@@ -12,10 +12,10 @@ from numeric import TORCH_THREADS, f32_tol, forward_atol
 from random_samples import random_samples
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.core.batching import minibatch_plan
 from r3_rllib.types import TrainingBatch
+from r3_rllib.types.samples import Sample
 
 torch.set_num_threads(TORCH_THREADS)
 

@@ -12,11 +12,11 @@ from random_samples import random_samples
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3 import learner_state
-from r3_rllib.algorithms.r3.groups import Sample
 from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.algorithms.r3.rl_module import pack_samples
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, PackedWeights
 from r3_rllib.core.logprobs import token_logprobs
+from r3_rllib.types.samples import Sample
 
 pytest.importorskip("peft")
 torch.set_num_threads(TORCH_THREADS)

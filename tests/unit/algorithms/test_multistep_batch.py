@@ -12,9 +12,9 @@ from r3_rllib.algorithms.r3.groups import (
     rollout_means,
     rollout_totals,
 )
+from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 from r3_rllib.algorithms.r3.multistep import step_groups
-from r3_rllib.algorithms.r3.runner_env import check_estimator_fits_env
-from r3_rllib.algorithms.r3.settings import iteration_settings
+from r3_rllib.algorithms.r3.runner_setup import check_estimator_fits_env
 from r3_rllib.core.hgpo import hgpo_advantages
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 from r3_rllib.envs.gridworld import GridWorldEnv

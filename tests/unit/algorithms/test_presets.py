@@ -74,7 +74,7 @@ def test_every_value_in_the_run_files_names_its_source(path):
 
 
 def test_dapo_overlong_buffer_scales_with_the_response_budget_and_is_validated():
-    from r3_rllib.algorithms.r3.settings import iteration_settings
+    from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 
     # DAPO's 4,096 of 20,480 tokens is a fifth: 1,024 of 5,120; an explicit length wins.
     config = R3Config.dapo_preset().training(max_new_tokens=5120)
@@ -144,7 +144,7 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
     ],
 )
 def test_tool_settings_are_refused_for_an_env_without_tool_episodes(kwargs, tool_use, refused):
-    from r3_rllib.algorithms.r3.runner_env import check_tool_settings_fit_env
+    from r3_rllib.algorithms.r3.runner_setup import check_tool_settings_fit_env
 
     config = R3Config().environment("arithmetic").training(**kwargs)
     if refused is None:

@@ -11,7 +11,8 @@ import torch
 from numeric import TORCH_THREADS, forward_atol
 
 from r3_rllib.algorithms.r3.config import R3Config
-from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch
+from r3_rllib.algorithms.r3.groups import build_training_batch
+from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 from r3_rllib.algorithms.r3.learner import _param_groups
 from r3_rllib.algorithms.r3.r2po import (
     STAGE_B_ESTIMATOR,
@@ -21,7 +22,6 @@ from r3_rllib.algorithms.r3.r2po import (
     stage_is_cap,
     stage_settings,
 )
-from r3_rllib.algorithms.r3.settings import iteration_settings
 from r3_rllib.core.advantages import grpo_advantages
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.engines import make_engine
@@ -35,6 +35,7 @@ from r3_rllib.models.rollout_head import (
     set_stage_trainable,
 )
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+from r3_rllib.types.samples import Group, Sample
 
 torch.set_num_threads(TORCH_THREADS)
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3.groups import Group, Sample, build_training_batch
+from r3_rllib.algorithms.r3.groups import build_training_batch
+from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
 from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
 from r3_rllib.algorithms.r3.sample_log import (
     SampleLog,
@@ -23,9 +24,9 @@ from r3_rllib.algorithms.r3.sample_log import (
     batch_rows,
     build_records,
 )
-from r3_rllib.algorithms.r3.settings import IterationSettings
 from r3_rllib.rollout.records import records_table, write_iteration
 from r3_rllib.types import TrainingBatch
+from r3_rllib.types.samples import Group, Sample
 
 GRPO = IterationSettings(advantage_estimator="grpo", advantage_params={"eps": 0.0})
 

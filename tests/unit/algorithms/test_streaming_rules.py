@@ -9,10 +9,10 @@ import pytest
 from random_samples import random_samples
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3.groups import Group
-from r3_rllib.algorithms.r3.schedule import schedule_for_config
-from r3_rllib.algorithms.r3.settings import max_staleness_of
+from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of
+from r3_rllib.algorithms.r3.r3_schedule import schedule_for_config
 from r3_rllib.algorithms.r3.streaming import group_staleness, split_stale_groups
+from r3_rllib.types.samples import Group
 
 
 def _group(query_id: str, versions: list[int], reflection: bool = False) -> Group:

@@ -114,7 +114,7 @@ def test_hardness_is_past_accuracy_by_default_mean_reward_as_an_option():
 
 def test_reflection_hardness_config_field():
     from r3_rllib.algorithms.r3.config import R3Config
-    from r3_rllib.algorithms.r3.settings import iteration_settings
+    from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 
     cfg = R3Config.r3_preset().r3(reflection_start_epoch=0)
     assert iteration_settings(cfg, dataset_epoch=0, policy_version=0).reflection.hardness == "accuracy"

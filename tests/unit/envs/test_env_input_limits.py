@@ -149,7 +149,7 @@ def test_reflection_prompts_too_long_are_dropped_with_a_warning(caplog):
 # -- the held-out env is built with the model's context -----------------------------------------------------------
 def test_the_held_out_env_gets_the_models_context(tiny_random_model):
     from r3_rllib.algorithms.r3.config import R3Config
-    from r3_rllib.algorithms.r3.runner_env import eval_env_config, model_context
+    from r3_rllib.algorithms.r3.runner_setup import eval_env_config, model_context
 
     config = (
         R3Config()

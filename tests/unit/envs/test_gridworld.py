@@ -317,7 +317,7 @@ def test_runner_shards_split_one_global_layout_order():
     """Two runners' shards of one 8-layout batch serve disjoint layouts that together are the whole batch, and
     the EnvRunner config gives the gridworld a shard as it gives the arithmetic env one."""
     from r3_rllib.algorithms.r3.config import R3Config
-    from r3_rllib.algorithms.r3.runner_env import env_accepts_shard, runner_env_config
+    from r3_rllib.algorithms.r3.runner_setup import env_accepts_shard, runner_env_config
 
     cfg = R3Config().environment("gridworld", env_config={"num_queries": 16}).env_runners(num_env_runners=2)
     cfg.training(queries_per_iteration=8)

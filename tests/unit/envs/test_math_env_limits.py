@@ -91,7 +91,7 @@ def test_chat_template_modes_and_their_bool_spellings(mode, expected):
 
 def test_the_runner_hands_math_envs_the_models_context(tiny_random_model):
     from r3_rllib.algorithms.r3.config import R3Config
-    from r3_rllib.algorithms.r3.runner_env import model_context_config, runner_env_config
+    from r3_rllib.algorithms.r3.runner_setup import model_context_config, runner_env_config
 
     config = (
         R3Config().environment("math", env_config={"data": "x.jsonl"}).training(model_path=tiny_random_model)

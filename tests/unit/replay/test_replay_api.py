@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 from r3_rllib.replay.api import REPLAY_API, pack_found, pack_groups, unpack_found, unpack_groups
-from r3_rllib.replay.buffer import QueryReplayBuffer, ReplaySample
+from r3_rllib.replay.buffer import QueryReplayBuffer
+from r3_rllib.types.samples import ReplaySample
 
 
 def _sample(i: int) -> ReplaySample:

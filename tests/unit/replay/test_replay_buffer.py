@@ -11,12 +11,12 @@ from r3_rllib.replay.buffer import (
     QueryReplayBuffer,
     QueryStats,
     ReplayConfig,
-    ReplaySample,
     SampleRequest,
     from_columns,
     recency_length_priority,
     to_columns,
 )
+from r3_rllib.types.samples import ReplaySample
 
 _TOKEN = iter(range(10**9))
 

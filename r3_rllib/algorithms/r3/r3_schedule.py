@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from r3_rllib.algorithms.r3.settings import max_staleness_of
+from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
-"""The R^3 schedule (algorithms/r3/schedule.py) with hand-computed numbers, and the checks built on it."""
+"""The R^3 schedule (algorithms/r3/r3_schedule.py) with hand-computed numbers, and the checks built on it."""
 
 from __future__ import annotations
 
 import pytest
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3.schedule import (
+from r3_rllib.algorithms.r3.r3_schedule import (
     compute_schedule,
     default_staleness,
     revisit_kept_fraction,
@@ -116,7 +116,7 @@ def test_validate_rejects_replay_with_dynamic_sampling_and_bad_staleness():
 
 def test_late_start_warnings_name_the_iteration_when_no_stop_is_known():
     """The README's Python quickstart (no stop): 1,000 queries / 32 per iteration puts replay at iteration 32."""
-    from r3_rllib.algorithms.r3.schedule import late_start_warnings
+    from r3_rllib.algorithms.r3.r3_schedule import late_start_warnings
 
     def schedule(stop, start=1):
         return compute_schedule(

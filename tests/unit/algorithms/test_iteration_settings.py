@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from r3_rllib.algorithms.r3.config import R3Config
-from r3_rllib.algorithms.r3.settings import iteration_settings
+from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 
 
 def test_parts_switch_on_at_their_start_epochs_with_the_estimators_declared_params():
