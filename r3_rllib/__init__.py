@@ -3,9 +3,9 @@
 R^3 here is Replay-Reflection-Ranking (arXiv 2601.19620), not Rollout Routing Replay (the MoE routing technique
 of verl, SkyRL and vLLM, also called R3).
 
-Importing the package makes ``"R3"`` a Ray Tune trainable name, so ``tune.Tuner("R3", ...)`` works, without importing
-RLlib now: submodules that need no Ray (``r3_rllib.core``, ``r3_rllib.envs``, ``r3_rllib.rewards``) stay fast to
-import. ``R3`` and ``R3Config`` are imported on first use.
+Importing the package makes ``"R3"`` a Ray Tune trainable name, so ``tune.Tuner("R3", ...)`` works (the ``r3``
+command relies on this too), without importing RLlib now: submodules that need no Ray (``r3_rllib.core``,
+``r3_rllib.envs``, ``r3_rllib.rewards``) stay fast to import. ``R3`` and ``R3Config`` are imported on first use.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import sys
 __version__ = "0.1.0"
 
 _LAZY = {"R3": "r3_rllib.algorithms.r3", "R3Config": "r3_rllib.algorithms.r3"}
-_RLLIB_REGISTRY = "ray.rllib.algorithms.registry"
+_TUNE_REGISTRY = "ray.tune.registry"
+_TRAINABLE = "R3"
 
 
 def __getattr__(name: str):
@@ -27,23 +28,35 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'r3_rllib' has no attribute {name!r}")
 
 
-def _import_r3():
-    from r3_rllib.algorithms.r3 import R3, R3Config
+def _answer_for_r3(registry) -> None:
+    """Make Tune's registry module resolve ``"R3"`` itself: on the first lookup of that name, the algorithm is imported
+    and registered with ``tune.register_trainable``; other unknown names still go to RLlib.
 
-    return R3, R3Config()
+    Tune resolves a name it does not know (``_has_rllib_trainable``) by registering every RLlib algorithm, which
+    imports them all, and one of them (DreamerV3) builds a gymnasium env at import time that prints float32/float64
+    ``Box`` warnings unrelated to the run.
+    """
+    ask_rllib = registry._has_rllib_trainable
+    if getattr(ask_rllib, "answers_r3", False):
+        return
+
+    def has_trainable(trainable_name: str) -> bool:
+        if trainable_name != _TRAINABLE:
+            return ask_rllib(trainable_name)
+        from r3_rllib.algorithms.r3 import R3
+
+        registry.register_trainable(_TRAINABLE, R3)
+        return True
+
+    has_trainable.answers_r3 = True
+    registry._has_rllib_trainable = has_trainable
 
 
-def _add_to_rllib_registry(registry) -> None:
-    # Tune resolves unknown string trainables by registering every entry of RLlib's ALGORITHMS table.
-    registry.ALGORITHMS.setdefault("R3", _import_r3)
-    registry.ALGORITHMS_CLASS_TO_NAME.setdefault("R3", "R3")
-
-
-class _RegisterWhenRLlibLoads(importlib.abc.MetaPathFinder):
-    """Adds "R3" to RLlib's algorithm table right after that module is first imported (by Tune, on demand)."""
+class _AnswerWhenTuneLoads(importlib.abc.MetaPathFinder):
+    """Runs ``_answer_for_r3`` right after Tune's registry module is first imported (by ``from ray import tune``)."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _RLLIB_REGISTRY:
+        if fullname != _TUNE_REGISTRY:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
@@ -51,19 +64,19 @@ class _RegisterWhenRLlibLoads(importlib.abc.MetaPathFinder):
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_and_register(module):
+        def exec_and_answer(module):
             exec_module(module)
-            _add_to_rllib_registry(module)
+            _answer_for_r3(module)
 
-        spec.loader.exec_module = exec_and_register
+        spec.loader.exec_module = exec_and_answer
         return spec
 
 
-def _register_with_tune() -> None:
-    if _RLLIB_REGISTRY in sys.modules:
-        _add_to_rllib_registry(sys.modules[_RLLIB_REGISTRY])
-    elif not any(isinstance(f, _RegisterWhenRLlibLoads) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenRLlibLoads())
+def _make_r3_a_tune_name() -> None:
+    if _TUNE_REGISTRY in sys.modules:
+        _answer_for_r3(sys.modules[_TUNE_REGISTRY])
+    elif not any(isinstance(f, _AnswerWhenTuneLoads) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AnswerWhenTuneLoads())
 
 
-_register_with_tune()
+_make_r3_a_tune_name()

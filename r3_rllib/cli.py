@@ -17,19 +17,6 @@ PROGRESS_COLUMNS = {
 }
 
 
-def register_with_tune() -> None:
-    """Register ``"R3"`` in Tune's own registry, not only in RLlib's algorithm table (what ``import r3_rllib`` does).
-
-    Tune resolves a name it does not know by importing every RLlib algorithm, and one of them (DreamerV3) builds a
-    gymnasium env at import time that prints float32/float64 ``Box`` warnings unrelated to the run.
-    """
-    from ray import tune
-
-    from r3_rllib.algorithms.r3 import R3
-
-    tune.register_trainable("R3", R3)
-
-
 def _train(args) -> int:
     from r3_rllib.train_config import ConfigError, load_run_file
 
@@ -57,8 +44,6 @@ def _train(args) -> int:
 
     from r3_rllib.algorithms.r3.tune_output import run_callbacks, tune_config
     from r3_rllib.ray_session import init_ray
-
-    register_with_tune()
 
     if args.resume and not tune.Tuner.can_restore(exp_dir):
         print(f"r3 train: nothing to resume in {exp_dir}", file=sys.stderr)
@@ -89,6 +74,7 @@ def _train(args) -> int:
     )
     run_config.callbacks = run_callbacks(run_config.callbacks, spec)  # progress line, progress.csv's columns
     _print_sample_rows(run_config, spec.config.log_samples, args.verbose)
+    # "R3" is a Tune name since this package was imported (r3_rllib/__init__.py).
     if args.resume:
         # Tune restores the experiment as it was started (stop criteria and run settings included).
         tuner = tune.Tuner.restore(exp_dir, trainable="R3", resume_errored=True, param_space=spec.config)

@@ -29,6 +29,8 @@ def test_tune_resolves_r3_after_import():
         "import sys, r3_rllib\n"
         "assert 'ray.rllib' not in sys.modules\n"
         "from ray.tune.registry import get_trainable_cls\n"
-        "print(get_trainable_cls('R3').__name__)"
+        "print(get_trainable_cls('R3').__name__)\n"
+        "print('ray.rllib.algorithms.dreamerv3' in sys.modules)"
     )
-    assert _run(code).splitlines()[-1] == "R3"
+    # Tune resolved "R3" without importing every RLlib algorithm (DreamerV3's import prints gymnasium warnings).
+    assert _run(code).splitlines()[-2:] == ["R3", "False"]

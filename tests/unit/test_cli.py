@@ -1,5 +1,5 @@
-"""`r3 train` registers "R3" with Tune directly, so Tune never imports all of RLlib's algorithms to resolve it (one of
-them, DreamerV3, prints gymnasium warnings at import time)."""
+"""The `r3` command: "R3" resolves in Tune without importing all of RLlib's algorithms (one of them, DreamerV3, prints
+gymnasium warnings at import time), and Tune's own failures end with a message."""
 
 from __future__ import annotations
 
@@ -11,18 +11,36 @@ pytest.importorskip("ray.tune")
 
 
 def test_tune_resolves_r3_without_importing_every_rllib_algorithm(monkeypatch):
+    """The registration `import r3_rllib` sets up (the one `r3 train` uses): the first lookup of "R3" registers it
+    with Tune itself, so RLlib's register-everything path is never taken for it."""
     import ray.rllib
-    from ray.tune.registry import get_trainable_cls
+    import ray.tune.registry as registry
 
+    import r3_rllib  # noqa: F401  (makes "R3" a Tune name)
     from r3_rllib.algorithms.r3 import R3
-    from r3_rllib.cli import register_with_tune
 
     def fail():
         raise AssertionError("Tune imported every RLlib algorithm to resolve 'R3'")
 
     monkeypatch.setattr(ray.rllib, "_register_all", fail)
-    register_with_tune()
-    assert get_trainable_cls("R3") is R3
+    # Another test in this process may have resolved "R3" already: start from an unregistered name.
+    registry._global_registry.unregister(registry.TRAINABLE_CLASS, "R3")
+    assert not registry._has_trainable("R3")
+    assert registry.get_trainable_cls("R3") is R3
+    assert registry._has_trainable("R3")
+
+
+def test_other_unknown_names_still_go_to_rllib(monkeypatch):
+    import ray.rllib
+    from ray.tune.registry import TuneError, validate_trainable
+
+    import r3_rllib  # noqa: F401
+
+    asked = []
+    monkeypatch.setattr(ray.rllib, "_register_all", lambda: asked.append(True))
+    with pytest.raises(TuneError, match="Unknown trainable"):
+        validate_trainable("NoSuchAlgorithm")
+    assert asked == [True]
 
 
 def test_a_full_disk_under_tunes_own_writes_ends_with_a_message_not_a_traceback(
