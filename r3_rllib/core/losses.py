@@ -571,7 +571,6 @@ def rl_objective(
     *,
     policy_loss: str = "clipped_pg",
     loss_params: Mapping[str, object] | None = None,
-    is_cap: float | None = None,
     correction: RolloutCorrection | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
@@ -585,9 +584,8 @@ def rl_objective(
     ``kl_coef`` times the KL to a reference policy when ``ref_logprobs`` is given.
 
     The behaviour-to-proximal correction is ``correction`` (:mod:`r3_rllib.core.mismatch`: importance weights,
-    rejection, veto; its diagnostics are added to the metrics as ``mismatch_*``), or, the shorthand, ``is_cap``: the
-    token-level weight ``min(pi_old / pi_behaviour, is_cap)``; neither: no correction. Rejected tokens leave both
-    the policy loss and the KL term, numerator and this micro-batch's normaliser (the loss is aggregated over
+    rejection, veto; its diagnostics are added to the metrics as ``mismatch_*``); None: no correction. Rejected
+    tokens leave both the policy loss and the KL term, numerator and this micro-batch's normaliser (the loss is aggregated over
     ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept count too
     (:func:`~r3_rllib.core.mismatch.micro_batch_share`, :func:`~r3_rllib.core.mismatch.normaliser_share`).
 
@@ -597,10 +595,6 @@ def rl_objective(
     ``(loss, metrics)`` with detached scalar metrics: the policy loss's own (``clip_frac_low``, ...), plus
     ``pg_loss``, ``kl`` and ``is_weight_mean`` (with a weight).
     """
-    if is_cap is not None and correction is not None:
-        raise ValueError("give is_cap (token-level truncated weight) or correction, not both")
-    if is_cap is not None:
-        correction = RolloutCorrection(is_level="token", is_threshold=is_cap)
     is_w, diagnostics = None, {}
     if correction is not None:
         w, keep, diag = rollout_correction(old_logprobs, behavior_logprobs, mask, correction)

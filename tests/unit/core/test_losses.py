@@ -288,6 +288,13 @@ def test_loss_registry():
         get_loss_fn("nope")
 
 
+def _token_weight(cap: float):
+    """The token-level truncated importance weight min(pi_old / pi_behaviour, cap), no rejection."""
+    from r3_rllib.core.mismatch import RolloutCorrection
+
+    return RolloutCorrection(is_level="token", is_threshold=cap)
+
+
 def test_rl_objective_combines_the_named_loss_importance_weights_and_kl_by_hand():
     from r3_rllib.core.losses import rl_objective
 
@@ -296,7 +303,7 @@ def test_rl_objective_combines_the_named_loss_importance_weights_and_kl_by_hand(
     adv = torch.tensor([2.0, -1.0])
     params = {"clip_low": 0.2, "clip_high": 0.2, "agg_mode": "token-mean", "norm_len": None}
     # Ratio 1 and importance weight 1: per-token loss -A, i.e. -2, -2, +1 over the 3 valid tokens.
-    loss, m = rl_objective(zeros, zeros, zeros, adv, mask, loss_params=params, is_cap=2.0)
+    loss, m = rl_objective(zeros, zeros, zeros, adv, mask, loss_params=params, correction=_token_weight(2.0))
     assert float(loss) == pytest.approx(-1.0)
     assert float(m["is_weight_mean"]) == pytest.approx(1.0) and float(m["kl"]) == 0.0
     # k3 with ref - logp = -0.1 on every token: exp(-0.1) + 0.1 - 1 = 0.0048374, times kl_coef 0.5.
@@ -310,7 +317,7 @@ def test_rl_objective_combines_the_named_loss_importance_weights_and_kl_by_hand(
     assert "is_weight_mean" not in m  # no correction asked for
     # The behaviour policy found the first token half as likely as the proximal one: weight min(2, cap 1.5).
     behav = torch.tensor([[-0.6931472, 0.0], [0.0, 0.0]])
-    loss, m = rl_objective(zeros, zeros, behav, adv, mask, loss_params=params, is_cap=1.5)
+    loss, m = rl_objective(zeros, zeros, behav, adv, mask, loss_params=params, correction=_token_weight(1.5))
     assert float(loss) == pytest.approx((-2 * 1.5 - 2 + 1) / 3, abs=f32_tol(3.0, ulps=8))  # terms up to 3
 
 

@@ -184,5 +184,3 @@ def test_rl_objective_drops_rejected_tokens_from_the_loss_and_its_count():
         zeros, zeros, behaviour, adv, mask, loss_params=params, correction=RolloutCorrection()
     )
     assert float(loss) == pytest.approx(-8 / 3)
-    with pytest.raises(ValueError, match="not both"):
-        rl_objective(zeros, zeros, behaviour, adv, mask, is_cap=2.0, correction=RolloutCorrection())
