@@ -16,12 +16,7 @@ from typing import Any, Literal
 
 from r3_rllib.envs.arithmetic import length_bonus
 from r3_rllib.envs.base import PooledTextEnv
-from r3_rllib.envs.chat import (  # noqa: F401 (re-exported: their home was here)
-    _WARNED_NO_TEMPLATE,
-    CHAT_TEMPLATE_MODES,
-    tokenizer_name,
-    use_chat_template,
-)
+from r3_rllib.envs.chat import use_chat_template
 from r3_rllib.envs.context import PromptLimits
 from r3_rllib.envs.data import (
     DataError,

@@ -63,9 +63,9 @@ def test_a_response_budget_that_fills_the_context_is_refused(data):
 
 
 def test_no_chat_template_warns_once_naming_the_tokenizer(data, caplog):
-    import r3_rllib.envs.math_env as math_env
+    import r3_rllib.envs.chat as chat
 
-    math_env._WARNED_NO_TEMPLATE.discard("/models/char-tok")
+    chat._WARNED_NO_TEMPLATE.discard("/models/char-tok")
     with caplog.at_level(logging.WARNING):
         for _ in range(2):
             env = MathEnv(data=data, tokenizer=CharTokenizer())
