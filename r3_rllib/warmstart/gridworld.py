@@ -51,7 +51,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from r3_rllib.envs.gridworld import DEFAULTS, GridWorldEnv, expert_sft_pairs
 from r3_rllib.warmstart.arithmetic import encode_prompt_answer_pairs, sft_loss
-from r3_rllib.warmstart.cached import build_cached, read_metadata, save_checkpoint
+from r3_rllib.warmstart.cached import build_cached, save_checkpoint
 
 #: The env preset the warm start is made for (see :data:`r3_rllib.envs.gridworld.PRESETS`).
 WARM_START_PRESET = "hgpo"
@@ -230,11 +230,6 @@ def train_warm_start(
             "train_seconds": time.perf_counter() - start,
         },
     )
-
-
-def read_warm_start_metadata(path: str | Path) -> dict[str, Any] | None:
-    """The metadata :func:`build_warm_start` wrote into ``path``, or None."""
-    return read_metadata(path, WARM_START_METADATA)
 
 
 def build_warm_start(

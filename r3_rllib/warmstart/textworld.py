@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from r3_rllib.warmstart.cached import build_cached, read_metadata, save_checkpoint
+from r3_rllib.warmstart.cached import build_cached, save_checkpoint
 from r3_rllib.warmstart.gridworld import evaluate_gridworld, train_on_pairs
 
 #: The model the warm start fine-tunes (a named model or a folder).
@@ -192,11 +192,6 @@ def train_warm_start(
             "train_seconds": time.perf_counter() - start,
         },
     )
-
-
-def read_warm_start_metadata(path: str | Path) -> dict[str, Any] | None:
-    """The metadata :func:`build_warm_start` wrote into ``path``, or None."""
-    return read_metadata(path, WARM_START_METADATA)
 
 
 def build_warm_start(

@@ -12,11 +12,12 @@ import pytest
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv
 from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
+from r3_rllib.warmstart.cached import read_metadata
 from r3_rllib.warmstart.gridworld import (
+    WARM_START_METADATA,
     WARM_START_PRESET,
     build_warm_start,
     evaluate_gridworld,
-    read_warm_start_metadata,
 )
 
 
@@ -39,7 +40,7 @@ def warm_start(gridworld_warm_start):
 
 def test_builder_writes_a_reusable_checkpoint(warm_start):
     path, _, _ = warm_start
-    meta = read_warm_start_metadata(path)
+    meta = read_metadata(path, WARM_START_METADATA)
     assert meta is not None and meta["config"]["preset"] == WARM_START_PRESET and meta["config"]["seed"] == 0
     logs = []
     assert build_warm_start(path, seed=0, log=logs.append) == path

@@ -12,6 +12,7 @@ pytest.importorskip("textworld")
 from r3_rllib.envs.textworld_env import TextWorldEnv, parse_command  # noqa: E402
 from r3_rllib.models.hub import SMOLLM2_TEXTWORLD_SFT, named_models  # noqa: E402
 from r3_rllib.warmstart import named, textworld  # noqa: E402
+from r3_rllib.warmstart.cached import read_metadata  # noqa: E402
 from r3_rllib.warmstart.textworld import action_text, walkthrough_pairs  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling a game takes ~2.5 s
@@ -72,7 +73,7 @@ def test_build_is_skipped_when_up_to_date(cache, tmp_path, monkeypatch):
         base=str(base), games=1, steps=1, batch_size=2, env_config=env_config, log=lambda message: None
     )
     out = textworld.build_warm_start(tmp_path / "sft", **kwargs)
-    meta = textworld.read_warm_start_metadata(out)
+    meta = read_metadata(out, textworld.WARM_START_METADATA)
     assert (out / "config.json").is_file() and meta["pairs"] == 1 and meta["config"]["env"]["max_steps"] == 4
 
     def fail(config):
