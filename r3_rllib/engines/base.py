@@ -9,10 +9,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from r3_rllib.engines.budget import ServingBudget
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,40 @@ def resolve_eos_ids(explicit: Sequence[int] | None, tokenizer: Any, generation_e
 
 
 class GenerationEngine(ABC):
-    """A policy copy that samples completions and accepts new weights from the learner."""
+    """A policy copy that samples completions and accepts new weights from the learner.
+
+    Everything the runners, the evaluation and the algorithm ask of an engine is declared here; what an engine can
+    do is declared as flags beside its registration (:class:`~r3_rllib.engines.registry.EngineCapabilities`), and
+    per instance where the build options decide (:attr:`supports_partial_rollouts`,
+    :attr:`supports_rollout_logits`).
+    """
+
+    @classmethod
+    def build(
+        cls,
+        model_path: str | Path,
+        tokenizer: Any = None,
+        *,
+        budget: ServingBudget | None = None,
+        lora_rank: int = 0,
+        **kwargs: Any,
+    ) -> GenerationEngine:
+        """The engine on the policy folder ``model_path``, as :func:`~r3_rllib.engines.make_engine` builds it:
+        ``budget`` (the longest prompt and response the caller will ask for) and ``lora_rank`` (> 0: adapters of
+        at most this rank will come through :meth:`update_adapter`) are offered to every engine, ``kwargs`` are the
+        engine's own options. This default passes ``kwargs`` to the constructor and ignores the other two: an
+        engine that sizes its cache per call and merges adapters into its weights needs neither."""
+        return cls(model_path, tokenizer, **kwargs)
+
+    @classmethod
+    def evaluation_kwargs(
+        cls, *, seed: int, max_new_tokens: int, gpu_memory_utilization: float, tensor_parallel_size: int
+    ) -> dict[str, Any]:
+        """The options of :meth:`build` for an engine that samples texts to grade (``r3 eval``): the run's seed,
+        its response budget, its share of GPU memory and its tensor parallelism, in the engine's own names, plus
+        what grading does not need turned off. Default: none (the engine takes none of them; sampling seeds come
+        with each call's :class:`SamplingParams`)."""
+        return {}
 
     @abstractmethod
     def generate(
@@ -135,6 +171,30 @@ class GenerationEngine(ABC):
     supports_partial_rollouts: bool = False
     between_steps: Callable[[], None] | None = None
     between_steps_every: int = 4
+
+    def set_between_steps(self, hook: Callable[[], None] | None, every: int | None = None) -> None:
+        """Install the partial-rollout hook (None removes it) and, when given, how many decoding steps apart it
+        runs. An engine that does not support partial rollouts refuses a hook when it generates with one."""
+        if every is not None:
+            if every < 1:
+                raise ValueError(f"between_steps_every must be >= 1, got {every}")
+            self.between_steps_every = int(every)
+        self.between_steps = hook
+
+    #: Whether the engine samples from a rollout head's logits that :meth:`set_rollout_logits` switches (R^2PO).
+    supports_rollout_logits: bool = False
+
+    @property
+    def rollout_logits(self) -> bool:
+        """Whether samples come from the rollout head's logits (True) or the base logits; False without a head."""
+        return False
+
+    def set_rollout_logits(self, enabled: bool) -> None:
+        """Sample with the rollout head on (training rollouts) or off (the base policy, as evaluation samples).
+        Engines without a head (:attr:`supports_rollout_logits` False) sample the base logits only: switching off
+        is a no-op, switching on raises ``NotImplementedError``."""
+        if enabled:
+            raise NotImplementedError(f"{type(self).__name__} has no rollout head to sample from")
 
     @property
     def version(self) -> int:

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from r3_rllib.engines.registry import ENGINE_KINDS, EngineCapabilities, engine_capabilities
+
+__all__ = ["ENGINE_KINDS", "ENGINE_OPTIONS_FORMAT", "EngineOptions"]
+
 #: Format of :class:`EngineOptions`; a reader refuses another one.
 ENGINE_OPTIONS_FORMAT = 1
-ENGINE_KINDS = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,7 @@ class EngineOptions:
             raise ValueError(
                 f"EngineOptions format {self.format!r} is not {ENGINE_OPTIONS_FORMAT}, the one read here"
             )
-        if self.kind not in ENGINE_KINDS:
-            raise ValueError(f"unknown engine kind {self.kind!r}; expected one of {ENGINE_KINDS}")
+        engine_capabilities(self.kind)  # ValueError naming the registered engines when unknown
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
         reserved = {"dtype", "rollout_head", "head_seed", "budget", "lora_rank"} & set(self.backend_kwargs)
@@ -45,6 +47,11 @@ class EngineOptions:
                 f"engine_kwargs may not set {sorted(reserved)}: they are engine options of their own"
             )
         object.__setattr__(self, "backend_kwargs", MappingProxyType(dict(self.backend_kwargs)))
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What the engine of ``kind`` can do (imports no engine)."""
+        return engine_capabilities(self.kind)
 
     def __reduce__(self):
         # MappingProxyType does not pickle; rebuild from a plain dict (options cross to runner processes).

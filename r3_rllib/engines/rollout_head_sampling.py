@@ -45,6 +45,8 @@ class RolloutHeadHFEngine(HFEngine):
         **kwargs: :class:`HFEngine`'s (dtype, device, max_batch_size, eos_token_ids, kv_cache).
     """
 
+    supports_rollout_logits = True
+
     def __init__(
         self,
         model: str | Path | PreTrainedModel,

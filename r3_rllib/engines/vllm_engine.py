@@ -112,6 +112,9 @@ def model_weight_folder(path: Path) -> tuple[Path, tempfile.TemporaryDirectory |
     return Path(tmp.name), tmp
 
 
+#: Prompt tokens an evaluation engine makes room for (benchmark prompts stay well under it).
+EVAL_PROMPT_TOKENS = 4096
+
 #: How the engine applies LoRA adapters (the ``lora_mode`` argument; the HF engine always merges them).
 LORA_MODES = ("auto", "adapter", "merge")
 
@@ -323,6 +326,35 @@ class VLLMEngine(GenerationEngine):
         kwargs |= lora_llm_kwargs | (llm_kwargs or {})
         self._vllm = vllm
         self.llm = vllm.LLM(**kwargs)
+
+    @classmethod
+    def build(
+        cls,
+        model_path: str | Path,
+        tokenizer: Any = None,
+        *,
+        budget: ServingBudget | None = None,
+        lora_rank: int = 0,
+        **kwargs: Any,
+    ) -> VLLMEngine:
+        """The engine with its KV cache sized for ``budget`` (unless ``max_model_len`` is set) and ready for LoRA
+        adapters of rank ``lora_rank`` (see :meth:`GenerationEngine.build`)."""
+        return cls(model_path, tokenizer, budget=budget, lora_rank=lora_rank, **kwargs)
+
+    @classmethod
+    def evaluation_kwargs(
+        cls, *, seed: int, max_new_tokens: int, gpu_memory_utilization: float, tensor_parallel_size: int
+    ) -> dict[str, Any]:
+        """The seed, GPU share and tensor parallelism as ``vllm.LLM`` takes them; a KV cache sized for the longest
+        benchmark prompt (:data:`EVAL_PROMPT_TOKENS`) plus ``max_new_tokens``, capped by the model; and no top-k
+        log-probs (grading needs text only; entropy estimates cost time and memory)."""
+        return {
+            "seed": seed,
+            "budget": ServingBudget(max_new_tokens=max_new_tokens, max_prompt_tokens=EVAL_PROMPT_TOKENS),
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": tensor_parallel_size,
+            "logprobs_k": 0,
+        }
 
     def _init_lora(self, lora_rank: int, lora_mode: str) -> dict[str, Any]:
         """Set up the engine's LoRA state; returns the ``vllm.LLM`` keyword arguments adapter mode needs."""

@@ -297,6 +297,8 @@ class RolloutHeadVLLMEngine(VLLMEngine):
             is replaced) but no other ``worker_extension_cls``.
     """
 
+    supports_rollout_logits = True
+
     def __init__(
         self,
         model_path: str | Path,

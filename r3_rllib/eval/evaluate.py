@@ -29,6 +29,13 @@ from typing import Any
 import numpy as np
 
 from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.engines.registry import (
+    DEFAULT_ENGINE,
+    ENGINE_KINDS,
+    default_engine,
+    engine_class,
+    engines_where,
+)
 from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.math_env import DEFAULT_PROMPT_TEMPLATE, MathEnv
 from r3_rllib.eval.benchmarks import (
@@ -367,12 +374,12 @@ def evaluate(
 
 # -- command line -------------------------------------------------------------------------------------------------------
 def default_engine_kind() -> str:
-    """vLLM when it is installed and a GPU is visible (fast long generations), else the transformers engine."""
-    import importlib.util
-
+    """The engine ``r3 eval`` uses when none is named: with a GPU visible, the first registered engine that
+    prefers one and is installed (vLLM: fast long generations), else the transformers engine
+    (:func:`~r3_rllib.engines.registry.default_engine`)."""
     import torch
 
-    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
+    return default_engine(torch.cuda.is_available())
 
 
 def _split_names(text: str) -> list[str]:
@@ -389,7 +396,11 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument("--n", type=int, default=16, help="samples per problem (default: %(default)s)")
     parser.add_argument(
-        "--engine", choices=("hf", "vllm"), default=None, help="default: vllm with a GPU, else hf"
+        "--engine",
+        choices=ENGINE_KINDS,
+        default=None,
+        help=f"default: {' or '.join(engines_where(lambda c: c.default_on_gpu))} when installed and a GPU is "
+        f"visible, else {DEFAULT_ENGINE}",
     )
     parser.add_argument(
         "--data-dir", default=None, help="read <benchmark>.jsonl files here instead of the hub"
@@ -446,7 +457,10 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _engine_kwargs(kind: str, args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
-    """Keyword arguments of ``make_engine(kind, model_path, tokenizer, ...)`` for ``r3 eval``.
+    """Keyword arguments of ``make_engine(kind, model_path, tokenizer, ...)`` for ``r3 eval``: the engine's
+    :meth:`~r3_rllib.engines.base.GenerationEngine.evaluation_kwargs` (vLLM: seed, a KV cache for the longest
+    benchmark prompt plus the response budget, capped by the model the engine loads from ``model_path``, GPU
+    share, tensor parallelism, no top-k log-probs), and the rollout head's switches.
 
     Without ``--with-head`` the plain engine is built: it loads the HF folder only, so a rollout head saved beside
     the model is ignored and the base policy is evaluated. With it, the rollout-head engine samples from
@@ -455,23 +469,13 @@ def _engine_kwargs(kind: str, args: argparse.Namespace, model_path: Path) -> dic
     out: dict[str, Any] = {}
     if getattr(args, "with_head", False):
         out.update(rollout_head=True, rollout_logits=True)
-    if kind != "vllm":
-        return out
-    # Room for the longest benchmark prompt (well under 4k tokens) plus the response budget, capped by the model.
-    max_model_len = max_new_tokens_of(args) + 4096
-    config_file = model_path / "config.json"
-    if config_file.is_file():
-        limit = json.loads(config_file.read_text()).get("max_position_embeddings")
-        if limit:
-            max_model_len = min(max_model_len, int(limit))
-    return {
-        **out,
-        "seed": args.seed,
-        "max_model_len": max_model_len,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "tensor_parallel_size": args.tensor_parallel_size,
-        "logprobs_k": 0,  # grading needs text only; top-k log-probs (entropy estimates) cost time and memory
-    }
+    options = engine_class(kind).evaluation_kwargs(
+        seed=args.seed,
+        max_new_tokens=max_new_tokens_of(args),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    return {**out, **options}
 
 
 def _check_head(args: argparse.Namespace, model_path: Path) -> None:
