@@ -163,7 +163,7 @@ def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> tup
     from r3_rllib.engines.hf_engine import HFEngine
     from r3_rllib.envs.gridworld import GridWorldEnv
     from r3_rllib.models.tiny import load_tiny
-    from r3_rllib.rollout.multistep import rollout_multistep
+    from r3_rllib.rollout.kinds.multi_step import rollout_multistep
 
     model, tok = load_tiny(model_path)
     env = GridWorldEnv(preset="hgpo", num_queries=args.num_queries, **args.env)

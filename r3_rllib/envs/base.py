@@ -10,6 +10,11 @@ Two ``reset`` options let a rollout worker build groups and reflection prompts w
 - ``options={"query_id": qid}`` resets to that query again (the G samples of a GRPO group share one query);
 - ``options={"query_id": qid, "user_content": text}`` renders ``text`` as the user turn instead of the query's own
   content but keeps its gold answer (R^3's in-context self-reflection prompts).
+
+Two optional interfaces make an env multi-step or multi-turn tool use (what the rollout kinds of
+``r3_rllib.rollout.kinds`` check): :class:`MultiStepEnv` (``episode(query_id)``, independent :class:`Episode` objects
+stepped in lockstep) and :class:`ToolUseEnv` (``tool_episode(query_id, user_content=None)``, :class:`ToolEpisode`
+objects). They are protocols: an env that defines the method is of that kind without subclassing anything.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import functools
 import string
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -134,10 +139,74 @@ class PooledTextEnv(TextEnv):
         self._order.set_state(state)
 
 
+class Episode(Protocol):
+    """One episode of a multi-step env: what the lockstep rollout loop needs."""
+
+    @property
+    def prompt(self) -> str:
+        """The text of the next step's prompt."""
+
+    @property
+    def obs_key(self) -> Any:
+        """The hashable observation step-level estimators (HGPO) group by."""
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended."""
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply one response: ``(next_prompt, reward, terminated, truncated, info)``."""
+
+
+class ToolEpisode(Protocol):
+    """One trajectory's task in a multi-turn tool env: what the tool-use loop needs."""
+
+    @property
+    def prompt(self) -> str:
+        """The rendered prompt (chat template applied), the start of the token sequence."""
+
+    def tool_reply(self, turn_text: str) -> str | None:
+        """The text to append after a model turn: the tool's output rendered as the next message (ending where the
+        model's next turn starts), or None when the turn calls no tool (the trajectory ends). Never raises: a failed
+        tool call comes back as its error text."""
+
+    def finish(self, model_text: str) -> tuple[float, bool, dict[str, Any]]:
+        """``(reward, correct, info)`` of the whole trajectory from the text of its model turns."""
+
+
+@runtime_checkable
+class MultiStepEnv(Protocol):
+    """A multi-step env: it hands out fresh, independent episodes of a query (rolled out in lockstep, trained as
+    step samples). :class:`EpisodicTextEnv` is one; any env defining ``episode`` is one."""
+
+    def episode(self, query_id: str) -> Episode:
+        """A new episode on query ``query_id``."""
+
+
+@runtime_checkable
+class ToolUseEnv(Protocol):
+    """A multi-turn tool env: it hands out tool episodes of a query (one trajectory, one training sample, tool
+    tokens masked out of the loss)."""
+
+    def tool_episode(self, query_id: str, user_content: str | None = None) -> ToolEpisode:
+        """A new tool episode on query ``query_id``; ``user_content`` replaces the query's own user turn but keeps
+        its gold answer (R^3's reflection prompts), as the ``user_content`` reset option does."""
+
+
+def supports_episodes(env: Any) -> bool:
+    """Whether ``env`` is a :class:`MultiStepEnv` (it defines a callable ``episode``)."""
+    return isinstance(env, MultiStepEnv) and callable(env.episode)
+
+
+def supports_tool_episodes(env: Any) -> bool:
+    """Whether ``env`` is a :class:`ToolUseEnv` (it defines a callable ``tool_episode``)."""
+    return isinstance(env, ToolUseEnv) and callable(env.tool_episode)
+
+
 class EpisodicTextEnv(PooledTextEnv):
-    """A pooled multi-step env: ``reset`` starts :meth:`episode` on the next query of the order (or on
-    ``options["query_id"]``) and ``step`` advances it. Subclasses give ``query_ids``, :meth:`episode` (fresh,
-    independent episodes, what lockstep rollouts use) and, optionally, :meth:`reset_info`."""
+    """A pooled multi-step env (a :class:`MultiStepEnv`): ``reset`` starts :meth:`episode` on the next query of the
+    order (or on ``options["query_id"]``) and ``step`` advances it. Subclasses give ``query_ids``, :meth:`episode`
+    (fresh, independent episodes, what lockstep rollouts use) and, optionally, :meth:`reset_info`."""
 
     _episode: Any = None
 
@@ -145,7 +214,7 @@ class EpisodicTextEnv(PooledTextEnv):
     def query_ids(self) -> list[str]:
         raise NotImplementedError
 
-    def episode(self, query_id: str) -> Any:
+    def episode(self, query_id: str) -> Episode:
         raise NotImplementedError
 
     def reset_info(self, query_id: str) -> dict[str, Any]:

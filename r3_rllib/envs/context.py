@@ -101,8 +101,9 @@ def drop_long_prompts(
     """The ``(query_id, user_content, prompt)`` reflection prompts that fit the model's context, and how many were
     dropped (a warning names the first ones). A reflection prompt adds a past answer and guidance to a query's
     prompt: generated text, so one too long costs that prompt, not the run (the answer is already cut at
-    ``reflection_max_answer_chars``). The runner calls this where it builds them (``_reflection_prompts``), with
-    ``**runner_env.model_context(config)``, and counts the dropped ones (``reflection_dropped_too_long``)."""
+    ``reflection_max_answer_chars``). The rollout calls this where it builds them
+    (``RolloutContext.reflection_prompts``), with ``**runner_setup.model_context(config)``, and counts the dropped
+    ones (``reflection_dropped_too_long``)."""
     if model_max_positions is None or tokenizer is None or not prompts:
         return list(prompts), 0
     limits = PromptLimits(None, int(model_max_positions), int(max_new_tokens))

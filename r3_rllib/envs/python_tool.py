@@ -5,7 +5,7 @@ The model may write a fenced ```` ```python ```` block and end its turn; the blo
 and no network under its ``namespaces`` isolation, see ``tool_isolation``) and its output
 comes back as the next message, in an ```` ```output ```` block; the model continues, and ends with a ``\\boxed{}``
 answer graded as :class:`~r3_rllib.envs.math_env.MathEnv` grades it (the outcome reward, at the end). The loop that
-runs these episodes token in, token out is :func:`r3_rllib.rollout.tool_use.rollout_tool_use`.
+runs these episodes token in, token out is :func:`r3_rllib.rollout.kinds.tool_use.rollout_tool_use`.
 
 The tool's message is rendered with the tokenizer's chat template as a user turn followed by the assistant's
 generation prompt, appended right after the model's end-of-turn token (the difference between two renderings, so

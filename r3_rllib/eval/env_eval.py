@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from r3_rllib.engines.base import GenerationEngine, SamplingParams
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import TextEnv, supports_episodes, supports_tool_episodes
 from r3_rllib.envs.registry import get_text_env_factory
 from r3_rllib.eval.evaluate import BenchmarkResult, EvalReport
-from r3_rllib.rollout.multistep import rollout_multistep, supports_episodes
-from r3_rllib.rollout.tool_use import rollout_tool_use, supports_tool_episodes
+from r3_rllib.rollout.kinds.multi_step import rollout_multistep
+from r3_rllib.rollout.kinds.tool_use import rollout_tool_use
 
 #: Per query: ([correct], [reward], [response tokens], [truncated]) of its n samples.
 Scores = tuple[list[bool], list[float], list[int], list[bool]]

@@ -140,7 +140,7 @@ def evaluate_gridworld(
     multi-step env with ``episode``/``query_ids``), lockstep rollouts on the HF engine."""
     from r3_rllib.engines.base import SamplingParams
     from r3_rllib.engines.hf_engine import HFEngine
-    from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
+    from r3_rllib.rollout.kinds.multi_step import episode_stats, rollout_multistep
 
     was_training = model.training
     engine = HFEngine(model, tokenizer, max_batch_size=max_batch_size)

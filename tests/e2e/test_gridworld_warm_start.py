@@ -11,7 +11,7 @@ import pytest
 
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv
-from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
+from r3_rllib.rollout.kinds.multi_step import episode_stats, rollout_multistep
 from r3_rllib.warmstart.cached import read_metadata
 from r3_rllib.warmstart.gridworld import (
     WARM_START_METADATA,

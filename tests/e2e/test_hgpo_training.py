@@ -13,7 +13,7 @@ from numeric import EPS32, engine_atol, forward_atol, logprob_bound
 
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv
-from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
+from r3_rllib.rollout.kinds.multi_step import episode_stats, rollout_multistep
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -6,7 +6,7 @@ import pytest
 from r3_rllib.core.hgpo import hgpo_advantages_by_query
 from r3_rllib.engines.base import Completion, SamplingParams
 from r3_rllib.envs.gridworld import GridWorldEnv, solve
-from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
+from r3_rllib.rollout.kinds.multi_step import episode_stats, rollout_multistep
 
 
 class ScriptedEngine:

@@ -229,10 +229,9 @@ def test_gridworld_episodes_through_a_bpe_tokenizer_at_temperature(model_dir, to
     the HF engine at T = 0.6. Each step's prompt ids are the BPE encoding of the env's prompt (which ends at the
     current observation), its behaviour log-probs are softmax(logits / T) of the model, and the steps group into one
     HGPO group per layout."""
-    from r3_rllib.algorithms.r3.multistep import step_groups
     from r3_rllib.engines import make_engine
     from r3_rllib.envs.gridworld import GridWorldEnv
-    from r3_rllib.rollout.multistep import rollout_multistep
+    from r3_rllib.rollout.kinds.multi_step import rollout_multistep, step_groups
 
     env = GridWorldEnv(preset="hgpo", num_queries=2)
     engine = make_engine("hf", model_dir, tokenizer)
@@ -534,7 +533,7 @@ def test_tool_use_rollout_is_token_in_token_out_through_the_chat_template(model_
     from r3_rllib.engines import make_engine
     from r3_rllib.envs.data import MathProblem
     from r3_rllib.envs.python_tool import PythonToolEnv, tool_message_text
-    from r3_rllib.rollout.tool_use import response_arrays, rollout_tool_use
+    from r3_rllib.rollout.kinds.tool_use import response_arrays, rollout_tool_use
 
     engine = make_engine("hf", model_dir, tokenizer)
     code = "I will compute it.\n```python\nprint(6*7)\n```"

@@ -28,14 +28,11 @@ from typing import Any
 import numpy as np
 
 from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
-from r3_rllib.core.advantages import (
-    ADVANTAGE_FNS,
-    apply_batch_step,
-    compute_group_advantages,
-    group_is_degenerate,
-)
+from r3_rllib.core.advantages import ADVANTAGE_FNS, apply_batch_step, compute_group_advantages
 from r3_rllib.core.ranking import structural_entropy_rewards
 from r3_rllib.core.reward_shaping import OverlongShaping, keep_group
+from r3_rllib.rollout.kinds import kind_means
+from r3_rllib.rollout.kinds.base import ratio
 from r3_rllib.types.samples import Group, Sample
 
 
@@ -272,36 +269,9 @@ def _score_groups(
 _MAX_TOTALS = frozenset({"response_len_max"})
 
 
-def rollout_totals(groups: Sequence[Group]) -> dict[str, float]:
-    """What one rollout's groups add to the iteration's rollout metrics, as sums (and maxima) that combine across
-    EnvRunners and dynamic-sampling rounds with :func:`merge_rollout_totals`; :func:`rollout_means` turns them into
-    the reported means. Fresh groups make the sample statistics; reflection groups are counted apart. Rewards are
-    the env's (before any ranking reward)."""
-    fresh = [s for g in groups if not g.is_reflection for s in g.samples]
-    reflected = [s for g in groups if g.is_reflection for s in g.samples]
-    with_entropy = [float(np.mean(s.entropies)) for s in fresh if len(s.entropies)]
-    return {
-        "samples": float(len(fresh)),
-        "correct": float(sum(s.correct for s in fresh)),
-        "reward": float(sum(s.env_reward for s in fresh)),
-        "response_tokens": float(sum(len(s.response_ids) for s in fresh)),
-        "response_len_max": float(max((len(s.response_ids) for s in fresh), default=0)),
-        "truncated": float(sum(s.truncated for s in fresh)),
-        "entropy": float(sum(with_entropy)),
-        "entropy_samples": float(len(with_entropy)),
-        "groups": float(sum(not g.is_reflection for g in groups)),
-        # On the env's rewards, before replay or ranking could repair the group.
-        "degenerate_groups": float(
-            sum(group_is_degenerate([s.env_reward for s in g.samples]) for g in groups if not g.is_reflection)
-        ),
-        "reflection_groups": float(sum(g.is_reflection for g in groups)),
-        "reflection_samples": float(len(reflected)),
-        "reflection_correct": float(sum(s.correct for s in reflected)),
-    }
-
-
 def merge_rollout_totals(*totals: dict[str, float]) -> dict[str, float]:
-    """Combine :func:`rollout_totals` of several rollouts (sums add, maxima take the larger)."""
+    """Combine the totals of several rollouts (``rollout.kinds.base.rollout_totals`` and each kind's own, from
+    several EnvRunners and dynamic-sampling rounds; sums add, maxima take the larger)."""
     out: dict[str, float] = {}
     for t in totals:
         for k, v in t.items():
@@ -310,45 +280,21 @@ def merge_rollout_totals(*totals: dict[str, float]) -> dict[str, float]:
 
 
 def rollout_means(totals: dict[str, float]) -> dict[str, float]:
-    """The reported rollout metrics from merged totals (0 where nothing was sampled)."""
-
-    def ratio(num: str, den: str) -> float:
-        return totals.get(num, 0.0) / totals[den] if totals.get(den) else 0.0
-
+    """The reported rollout metrics from merged totals (0 where nothing was sampled), the rollout kinds' own
+    included (``rollout.kinds.kind_means``)."""
     return {
-        "accuracy": ratio("correct", "samples"),
-        "reward_mean": ratio("reward", "samples"),
-        "response_len_mean": ratio("response_tokens", "samples"),
+        "accuracy": ratio(totals, "correct", "samples"),
+        "reward_mean": ratio(totals, "reward", "samples"),
+        "response_len_mean": ratio(totals, "response_tokens", "samples"),
         "response_len_max": totals.get("response_len_max", 0.0),
-        "truncated_frac": ratio("truncated", "samples"),
-        "entropy_mean": ratio("entropy", "entropy_samples"),
-        "zero_adv_frac_before": ratio("degenerate_groups", "groups"),
+        "truncated_frac": ratio(totals, "truncated", "samples"),
+        "entropy_mean": ratio(totals, "entropy", "entropy_samples"),
+        "zero_adv_frac_before": ratio(totals, "degenerate_groups", "groups"),
         "reflection_prompts": totals.get("reflection_groups", 0.0),
-        "reflection_success": ratio("reflection_correct", "reflection_samples"),
+        "reflection_success": ratio(totals, "reflection_correct", "reflection_samples"),
         # Reflection prompts left out because they would not fit the model's context (envs.context).
         "reflection_dropped_too_long": totals.get("reflection_dropped_too_long", 0.0),
-        # Multi-step rollouts (multistep.episode_totals): samples are steps, these are per trajectory.
-        **(
-            {
-                "episode_success_rate": ratio("episode_successes", "episodes"),
-                "episode_len_mean": ratio("episode_steps", "episodes"),
-            }
-            if totals.get("episodes")
-            else {}
-        ),
-        # The envs' grade reasons (e.g. a verifier that raised, a grader that timed out), as fractions of samples.
-        **{f"{k}_frac": ratio(k, "samples") for k in sorted(totals) if k.startswith("grade_reason/")},
-        # Multi-turn tool use (rollout/tool_use.tool_use_totals): per trajectory.
-        **(
-            {
-                "tool_calls_mean": ratio("tool_calls", "tool_trajectories"),
-                "tool_turns_mean": ratio("tool_turns", "tool_trajectories"),
-                "tool_token_frac": ratio("tool_tokens", "response_tokens"),
-                "tool_finish_answer_frac": ratio("tool_finish_answer", "tool_trajectories"),
-            }
-            if totals.get("tool_trajectories")
-            else {}
-        ),
+        **kind_means(totals),
     }
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import ray
 
 
@@ -50,9 +49,3 @@ class NewerWeightsPuller:
             self.load(weights_ref, version)
             self.pulls += 1
 
-
-def oldest_version(token_versions: np.ndarray | None, call_version: int) -> int:
-    """The version a sample is counted under: its oldest token's (partial rollouts), else the call's."""
-    return (
-        int(token_versions.min()) if token_versions is not None and len(token_versions) else int(call_version)
-    )

@@ -1,19 +1,17 @@
 """Held-out evaluation of an `LLMEnvRunner` (a mixin): greedy or sampled responses to the first held-out queries,
-counted per runner and merged by the driver (``heldout.merge_eval_counts``). Single-step envs are graded response by
-response, multi-step ones as trajectories of steps, tool envs as multi-turn trajectories."""
+counted per runner and merged by the driver (``heldout.merge_eval_counts``). The runner's rollout kind scores them
+(``RolloutKind.evaluate``: single-step envs response by response, multi-step ones as trajectories of steps, tool envs
+as multi-turn trajectories)."""
 
 from __future__ import annotations
 
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.runner_setup import build_env, eval_env_config
-from r3_rllib.engines.base import SamplingParams
-from r3_rllib.envs.base import TextEnv
-from r3_rllib.rollout.multistep import episode_stats, rollout_multistep
 
 
 class HeldOutEvaluation:
     """`evaluate` for `LLMEnvRunner`, which provides ``config``, ``engine``, ``tokenizer``, ``sampling_params``,
-    ``_tool_rollout`` and ``_evaluate_part`` (one of the ``_evaluate_*`` methods below, chosen by the env's kind)."""
+    ``kind`` (its `RolloutKind`) and ``rollout_context()``."""
 
     def evaluate(
         self,
@@ -53,66 +51,7 @@ class HeldOutEvaluation:
         per_query = max(1, samples)
         params = self.sampling_params(greedy=samples < 1, seed=eval_seed(self.config.seed or 0, shard[0]))
         first = [env.reset() for _ in range(part.stop)][part.start :]
-        return self._evaluate_part(env, first, per_query, params)
-
-    def _evaluate_responses(
-        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
-    ) -> dict[str, float]:
-        """Correct responses to the prompts `first` ((observation, info) of env.reset()), `per_query` each."""
-        prompts = [self.tokenizer(obs, add_special_tokens=False)["input_ids"] for obs, _ in first]
-        qids = [info["query_id"] for _, info in first]
-        comps = self.engine.generate(prompts, per_query, params) if prompts else []
-        correct = 0
-        for qid, group in zip(qids, comps, strict=True):
-            for c in group:
-                env.reset(options={"query_id": qid})
-                _, _, _, _, info = env.step(c.text)
-                correct += bool(info.get("correct"))
-        return {
-            "queries": float(len(qids)),
-            "samples": float(len(qids) * per_query),
-            "correct": float(correct),
-        }
-
-    def _evaluate_episodes(
-        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
-    ) -> dict[str, float]:
-        """Successes, trajectory lengths and steps of the successful trajectories on the queries of `first`
-        ((observation, info) of env.reset()), `per_query` trajectories each."""
-        query_ids = [info["query_id"] for _, info in first]
-        counts = {"queries": float(len(query_ids)), "samples": 0.0, "correct": 0.0}
-        counts |= {"length_sum": 0.0, "goal_steps_sum": 0.0}
-        if not query_ids:
-            return counts
-        records = rollout_multistep(
-            self.engine,
-            self.tokenizer,
-            env.episode,
-            query_ids,
-            per_query,
-            params,
-            gamma=self.config.step_gamma,
-            max_steps=self.config.max_episode_steps,
-        )
-        stats = episode_stats(records)
-        wins = stats["successes"]
-        counts["samples"] = stats["trajectories"]
-        counts["correct"] = wins
-        counts["length_sum"] = stats["mean_length"] * stats["trajectories"]
-        counts["goal_steps_sum"] = stats["steps_to_goal"] * wins if wins else 0.0
-        return counts
-
-    def _evaluate_tool_episodes(
-        self, env: TextEnv, first: list[tuple[str, dict]], per_query: int, params: SamplingParams
-    ) -> dict[str, float]:
-        """Correct trajectories of a multi-turn tool env on the queries of `first`, `per_query` each."""
-        query_ids = [info["query_id"] for _, info in first]
-        trajs = self._tool_rollout(query_ids, env.tool_episode, params, per_query) if query_ids else []
-        return {
-            "queries": float(len(query_ids)),
-            "samples": float(len(trajs)),
-            "correct": float(sum(t.correct for t in trajs)),
-        }
+        return self.kind.evaluate(self.rollout_context(), env, first, per_query, params)
 
 
 def _has_len(env) -> bool:

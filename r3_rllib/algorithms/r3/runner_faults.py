@@ -4,7 +4,7 @@ restart them instead of ending.
 Two kinds of failure, handled differently:
 
 - **An application error** (the env's ``reset``/``step`` raised, sampling settings the engine refuses, a reward that
-  is NaN or infinite): deterministic, so a retry would fail the same way and hide it. :func:`sample_or_error` runs
+  is NaN or infinite: ``rollout.kinds.context.NonFiniteRewardError``): deterministic, so a retry would fail the same way and hide it. :func:`sample_or_error` runs
   the rollout inside the runner and returns a :class:`~rollout_types.RunnerError` (runner index, env, query id, the
   exception's type, message and traceback) instead of raising; the driver raises it (:func:`raise_runner_errors`)
   and the run stops at once with that error. Raising inside the runner would not do: RLlib's ``apply`` logs the
@@ -21,44 +21,17 @@ Two kinds of failure, handled differently:
 from __future__ import annotations
 
 import logging
-import math
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RunnerError, RunnerTraceback
-from r3_rllib.types.samples import Group
 
 #: Seconds between two attempts to restore restarted runners while none is healthy.
 RESTORE_POLL_S = 0.5
 
 logger = logging.getLogger(__name__)
-
-
-class NonFiniteRewardError(ValueError):
-    """An env graded a response with a NaN or infinite reward (it would turn every advantage of the batch into
-    NaN); names the query and the env."""
-
-    def __init__(self, query_id: str, env: str, reward: float) -> None:
-        self.query_id, self.env, self.reward = query_id, env, float(reward)
-        super().__init__(f"{env} gave query {query_id!r} a non-finite reward ({reward})")
-
-    def __reduce__(self):
-        return (type(self), (self.query_id, self.env, self.reward))
-
-
-def check_finite_reward(query_id: str, env: str, reward: float) -> None:
-    """Raise :class:`NonFiniteRewardError` when ``reward``, the one ``env`` gave ``query_id``, is NaN or infinite."""
-    if not math.isfinite(float(reward)):
-        raise NonFiniteRewardError(query_id, env, reward)
-
-
-def check_finite_rewards(groups: Iterable[Group], env: str) -> None:
-    """:func:`check_finite_reward` for every sample of ``groups`` (multi-step and tool rollouts)."""
-    for group in groups:
-        for sample in group.samples:
-            check_finite_reward(sample.query_id, env, sample.reward)
 
 
 def sample_or_error(runner: Any, **kwargs: Any) -> RolloutResult | RunnerError:

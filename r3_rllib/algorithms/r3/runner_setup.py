@@ -1,10 +1,13 @@
 """How an EnvRunner builds its TextEnv: the env factory (by class, entry-point name or Tune-registered name), the
-policy tokenizer handed to envs that take one, and each runner's share of the data order (its ``shard``) and seed.
+policy tokenizer handed to envs that take one, each runner's share of the data order (its ``shard``) and seed, and
+the runner's check of what the env's ``step`` reports.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.models.hub import policy_path
@@ -129,44 +132,21 @@ def load_policy_tokenizer(config):
     return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
 
 
-def check_tool_settings_fit_env(config, tool_use: bool) -> None:
-    """``max_tool_turns``/``max_trajectory_tokens`` shape multi-turn tool trajectories only: set for an env without
-    ``tool_episode`` they would be silently ignored, so refuse them there."""
-    from r3_rllib.config.settings import R3Settings
+def step_info_check(config) -> Callable[[str, Mapping[str, Any]], None]:
+    """The runner's check of the info an env's ``step`` returns (``RolloutContext.check_info``): R^2PO's rarity
+    reward counting graded outcomes (``rollout_head_rarity_count='outcome'``) needs ``info['correct']``."""
+    counts_outcomes = (
+        bool(config.rollout_head)
+        and config.rollout_head_advantage == "rarity"
+        and config.rollout_head_rarity_count == "outcome"
+    )
 
-    default_turns = R3Settings.max_tool_turns
-    changed = [
-        f"{name}={value!r}"
-        for name, value, default in (
-            ("max_tool_turns", config.max_tool_turns, default_turns),
-            ("max_trajectory_tokens", config.max_trajectory_tokens, None),
-        )
-        if value != default
-    ]
-    if changed and not tool_use:
-        env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
-        raise ValueError(
-            f"{', '.join(changed)} only apply to multi-turn tool envs (ones with tool_episode(query_id), e.g. "
-            f"'python_tool'); env {env!r} has none: leave them at their defaults"
-        )
+    def check(env: str, info: Mapping[str, Any]) -> None:
+        if "correct" not in info and counts_outcomes:
+            raise ValueError(
+                f"{env}.step() reports no info['correct']: R^2PO's rarity reward "
+                "(rollout_head_rarity_count='outcome') counts the graded outcome; report it, or set "
+                "rollout_head_rarity_count='reward' for an env whose reward values are its outcomes"
+            )
 
-
-def check_estimator_fits_env(config, multistep: bool) -> None:
-    """A multi-step env needs an estimator that reads step identities (one declaring sample inputs, as 'hgpo'), and
-    a single-step env one that does not: say which, instead of training on meaningless advantages."""
-    from r3_rllib.core.advantages import is_step_level
-
-    name = config.advantage_estimator
-    step_level = is_step_level(name)
-    env = config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
-    if multistep and not step_level:
-        raise ValueError(
-            f"env {env!r} is multi-step (it hands out episodes); advantage_estimator {name!r} scores single "
-            "responses: use a step-level estimator, e.g. advantage_estimator='hgpo' (hgpo_setting 'hgpo', "
-            "'gigpo' or 'episode_grpo')"
-        )
-    if step_level and not multistep:
-        raise ValueError(
-            f"advantage_estimator {name!r} needs a multi-step env (one with episode(query_id), e.g. "
-            f"'gridworld'); env {env!r} is single-step"
-        )
+    return check

@@ -15,13 +15,8 @@ from r3_rllib.algorithms.r3 import runner_faults
 from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
 from r3_rllib.algorithms.r3.learner_faults import LearnerDiedError, learner_death_error
 from r3_rllib.algorithms.r3.rollout_types import RolloutResult, RolloutTimings, RunnerError, RunnerState
-from r3_rllib.algorithms.r3.runner_faults import (
-    NonFiniteRewardError,
-    check_finite_rewards,
-    raise_runner_errors,
-    sample_or_error,
-    wait_for_runners,
-)
+from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
+from r3_rllib.rollout.kinds.context import NonFiniteRewardError, check_finite_rewards
 from r3_rllib.types.samples import Group
 
 

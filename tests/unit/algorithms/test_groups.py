@@ -196,7 +196,8 @@ def test_batch_building_leaves_its_inputs_unchanged():
 def test_rollout_totals_merge_over_runners_into_means():
     """Hand-computed: runner 1 has one fresh group [1, 0] (3 and 1 tokens) and a reflection group [1, 1]; runner 2
     one collapsed group [0, 0] (2 tokens each, truncated)."""
-    from r3_rllib.algorithms.r3.groups import merge_rollout_totals, rollout_means, rollout_totals
+    from r3_rllib.algorithms.r3.groups import merge_rollout_totals, rollout_means
+    from r3_rllib.rollout.kinds.base import rollout_totals
 
     a = _group("a", [1.0, 0.0], [(1.0, 1.0, 1.0), (3.0,)])
     refl = _group("r", [1.0, 1.0])

@@ -6,19 +6,17 @@ import pytest
 from numeric import f32_tol
 
 from r3_rllib.algorithms.r3.config import R3Config
-from r3_rllib.algorithms.r3.groups import (
-    build_training_batch,
-    merge_rollout_totals,
-    rollout_means,
-    rollout_totals,
-)
+from r3_rllib.algorithms.r3.groups import build_training_batch, merge_rollout_totals, rollout_means
 from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
-from r3_rllib.algorithms.r3.multistep import step_groups
-from r3_rllib.algorithms.r3.runner_setup import check_estimator_fits_env
+from r3_rllib.config.settings import default_values
 from r3_rllib.core.hgpo import hgpo_advantages
 from r3_rllib.envs.arithmetic import ArithmeticEnv
+from r3_rllib.envs.base import supports_episodes
 from r3_rllib.envs.gridworld import GridWorldEnv
-from r3_rllib.rollout.multistep import StepRecord, episode_totals, supports_episodes
+from r3_rllib.rollout.kinds import kind_for_env
+from r3_rllib.rollout.kinds.base import rollout_totals
+from r3_rllib.rollout.kinds.multi_step import MultiStepKind, StepRecord, episode_totals, step_groups
+from r3_rllib.rollout.kinds.single_step import SingleStepKind
 
 
 def _record(qid, traj, step, key, reward, *, terminated=False, truncated=False, finish="stop"):
@@ -124,11 +122,14 @@ def test_estimator_must_fit_the_env_kind():
     assert supports_episodes(GridWorldEnv(num_queries=2)) and not supports_episodes(
         ArithmeticEnv(num_queries=2)
     )
+    assert isinstance(kind_for_env(GridWorldEnv(num_queries=2)), MultiStepKind)
+    assert isinstance(kind_for_env(ArithmeticEnv(num_queries=2)), SingleStepKind)
+    defaults = default_values()
     with pytest.raises(ValueError, match="multi-step.*hgpo"):
-        check_estimator_fits_env(R3Config.grpo_preset().environment("gridworld"), multistep=True)
+        MultiStepKind().check_config(R3Config.grpo_preset().environment("gridworld"), defaults)
     with pytest.raises(ValueError, match="needs a multi-step env"):
-        check_estimator_fits_env(R3Config.grpo_preset().training(advantage_estimator="hgpo"), multistep=False)
-    check_estimator_fits_env(R3Config.grpo_preset().training(advantage_estimator="hgpo"), multistep=True)
+        SingleStepKind().check_config(R3Config.grpo_preset().training(advantage_estimator="hgpo"), defaults)
+    MultiStepKind().check_config(R3Config.grpo_preset().training(advantage_estimator="hgpo"), defaults)
 
 
 @pytest.mark.parametrize(

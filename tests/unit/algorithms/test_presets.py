@@ -127,11 +127,12 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
     # A batch step over step samples would weigh episodes by their length: REINFORCE++ is a single-response
     # estimator, refused on a multi-step env when the runners check the env (step-level estimators cannot declare
     # batch steps at all: tests/unit/core/test_advantages.py).
-    from r3_rllib.algorithms.r3.env_runner import check_estimator_fits_env
+    from r3_rllib.config.settings import default_values
+    from r3_rllib.rollout.kinds.multi_step import MultiStepKind
 
     name = "reinforce_plus_plus_baseline"
     with pytest.raises(ValueError, match=f"advantage_estimator '{name}' scores single responses"):
-        check_estimator_fits_env(R3Config().training(advantage_estimator=name), multistep=True)
+        MultiStepKind().check_config(R3Config().training(advantage_estimator=name), default_values())
 
 
 @pytest.mark.parametrize(
@@ -144,14 +145,17 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
     ],
 )
 def test_tool_settings_are_refused_for_an_env_without_tool_episodes(kwargs, tool_use, refused):
-    from r3_rllib.algorithms.r3.runner_setup import check_tool_settings_fit_env
+    from r3_rllib.config.settings import default_values
+    from r3_rllib.rollout.kinds.single_step import SingleStepKind
+    from r3_rllib.rollout.kinds.tool_use import ToolUseKind
 
     config = R3Config().environment("arithmetic").training(**kwargs)
+    kind = ToolUseKind() if tool_use else SingleStepKind()
     if refused is None:
-        check_tool_settings_fit_env(config, tool_use=tool_use)
+        kind.check_config(config, default_values())
     else:
         with pytest.raises(ValueError, match=refused):
-            check_tool_settings_fit_env(config, tool_use=tool_use)
+            kind.check_config(config, default_values())
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import torch
 from engine_hooks import load_weights_at_first_hook
 from numeric import TORCH_THREADS, forward_atol
 
-from r3_rllib.algorithms.r3.partial_rollout import oldest_version
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.engines.hf_engine import HFEngine
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer
+from r3_rllib.rollout.kinds.base import oldest_version
 
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5, stop_token_ids=())
 

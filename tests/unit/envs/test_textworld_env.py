@@ -10,7 +10,7 @@ pytest.importorskip("textworld")
 
 from r3_rllib.engines.base import Completion, SamplingParams  # noqa: E402
 from r3_rllib.envs.textworld_env import TextWorldEnv, _clean, parse_command  # noqa: E402
-from r3_rllib.rollout.multistep import episode_stats, rollout_multistep  # noqa: E402
+from r3_rllib.rollout.kinds.multi_step import episode_stats, rollout_multistep  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling a game takes ~2.5 s
 

@@ -9,7 +9,12 @@ import pytest
 from r3_rllib.engines.base import Completion, SamplingParams
 from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.python_tool import PythonToolEnv, last_python_block, tool_message_text
-from r3_rllib.rollout.tool_use import response_arrays, rollout_tool_use, tool_use_totals
+from r3_rllib.rollout.kinds.tool_use import (
+    response_arrays,
+    rollout_tool_use,
+    tool_use_totals,
+    trajectory_sample,
+)
 
 EOS = 0
 
@@ -93,8 +98,6 @@ class PullingEngine(ScriptedEngine):
 def test_trajectory_tokens_carry_their_policy_versions_and_the_sample_counts_the_oldest():
     """Model tokens keep the engine's tags, tool tokens take the tag before them, and the training sample counts
     under its oldest model token's version (not the version the rollout started with)."""
-    from r3_rllib.algorithms.r3.tool_rollout import trajectory_sample
-
     tok, env = CharTok(), _env()
     engine = PullingEngine([CODE_TURN, ANSWER_TURN], tok)
     engine.version = 5

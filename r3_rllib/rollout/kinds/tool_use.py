@@ -8,36 +8,34 @@ trains on are exactly the ones the engine sampled. The loss mask covers model to
 ``max_turns`` model turns, or when it reaches ``max_total_tokens`` response tokens; the episode then gives the
 outcome reward.
 
-The rounds are lockstep, as in :mod:`r3_rllib.rollout.multistep`: one batched ``engine.generate`` per round over
-every active trajectory of every query; the tool calls of a round run concurrently. No Ray here.
+The rounds are lockstep, as in :mod:`r3_rllib.rollout.kinds.multi_step`: one batched ``engine.generate`` per round
+over every active trajectory of every query; the tool calls of a round run concurrently. One trajectory becomes one
+training sample (:func:`trajectory_sample`), one group per query. No Ray here: the env runner calls this through
+:class:`ToolUseKind`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.engines.base import GenerationEngine, SamplingParams
-
-
-class ToolEpisode(Protocol):
-    """What the tool-use loop needs from one trajectory's task."""
-
-    @property
-    def prompt(self) -> str:
-        """The rendered prompt (chat template applied), the start of the token sequence."""
-
-    def tool_reply(self, turn_text: str) -> str | None:
-        """The text to append after a model turn: the tool's output rendered as the next message (ending where the
-        model's next turn starts), or None when the turn calls no tool (the trajectory ends). Never raises: a failed
-        tool call comes back as its error text."""
-
-    def finish(self, model_text: str) -> tuple[float, bool, dict[str, Any]]:
-        """``(reward, correct, info)`` of the whole trajectory from the text of its model turns."""
+from r3_rllib.envs.base import TextEnv, ToolEpisode, supports_tool_episodes
+from r3_rllib.rollout.kinds.base import (
+    KindRollout,
+    RolloutKind,
+    oldest_version,
+    ratio,
+    refuse_step_level_estimator,
+)
+from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
+from r3_rllib.types.samples import Group, Sample
 
 
 @dataclass
@@ -194,11 +192,6 @@ def tool_use_totals(trajs: Sequence[ToolTrajectory]) -> dict[str, float]:
     return totals
 
 
-def supports_tool_episodes(env: Any) -> bool:
-    """Whether ``env`` is a multi-turn tool env: it hands out tool episodes with ``tool_episode(query_id)``."""
-    return callable(getattr(env, "tool_episode", None))
-
-
 def response_arrays(traj: ToolTrajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The trajectory's behaviour log-probs, entropies and loss mask as arrays (float32, float32, bool)."""
     return (
@@ -206,3 +199,138 @@ def response_arrays(traj: ToolTrajectory) -> tuple[np.ndarray, np.ndarray, np.nd
         np.asarray(traj.entropies, dtype=np.float32),
         np.asarray(traj.loss_mask, dtype=bool),
     )
+
+
+def trajectory_sample(traj: ToolTrajectory, policy_version: int, *, is_reflection: bool = False) -> Sample:
+    """The training sample of one trajectory. Its entropies are the model tokens' only (what R^3's ranking reads:
+    a tool's output is not the policy's uncertainty); ``truncated`` when a turn or the token budget cut it."""
+    logprobs, entropies, mask = response_arrays(traj)
+    versions = np.asarray(traj.token_versions, dtype=np.int64)
+    tagged = versions if len(versions) == len(mask) else None  # a trajectory built without append has no tags
+    return Sample(
+        query_id=traj.query_id,
+        prompt_ids=list(traj.prompt_ids),
+        response_ids=list(traj.response_ids),
+        behavior_logprobs=logprobs,
+        entropies=entropies[mask],
+        reward=float(traj.reward),
+        correct=bool(traj.correct),
+        truncated=traj.finish_reason in ("length", "budget"),
+        # The oldest weights that sampled any of its model tokens (turns may follow a weight pull).
+        policy_version=oldest_version(None if tagged is None else tagged[mask], policy_version),
+        token_versions=tagged,
+        response_text=traj.text,
+        is_reflection=is_reflection,
+        loss_mask=mask,
+    )
+
+
+def trajectory_groups(
+    trajs: Sequence[ToolTrajectory], policy_version: int, *, is_reflection: bool = False
+) -> list[Group]:
+    """One group per query (its G trajectories), in the order the queries first appear."""
+    by_query: dict[str, list[Sample]] = {}
+    for t in trajs:
+        by_query.setdefault(t.query_id, []).append(
+            trajectory_sample(t, policy_version, is_reflection=is_reflection)
+        )
+    return [Group(query_id=q, samples=s, is_reflection=is_reflection) for q, s in by_query.items()]
+
+
+class ToolUseKind(RolloutKind[ToolTrajectory]):
+    """A multi-turn tool env (``tool_episode(query_id, user_content=None)``): token-in/token-out trajectories, one
+    sample each, tool tokens masked out of the loss; R^3's reflection prompts are trajectories of their own."""
+
+    name = "tool use"
+
+    @classmethod
+    def matches(cls, env: Any) -> bool:
+        return supports_tool_episodes(env)
+
+    def sample(
+        self, ctx: RolloutContext, num_queries: int, reflection: ReflectionSettings | None
+    ) -> KindRollout:
+        """G trajectories of each of the next `num_queries` queries (and of this rollout's reflection prompts),
+        rounds of one engine call each."""
+        infos = [ctx.env.reset()[1] for _ in range(num_queries)]
+        fresh = [info["query_id"] for info in infos]
+        texts = {info["query_id"]: info.get("query_text", "") for info in infos}
+        reflect = ctx.reflection_prompts(fresh, texts, reflection)
+        t_gen, version = time.perf_counter(), ctx.engine.version
+        trajs = self._rollout(ctx, fresh, ctx.env.tool_episode, ctx.sampling_params())
+        groups = self.to_groups(trajs, version)
+        if reflect:
+            contents = {qid: content for qid, content, _ in reflect}
+            extra = self._rollout(
+                ctx, list(contents), lambda q: ctx.env.tool_episode(q, contents[q]), ctx.sampling_params()
+            )
+            trajs, groups = trajs + extra, groups + self.to_groups(extra, version, is_reflection=True)
+        check_finite_rewards(groups, ctx.env_name)
+        gen_s = time.perf_counter() - t_gen  # tool calls included
+        ctx.generation_done()
+        tokens = sum(sum(t.loss_mask) for t in trajs)
+        return KindRollout(groups, (gen_s, 0.0), tokens, self.totals(groups, trajs))
+
+    def to_groups(
+        self, records: Sequence[ToolTrajectory], policy_version: int, *, is_reflection: bool = False
+    ) -> list[Group]:
+        return trajectory_groups(records, policy_version, is_reflection=is_reflection)
+
+    def record_totals(self, records: Sequence[ToolTrajectory]) -> dict[str, float]:
+        return tool_use_totals(records)
+
+    @classmethod
+    def means(cls, totals: Mapping[str, float]) -> dict[str, float]:
+        """Per trajectory: tool calls, model turns, the share of tool tokens and of trajectories that answered."""
+        if not totals.get("tool_trajectories"):
+            return {}
+        return {
+            "tool_calls_mean": ratio(totals, "tool_calls", "tool_trajectories"),
+            "tool_turns_mean": ratio(totals, "tool_turns", "tool_trajectories"),
+            "tool_token_frac": ratio(totals, "tool_tokens", "response_tokens"),
+            "tool_finish_answer_frac": ratio(totals, "tool_finish_answer", "tool_trajectories"),
+        }
+
+    def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
+        """No step-level estimator: a trajectory is one sample (the tool settings are this kind's)."""
+        refuse_step_level_estimator(config)
+
+    def evaluate(
+        self,
+        ctx: RolloutContext,
+        env: TextEnv,
+        first: Sequence[tuple[str, dict]],
+        per_query: int,
+        params: SamplingParams,
+    ) -> dict[str, float]:
+        """Correct trajectories on the queries of `first`, `per_query` each."""
+        query_ids = [info["query_id"] for _, info in first]
+        trajs = self._rollout(ctx, query_ids, env.tool_episode, params, per_query) if query_ids else []
+        return {
+            "queries": float(len(query_ids)),
+            "samples": float(len(trajs)),
+            "correct": float(sum(t.correct for t in trajs)),
+        }
+
+    @staticmethod
+    def _rollout(
+        ctx: RolloutContext,
+        query_ids: list[str],
+        make_episode: Callable[[str], ToolEpisode],
+        params: SamplingParams,
+        group_size: int | None = None,
+    ) -> list[ToolTrajectory]:
+        """:func:`rollout_tool_use` with the run's turn and token limits (``max_trajectory_tokens``, else
+        ``max_tool_turns`` x ``max_new_tokens``)."""
+        c = ctx.config
+        budget = c.max_trajectory_tokens or c.max_tool_turns * c.max_new_tokens
+        return rollout_tool_use(
+            ctx.engine,
+            ctx.tokenizer,
+            make_episode,
+            query_ids,
+            group_size or c.group_size,
+            params,
+            max_turns=c.max_tool_turns,
+            max_total_tokens=budget,
+        )

@@ -1,0 +1,287 @@
+"""Multi-step rollouts: G trajectories per query stepped in lockstep, one batched engine call per step; one group of
+step samples per query.
+
+A multi-step env (:class:`~r3_rllib.envs.base.MultiStepEnv`) hands out independent episodes
+(``make_episode(query_id)``, e.g. :meth:`r3_rllib.envs.gridworld.GridWorldEnv.episode`): objects with ``prompt`` (the
+text of the next step's prompt), ``obs_key`` (the hashable observation HGPO groups by), ``done`` and
+``step(response_text) -> (next_prompt, reward, terminated, truncated, info)``. Every round gathers the prompts of all
+active episodes of all queries, samples one response each in ONE ``engine.generate`` call (so a batch of Q queries x
+G trajectories costs one call per step, not one per episode), and applies them. Rounds stop when every episode has
+ended or after ``max_steps``.
+
+Each step becomes a :class:`StepRecord` with what the learner (prompt, response, behaviour log-probs) and HGPO
+(trajectory, step index, observation key, discounted return) need; :func:`step_groups` turns them into training
+groups. No Ray here: the env runner calls this through :class:`MultiStepKind`, and so does the gridworld warm
+start's evaluation (:mod:`r3_rllib.warmstart.gridworld`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from r3_rllib.core.advantages import is_step_level
+from r3_rllib.core.hgpo import discounted_returns
+from r3_rllib.core.reflection import ReflectionSettings
+from r3_rllib.engines.base import GenerationEngine, SamplingParams
+from r3_rllib.envs.base import Episode, TextEnv, supports_episodes, supports_tool_episodes
+from r3_rllib.rollout.kinds.base import (
+    KindRollout,
+    RolloutKind,
+    env_label,
+    oldest_version,
+    ratio,
+    refuse_tool_settings,
+)
+from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
+from r3_rllib.types.samples import Group, Sample
+
+
+@dataclass
+class StepRecord:
+    """One step of one trajectory: a training sample of a multi-step task."""
+
+    query_id: str
+    traj_id: int  # 0 .. G-1 within its query
+    step: int  # 0 .. T-1 within its trajectory
+    obs_key: Any
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: np.ndarray  # behaviour log-probs of response_ids
+    entropies: np.ndarray  # the sampling distribution's entropy at each response token
+    response_text: str
+    finish_reason: str
+    reward: float
+    terminated: bool  # the env ended the episode at this step (goal reached)
+    truncated: bool  # the env's horizon, or the loop's max_steps, ended it here
+    discounted_return: float = 0.0
+    token_versions: np.ndarray | None = None  # partial rollouts: the policy version of each response token
+
+
+def rollout_multistep(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    make_episode: Callable[[str], Episode],
+    query_ids: Sequence[str],
+    group_size: int,
+    params: SamplingParams,
+    *,
+    gamma: float = 1.0,
+    max_steps: int | None = None,
+) -> list[StepRecord]:
+    """Roll out ``group_size`` trajectories of every query in lockstep; returns their steps, grouped by query, then
+    trajectory, then step (returns filled per trajectory with ``gamma``).
+
+    ``max_steps`` caps the rounds (an episode still running then has its last step marked ``truncated``); None
+    relies on the env's own horizon.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 or None, got {max_steps}")
+    if not query_ids:
+        raise ValueError("rollout_multistep needs at least one query")
+    episodes = [(qid, g, make_episode(qid)) for qid in query_ids for g in range(group_size)]
+    steps: list[list[StepRecord]] = [[] for _ in episodes]
+    rounds = 0
+    while True:
+        active = [i for i, (_, _, ep) in enumerate(episodes) if not ep.done]
+        if not active or (max_steps is not None and rounds >= max_steps):
+            break
+        prompts = [episodes[i][2].prompt for i in active]
+        keys = [episodes[i][2].obs_key for i in active]
+        prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        # A new seed every round: a seeded engine would otherwise draw from the same random stream at every step.
+        seed = None if params.seed is None else params.seed + rounds
+        results = engine.generate(prompt_ids, 1, replace(params, seed=seed))
+        for i, ids, key, result in zip(active, prompt_ids, keys, results, strict=True):
+            qid, g, ep = episodes[i]
+            completion = result[0]
+            _, reward, terminated, truncated, _ = ep.step(completion.text)
+            steps[i].append(
+                StepRecord(
+                    query_id=qid,
+                    traj_id=g,
+                    step=len(steps[i]),
+                    obs_key=key,
+                    prompt_ids=list(ids),
+                    response_ids=list(completion.token_ids),
+                    logprobs=np.asarray(completion.logprobs, dtype=np.float64),
+                    entropies=np.asarray(completion.entropies, dtype=np.float64),
+                    response_text=completion.text,
+                    finish_reason=completion.finish_reason,
+                    reward=float(reward),
+                    terminated=bool(terminated),
+                    truncated=bool(truncated),
+                    token_versions=completion.token_versions,
+                )
+            )
+        rounds += 1
+    for i, (_, _, ep) in enumerate(episodes):
+        if not ep.done and steps[i]:
+            steps[i][-1].truncated = True  # cut by max_steps
+    flat = [rec for traj in steps for rec in traj]
+    if flat:
+        returns = discounted_returns(
+            [r.reward for r in flat], [(r.query_id, r.traj_id) for r in flat], [r.step for r in flat], gamma
+        )
+        for rec, ret in zip(flat, returns, strict=True):
+            rec.discounted_return = float(ret)
+    return flat
+
+
+def episode_totals(records: Sequence[StepRecord]) -> dict[str, float]:
+    """What one rollout's trajectories add to the rollout metrics, as sums (beside ``base.rollout_totals``)."""
+    stats = episode_stats(records)
+    successes = stats["success_rate"] * stats["trajectories"]
+    return {
+        "episodes": stats["trajectories"],
+        "episode_successes": successes,
+        "episode_steps": stats["mean_length"] * stats["trajectories"],
+    }
+
+
+def episode_stats(records: Sequence[StepRecord]) -> dict[str, float]:
+    """Success rate (trajectories that ended ``terminated`` with a positive reward), their count, mean steps of the
+    successful ones, and mean trajectory length."""
+    trajs: dict[tuple[str, int], list[StepRecord]] = {}
+    for r in records:
+        trajs.setdefault((r.query_id, r.traj_id), []).append(r)
+    if not trajs:
+        raise ValueError("no steps to summarise")
+    wins = [len(t) for t in trajs.values() if t[-1].terminated and t[-1].reward > 0]
+    return {
+        "success_rate": len(wins) / len(trajs),
+        "steps_to_goal": float(np.mean(wins)) if wins else float("nan"),
+        "mean_length": float(np.mean([len(t) for t in trajs.values()])),
+        "trajectories": float(len(trajs)),
+        "successes": float(len(wins)),
+    }
+
+
+def step_groups(records: Sequence[StepRecord], policy_version: int) -> list[Group]:
+    """One training group per query: the steps of its G trajectories, each a :class:`Sample` carrying its
+    trajectory id, step index and observation key (what step-level estimators group by).
+
+    A step's ``reward`` is its own env reward (the estimator discounts with ``step_gamma``), ``correct`` says
+    whether its trajectory reached the goal, and ``truncated`` whether its response hit ``max_new_tokens``."""
+    success = {
+        (r.query_id, r.traj_id): r.terminated and r.reward > 0 for r in records if r.terminated or r.truncated
+    }
+    by_query: dict[str, list[Sample]] = {}
+    for r in records:
+        by_query.setdefault(r.query_id, []).append(
+            Sample(
+                query_id=r.query_id,
+                prompt_ids=list(r.prompt_ids),
+                response_ids=list(r.response_ids),
+                behavior_logprobs=np.asarray(r.logprobs, dtype=np.float32),
+                entropies=np.asarray(r.entropies, dtype=np.float32),
+                reward=float(r.reward),
+                correct=success.get((r.query_id, r.traj_id), False),
+                truncated=r.finish_reason == "length",
+                # Partial rollouts: a step sampled after a weight pull counts under its own oldest token.
+                policy_version=oldest_version(r.token_versions, policy_version),
+                token_versions=r.token_versions,
+                response_text=r.response_text,
+                trajectory_id=f"{r.query_id}#{r.traj_id}",
+                step_index=r.step,
+                obs_key=r.obs_key,
+            )
+        )
+    return [Group(query_id=qid, samples=samples) for qid, samples in by_query.items()]
+
+
+class MultiStepKind(RolloutKind[StepRecord]):
+    """A multi-step env (``episode(query_id)``), rolled out as lockstep trajectories of step samples and trained
+    with a step-level estimator (HGPO). No reflection prompts: they are single-step."""
+
+    name = "multi-step"
+
+    @classmethod
+    def matches(cls, env: Any) -> bool:
+        return supports_episodes(env) and not supports_tool_episodes(env)
+
+    def sample(
+        self, ctx: RolloutContext, num_queries: int, reflection: ReflectionSettings | None
+    ) -> KindRollout:
+        """G trajectories of each of the next `num_queries` queries, one engine call per step."""
+        query_ids = [ctx.env.reset()[1]["query_id"] for _ in range(num_queries)]
+        t_gen = time.perf_counter()
+        records = self._rollout(ctx, ctx.env, query_ids, ctx.config.group_size, ctx.sampling_params())
+        gen_s = time.perf_counter() - t_gen  # env steps included: the gridworld's take microseconds
+        ctx.generation_done()
+        groups = self.to_groups(records, ctx.engine.version)
+        check_finite_rewards(groups, ctx.env_name)  # before the totals (they refuse NaN, unnamed)
+        tokens = sum(len(r.response_ids) for r in records)
+        return KindRollout(groups, (gen_s, 0.0), tokens, self.totals(groups, records))
+
+    def to_groups(
+        self, records: Sequence[StepRecord], policy_version: int, *, is_reflection: bool = False
+    ) -> list[Group]:
+        return step_groups(records, policy_version)
+
+    def record_totals(self, records: Sequence[StepRecord]) -> dict[str, float]:
+        return episode_totals(records)
+
+    @classmethod
+    def means(cls, totals: Mapping[str, float]) -> dict[str, float]:
+        """Per trajectory (samples are steps): success rate and mean length."""
+        if not totals.get("episodes"):
+            return {}
+        return {
+            "episode_success_rate": ratio(totals, "episode_successes", "episodes"),
+            "episode_len_mean": ratio(totals, "episode_steps", "episodes"),
+        }
+
+    def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
+        """A step-level estimator (one declaring sample inputs, as 'hgpo'), no tool settings."""
+        name = config.advantage_estimator
+        if not is_step_level(name):
+            raise ValueError(
+                f"env {env_label(config)!r} is multi-step (it hands out episodes); advantage_estimator {name!r} "
+                "scores single responses: use a step-level estimator, e.g. advantage_estimator='hgpo' "
+                "(hgpo_setting 'hgpo', 'gigpo' or 'episode_grpo')"
+            )
+        refuse_tool_settings(config, defaults)
+
+    def evaluate(
+        self,
+        ctx: RolloutContext,
+        env: TextEnv,
+        first: Sequence[tuple[str, dict]],
+        per_query: int,
+        params: SamplingParams,
+    ) -> dict[str, float]:
+        """Successes, trajectory lengths and steps of the successful trajectories, `per_query` trajectories each."""
+        query_ids = [info["query_id"] for _, info in first]
+        counts = {"queries": float(len(query_ids)), "samples": 0.0, "correct": 0.0}
+        counts |= {"length_sum": 0.0, "goal_steps_sum": 0.0}
+        if not query_ids:
+            return counts
+        stats = episode_stats(self._rollout(ctx, env, query_ids, per_query, params))
+        wins = stats["successes"]
+        counts["samples"] = stats["trajectories"]
+        counts["correct"] = wins
+        counts["length_sum"] = stats["mean_length"] * stats["trajectories"]
+        counts["goal_steps_sum"] = stats["steps_to_goal"] * wins if wins else 0.0
+        return counts
+
+    @staticmethod
+    def _rollout(
+        ctx: RolloutContext, env: Any, query_ids: list[str], group_size: int, params: SamplingParams
+    ) -> list[StepRecord]:
+        return rollout_multistep(
+            ctx.engine,
+            ctx.tokenizer,
+            env.episode,
+            query_ids,
+            group_size,
+            params,
+            gamma=ctx.config.step_gamma,
+            max_steps=ctx.config.max_episode_steps,
+        )
