@@ -1,0 +1,165 @@
+"""The rollout-kind interface: what every kind of env (single-step, multi-step, multi-turn tool use) supplies to the
+env runner, and what the kinds share.
+
+A :class:`RolloutKind` turns an env's queries into training groups (:meth:`~RolloutKind.sample`), scores held-out
+queries (:meth:`~RolloutKind.evaluate`), converts its own records into groups (:meth:`~RolloutKind.to_groups`), sums
+its rollout statistics (:meth:`~RolloutKind.totals`, reported by :meth:`~RolloutKind.means`) and refuses settings
+that do not fit it (:meth:`~RolloutKind.check_config`). The runner chooses the kind once, from its env
+(``kinds.kind_for_env``), and calls only this interface. What the kinds share at rollout time (the engine, the
+sampling parameters, reflection prompts, scoring with ``env.step``) is the :class:`~context.RolloutContext`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
+
+import numpy as np
+
+from r3_rllib.core.advantages import group_is_degenerate, is_step_level
+from r3_rllib.types.samples import Group
+
+if TYPE_CHECKING:
+    from r3_rllib.core.reflection import ReflectionSettings
+    from r3_rllib.engines.base import SamplingParams
+    from r3_rllib.envs.base import TextEnv
+    from r3_rllib.rollout.kinds.context import RolloutContext
+
+#: A kind's own record of one rollout (a prompt's scored responses, a step, a trajectory).
+RecordT = TypeVar("RecordT")
+
+
+class KindRollout(NamedTuple):
+    """One rollout of a kind: its groups, ``(generate_s, grade_s)``, the tokens generated and the totals."""
+
+    groups: list[Group]
+    timings: tuple[float, float]
+    generated_tokens: int
+    totals: dict[str, float]
+
+
+class RolloutKind(ABC, Generic[RecordT]):
+    """One kind of rollout (see the module docstring); subclasses are stateless."""
+
+    #: The kind's name, as logs and errors give it.
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def matches(cls, env: Any) -> bool:
+        """Whether ``env`` is rolled out as this kind (the kinds are mutually exclusive)."""
+
+    @abstractmethod
+    def sample(
+        self, ctx: RolloutContext, num_queries: int, reflection: ReflectionSettings | None
+    ) -> KindRollout:
+        """Groups of the next ``num_queries`` queries of ``ctx.env`` (plus reflection groups where the kind has
+        them and ``reflection`` is given)."""
+
+    @abstractmethod
+    def evaluate(
+        self,
+        ctx: RolloutContext,
+        env: TextEnv,
+        first: Sequence[tuple[str, dict]],
+        per_query: int,
+        params: SamplingParams,
+    ) -> dict[str, float]:
+        """Held-out counts (``queries``, ``samples``, ``correct``; the kind may add sums) on the queries of
+        ``first`` ((observation, info) of ``env.reset()``), ``per_query`` responses or trajectories each."""
+
+    @abstractmethod
+    def to_groups(
+        self, records: Sequence[RecordT], policy_version: int, *, is_reflection: bool = False
+    ) -> list[Group]:
+        """The training groups of this kind's records, sampled by the engine at ``policy_version``."""
+
+    def record_totals(self, records: Sequence[RecordT]) -> dict[str, float]:
+        """What the kind's records add to :func:`rollout_totals`, as sums. Default: nothing."""
+        return {}
+
+    def totals(self, groups: Sequence[Group], records: Sequence[RecordT]) -> dict[str, float]:
+        """One rollout's statistics as sums: :func:`rollout_totals` of its groups and the kind's own."""
+        return {**rollout_totals(groups), **self.record_totals(records)}
+
+    @classmethod
+    def means(cls, totals: Mapping[str, float]) -> dict[str, float]:
+        """The reported metrics of the kind's own totals (merged over runners and rounds). Default: none."""
+        return {}
+
+    def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
+        """Refuse settings that do not fit this kind (``defaults``: every setting's default value). Default, a kind
+        that scores single responses without tools: no step-level estimator, no tool settings."""
+        refuse_step_level_estimator(config)
+        refuse_tool_settings(config, defaults)
+
+
+def env_label(config: Any) -> str:
+    """The configured env as errors name it."""
+    return config.env if isinstance(config.env, str) else getattr(config.env, "__name__", str(config.env))
+
+
+def refuse_step_level_estimator(config: Any) -> None:
+    """A step-level estimator (one reading step identities, as 'hgpo') on an env that is not multi-step."""
+    name = config.advantage_estimator
+    if is_step_level(name):
+        raise ValueError(
+            f"advantage_estimator {name!r} needs a multi-step env (one with episode(query_id), e.g. "
+            f"'gridworld'); env {env_label(config)!r} is single-step"
+        )
+
+
+def refuse_tool_settings(config: Any, defaults: Mapping[str, Any]) -> None:
+    """``max_tool_turns``/``max_trajectory_tokens`` shape multi-turn tool trajectories only: set for an env without
+    ``tool_episode`` they would be silently ignored, so refuse them there."""
+    changed = [
+        f"{name}={getattr(config, name)!r}"
+        for name in ("max_tool_turns", "max_trajectory_tokens")
+        if getattr(config, name) != defaults[name]
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} only apply to multi-turn tool envs (ones with tool_episode(query_id), e.g. "
+            f"'python_tool'); env {env_label(config)!r} has none: leave them at their defaults"
+        )
+
+
+def oldest_version(token_versions: np.ndarray | None, call_version: int) -> int:
+    """The version a sample is counted under: its oldest token's (partial rollouts), else the call's."""
+    return (
+        int(token_versions.min()) if token_versions is not None and len(token_versions) else int(call_version)
+    )
+
+
+def rollout_totals(groups: Sequence[Group]) -> dict[str, float]:
+    """What one rollout's groups add to the iteration's rollout metrics, as sums (and maxima) that combine across
+    EnvRunners and dynamic-sampling rounds (``algorithms/r3/groups.py``'s ``merge_rollout_totals`` and
+    ``rollout_means``). Fresh groups make the sample statistics; reflection groups are counted apart. Rewards are
+    the env's (before any ranking reward)."""
+    fresh = [s for g in groups if not g.is_reflection for s in g.samples]
+    reflected = [s for g in groups if g.is_reflection for s in g.samples]
+    with_entropy = [float(np.mean(s.entropies)) for s in fresh if len(s.entropies)]
+    return {
+        "samples": float(len(fresh)),
+        "correct": float(sum(s.correct for s in fresh)),
+        "reward": float(sum(s.env_reward for s in fresh)),
+        "response_tokens": float(sum(len(s.response_ids) for s in fresh)),
+        "response_len_max": float(max((len(s.response_ids) for s in fresh), default=0)),
+        "truncated": float(sum(s.truncated for s in fresh)),
+        "entropy": float(sum(with_entropy)),
+        "entropy_samples": float(len(with_entropy)),
+        "groups": float(sum(not g.is_reflection for g in groups)),
+        # On the env's rewards, before replay or ranking could repair the group.
+        "degenerate_groups": float(
+            sum(group_is_degenerate([s.env_reward for s in g.samples]) for g in groups if not g.is_reflection)
+        ),
+        "reflection_groups": float(sum(g.is_reflection for g in groups)),
+        "reflection_samples": float(len(reflected)),
+        "reflection_correct": float(sum(s.correct for s in reflected)),
+    }
+
+
+def ratio(totals: Mapping[str, float], num: str, den: str) -> float:
+    """``totals[num] / totals[den]``, 0 where the denominator is missing or 0 (nothing was sampled)."""
+    return totals.get(num, 0.0) / totals[den] if totals.get(den) else 0.0
