@@ -45,6 +45,7 @@ e2e_faults=(
   tests/e2e/test_chaos.py tests/e2e/test_faults.py tests/e2e/test_checkpoint_integrity.py
   tests/e2e/test_ray_security.py tests/e2e/test_distributed_and_checkpoint.py
   tests/e2e/test_plugins.py   # two learner actors (~2 min): here, the process that finishes first
+  tests/e2e/test_engine_plugin.py   # an engine from a package installed in the test, its own Ray (~50 s)
 )
 unit_log="$(mktemp)"
 long_log="$(mktemp)"
