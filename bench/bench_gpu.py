@@ -40,6 +40,8 @@ from typing import Any
 import common
 import numpy as np
 
+from r3_rllib.types import TrainingBatch
+
 #: DeepSeek-R1-Distill-Qwen-1.5B's architecture (its config.json), random weights.
 R1_DISTILL_1P5B = dict(
     vocab_size=151936,
@@ -176,7 +178,7 @@ def part_precision(sizes: Sizes) -> dict[str, Any]:
         params = [p for p in learner.policy.parameters() if p.requires_grad]
         before = [p.detach().clone() for p in params]
         samples = _samples(16, 8, 8, learner.policy.config.vocab_size)
-        learner.update_from_samples(samples, seed=0)
+        learner.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
         moved = sum(int((p.detach() != b).sum()) for p, b in zip(params, before, strict=True))
         out[dtype] = {
             "param_dtype": str(params[0].dtype),
@@ -322,7 +324,7 @@ def _timed_updates(learner, samples: list, reps: int) -> tuple[list[float], dict
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        metrics = learner.update_from_samples(samples, seed=0)
+        metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)

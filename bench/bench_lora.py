@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import common
 
+from r3_rllib.types import TrainingBatch
+
 MODES = {"full fine-tuning": 0, "LoRA": None}  # None: --rank
 
 
@@ -77,11 +79,13 @@ def run_child(args: argparse.Namespace) -> dict:
     )
     vocab = int(learner.policy.config.vocab_size)
     samples = _samples(args.samples, args.prompt, args.response, vocab, seed=0)
-    learner.update_from_samples(samples, seed=0)  # warm-up: AdamW's state is allocated here
+    learner.update_from_samples(
+        TrainingBatch.from_samples(samples), seed=0
+    )  # warm-up: AdamW's state is allocated here
     times, peaks = [], []
     for i in range(args.updates):
         t0 = time.perf_counter()
-        metrics = learner.update_from_samples(samples, seed=i + 1)
+        metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=i + 1)
         times.append(time.perf_counter() - t0)
         peaks.append(metrics["peak_rss_gb"])
     if learner._lora is not None:

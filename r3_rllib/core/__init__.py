@@ -1,5 +1,5 @@
 """Pure algorithm pieces (numpy / torch, no Ray): advantages, policy losses, structural-entropy ranking, reflection
-prompts, HGPO's step advantages, R^2PO's rarity reward and stage schedule, reward shaping. Each concept lives in its own
+prompts, HGPO's step advantages, reward shaping, the training-method seam (``method.py``). Each concept lives in its own
 module; estimators and losses are chosen by name through small registries (``registry.py``)."""
 
 # Names resolve on first use (PEP 562): importing one module of core (e.g. the registry, from a Ray-free
@@ -12,18 +12,13 @@ from typing import Any
 _HOMES: dict[str, str] = {
     "ADVANTAGE_FNS": "advantages",
     "AGG_MODES": "losses",
-    "BASE_STAGE": "rollout_schedule",
     "COMPACT_REFLECTION_TEMPLATE": "reflection",
     "DEFAULT_REFLECTION_GUIDANCE": "reflection",
     "DEFAULT_REFLECTION_TEMPLATE": "reflection",
-    "DEFAULT_SKIP_RANGE": "rarity",
-    "HEAD_STAGE": "rollout_schedule",
     "HGPO_SETTINGS": "hgpo",
     "KL_KINDS": "losses",
     "LOSS_FNS": "losses",
     "ReflectionSettings": "reflection",
-    "StagePosition": "rollout_schedule",
-    "active_stage": "rollout_schedule",
     "aggregate_loss": "losses",
     "apply_batch_step": "advantages",
     "build_reflection_prompt": "reflection",
@@ -49,16 +44,12 @@ _HOMES: dict[str, str] = {
     "kl_penalty": "losses",
     "mixed_group_advantages": "advantages",
     "rank_rewards": "ranking",
-    "rarity_rewards": "rarity",
     "register_advantage": "advantages",
     "register_loss": "losses",
     "reinforce_plus_plus_advantages": "advantages",
     "reinforce_plus_plus_baseline_advantages": "advantages",
-    "reward_frequencies": "rarity",
     "rloo_advantages": "advantages",
     "select_reflection_queries": "reflection",
-    "skip_flat_group": "rarity",
-    "stage_position": "rollout_schedule",
     "strip_think": "reflection",
     "structural_entropy_rewards": "ranking",
     "token_whiten": "advantages",

@@ -19,7 +19,6 @@ from r3_rllib.models.rollout_head import (
     rollout_logits_enabled,
     rollout_token_logprobs,
     save_rollout_head,
-    set_stage_trainable,
 )
 from r3_rllib.models.tiny import (
     build_tiny_model,
@@ -54,7 +53,6 @@ __all__ = [
     "rollout_logits_enabled",
     "rollout_token_logprobs",
     "save_rollout_head",
-    "set_stage_trainable",
     "build_tiny_model",
     "build_tiny_model_for_tokenizer",
     "build_tiny_tokenizer",

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from r3_rllib.core.logprobs import LOGIT_TRANSFORMS, token_logprobs
-from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, STAGES, Stage
 
 #: Attribute (and ``state_dict`` prefix without the dot) of an attached head on the HF model.
 ROLLOUT_HEAD_ATTR = "rollout_head"
@@ -268,33 +267,6 @@ def split_rollout_head_state(
     return base, head
 
 
-# -- which part trains: R^2PO's stages ------------------------------------------------------------------------------
-def set_stage_trainable(model: nn.Module, stage: Stage) -> tuple[int, int]:
-    """Set ``requires_grad`` for ``stage``: ``"A"`` trains the head only, ``"B"`` the base policy only.
-
-    Frozen parameters get no gradient, and torch optimizers skip parameters whose ``grad`` is None, so one optimizer
-    over all parameters can serve both stages provided gradients are cleared with ``zero_grad(set_to_none=True)``
-    (torch's default) between steps. Returns ``(trainable, frozen)`` parameter counts (elements).
-    """
-    if stage not in STAGES:
-        raise ValueError(
-            f"stage must be one of {tuple(map(str, STAGES))} ({HEAD_STAGE}: head, {BASE_STAGE}: base), got {stage!r}"
-        )
-    head = get_rollout_head(model)
-    if head is None:
-        raise ValueError("the model has no rollout head attached (attach_rollout_head)")
-    head_ids = {id(p) for p in head.parameters()}
-    trainable = frozen = 0
-    for p in model.parameters():  # tied weights appear once
-        on = (id(p) in head_ids) == (stage == HEAD_STAGE)
-        p.requires_grad_(on)
-        if on:
-            trainable += p.numel()
-        else:
-            frozen += p.numel()
-    return trainable, frozen
-
-
 # -- log-probs of given tokens ----------------------------------------------------------------------------------------
 def rollout_token_logprobs(
     model: nn.Module,
@@ -319,7 +291,7 @@ def rollout_token_logprobs(
 
     ``head``: default the attached one. The result does not depend on :func:`rollout_logits_enabled` (the hook is
     off during the call). Gradients flow to both the base and the head through both results;
-    :func:`set_stage_trainable` decides which of them get any.
+    ``requires_grad`` decides which of them get any (R^2PO's stages: :func:`r3_rllib.r2po.method.set_stage_trainable`).
     """
     if not (isinstance(temperature, (int, float)) and 0 < temperature < float("inf")):
         raise ValueError(

@@ -12,6 +12,7 @@ from algo_checks import assert_runner_scores_like_learner
 from numeric import f32_tol, forward_atol, logprob_bound
 
 from r3_rllib import R3Config
+from r3_rllib.types import TrainingBatch
 
 pytestmark = pytest.mark.slow
 
@@ -221,7 +222,7 @@ def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_ran
     its tokens count in the token mean. Hand-computed on the learner: one update is one optimizer step, so the
     ratio is exactly 1 and pg_loss = -sum_i A_i |o_i| / (tokens in the batch)."""
     from r3_rllib.algorithms.r3.groups import build_training_batch
-    from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
+    from r3_rllib.core.iteration import IterationSettings
     from r3_rllib.types.samples import Group, Sample
 
     def sample(qid, reward, n_tokens):
@@ -248,9 +249,13 @@ def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_ran
     try:
         grpo = dict(advantage_estimator="grpo", advantage_params={"eps": 0.0})
         kept, _ = build_training_batch(groups(), IterationSettings(**grpo, keep_zero_advantage=True))
-        with_kl = algo.learner_call(lambda lr, b=kept: lr.update_from_samples(b, seed=0))[0]
+        with_kl = algo.learner_call(
+            lambda lr, b=kept: lr.update_from_samples(TrainingBatch.from_samples(b), seed=0)
+        )[0]
         dropped, _ = build_training_batch(groups(), IterationSettings(**grpo))
-        without = algo.learner_call(lambda lr, b=dropped: lr.update_from_samples(b, seed=0))[0]
+        without = algo.learner_call(
+            lambda lr, b=dropped: lr.update_from_samples(TrainingBatch.from_samples(b), seed=0)
+        )[0]
         assert with_kl["trained_tokens"] == 8 and without["trained_tokens"] == 4
         # By hand: per-token terms -A r = -+1 (A = +-1, r = 1), a float32 token mean: a few ulps of the largest term.
         # Collapsed groups left out of the denominator would give -(3 - 1) / 4 for both.

@@ -67,7 +67,7 @@ def _assert_runner_2_comes_back(algo, position: dict, sampled_before: float) -> 
     assert restored == [2]
     # Right after the restore, before any new update, the restarted runner holds the learner's weights.
     versions = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
-    learner_version = algo.learner_call(lambda lr: lr._policy_version)[0]
+    learner_version = algo.learner_call(lambda lr: lr.policy_state.version)[0]
     assert learner_version >= 1 and versions == [learner_version, learner_version]
     [resumed_at] = algo.env_runner_group.foreach_env_runner(
         lambda r: r.env.state(), remote_worker_ids=[2], local_env_runner=False

@@ -142,7 +142,7 @@ def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_
             [version] = algo.env_runner_group.foreach_env_runner(
                 lambda r: r.engine.version, local_env_runner=False
             )
-            assert version == algo.learner_call(lambda lr: lr._policy_version)[0]
+            assert version == algo.learner_call(lambda lr: lr.policy_state.version)[0]
             _restarted_before_the_next_request(algo, after)
     finally:
         algo.stop()
@@ -170,7 +170,7 @@ def _restarted_before_the_next_request(algo, position: dict) -> None:
     [after] = algo.env_runner_group.foreach_env_runner(lambda r: r.env.state(), local_env_runner=False)
     assert after["cursor"] == position["cursor"] + QUERIES  # not QUERIES from the start of the data
     [version] = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
-    assert version == algo.learner_call(lambda lr: lr._policy_version)[0]
+    assert version == algo.learner_call(lambda lr: lr.policy_state.version)[0]
     assert sampled > 0
 
 

@@ -17,7 +17,7 @@ def _config(**fields):
 
 
 def test_the_defaults_are_todays_token_level_truncated_weight():
-    from r3_rllib.algorithms.r3.r2po import stage_correction
+    from r3_rllib.r2po.method import stage_correction
 
     cfg = _config()
     assert config_errors(cfg) == []
@@ -73,7 +73,7 @@ def test_consistent_corrections_pass(fields):
 
 
 def test_stage_b_follows_its_own_weight_switch_and_keeps_rejection():
-    from r3_rllib.algorithms.r3.r2po import stage_correction
+    from r3_rllib.r2po.method import stage_correction
 
     cfg = _config(rollout_rs="token", rollout_head_stage_b_weight="none", is_cap=3.0, rollout_is="sequence")
     b, a = stage_correction(cfg, "B"), stage_correction(cfg, "A")

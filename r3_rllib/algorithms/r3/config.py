@@ -33,13 +33,13 @@ from ray.rllib.utils.annotations import override
 from ray.util import log_once
 
 from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of
-from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
 from r3_rllib.config.presets import recipe_values
 from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
+from r3_rllib.r2po.method import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 
 #: Rules of R3Settings fields whose choices are constants of this package (R^2PO's), checked with the others.
 ALGORITHM_FIELD_RULES = {"rollout_head_stage_b_weight": Rule(choices=STAGE_B_WEIGHTS)}

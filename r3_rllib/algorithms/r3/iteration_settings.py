@@ -1,60 +1,18 @@
-"""`IterationSettings`: everything one iteration reads from the config, frozen, built by one function.
+"""Building `IterationSettings` (:mod:`r3_rllib.core.iteration`) from the config: one function.
 
-The config is the user's description of the whole run; an iteration needs a narrower, settled view: which R^3 parts
-are on *now* (after their start epochs), the advantage estimator with the parameters it declared
-(:mod:`r3_rllib.core.registry`), and the reflection settings the EnvRunners render prompts with. Building that view
-in one place (:func:`iteration_settings`) keeps the loop free of per-field plumbing: a new estimator or R^3 option
-adds a field here and nothing in ``training_step``.
+Building the settled view of an iteration in one place (:func:`iteration_settings`) keeps the loop free of per-field
+plumbing: a new estimator or R^3 option adds a field here and nothing in ``training_step``; the method's phase of the
+iteration comes from the method the config selects (:func:`r3_rllib.core.method.method_for`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from r3_rllib.core.advantages import ADVANTAGE_FNS, has_batch_step
+from r3_rllib.core.iteration import IterationSettings, estimator_settings
+from r3_rllib.core.method import method_for
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, ReflectionSettings
 from r3_rllib.core.reward_shaping import OverlongShaping
-from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, Stage, active_stage
-
-#: Config value of ``rollout_head_first_stage`` -> the schedule's stage.
-FIRST_STAGES: dict[str, Stage] = {"head": HEAD_STAGE, "base": BASE_STAGE}
-
-
-@dataclass(frozen=True)
-class IterationSettings:
-    """The settled settings of one iteration (see :func:`iteration_settings`)."""
-
-    replay: bool = False
-    """Cross-context replay is on: collapsed fresh groups ask the replay actor for ``replay_k`` past samples."""
-    replay_k: int = 2
-    ranking: bool = False
-    """Structural-entropy ranking rewards for all-wrong groups."""
-    ranking_p: float = 0.1
-    ranking_r_max: float = 0.5
-    reflection: ReflectionSettings | None = None
-    """How the runners add reflection prompts; None while reflection is off."""
-    advantage_estimator: str = "grpo"
-    advantage_params: dict[str, Any] = field(default_factory=dict)
-    """The keyword arguments the estimator declared it reads from the config."""
-    batch_step: str | None = None
-    """The estimator whose batch step (e.g. REINFORCE++'s token whitening) the batch builder applies after the per-group
-    pass: the estimator's own name, kept as the base's under R^2PO's stage-B wrapper; None: no batch step."""
-    batch_step_params: dict[str, Any] = field(default_factory=dict)
-    """The keyword arguments the batch step declared it reads from the config."""
-    keep_zero_advantage: bool = False
-    """Keep groups whose advantages are all zero in the batch (set when kl_coef > 0: they add KL, no policy
-    gradient; see groups.py)."""
-    overlong: OverlongShaping | None = None
-    """DAPO's soft overlong penalty added to every trained sample's reward before advantages; None while off."""
-    stage: Stage | None = None
-    """The R^2PO stage of the iteration (what the learner trains: head or base); None without a rollout head."""
-
-    @property
-    def active_parts(self) -> tuple[str, ...]:
-        """The R^3 parts on in this iteration, in the paper's order (for logs and benchmarks)."""
-        on = {"replay": self.replay, "reflection": self.reflection is not None, "ranking": self.ranking}
-        return tuple(name for name, active in on.items() if active)
 
 
 def iteration_settings(
@@ -64,7 +22,7 @@ def iteration_settings(
 
     ``config`` is an :class:`~r3_rllib.algorithms.r3.config.R3Config` (any object with its fields). A part is on
     when its switch is set and ``dataset_epoch`` has reached its ``*_start_epoch``. ``iteration`` (0-based) sets
-    the R^2PO stage (:func:`iteration_stage`); None leaves it unset."""
+    the training phase (the selected method's, :meth:`~r3_rllib.core.method.Method.phase`); None leaves it unset."""
     reflection = None
     if config.reflection and dataset_epoch >= config.reflection_start_epoch:
         reflection = ReflectionSettings(
@@ -87,33 +45,8 @@ def iteration_settings(
         **estimator_settings(config.advantage_estimator, config),
         keep_zero_advantage=config.kl_coef > 0,
         overlong=overlong_shaping(config),
-        stage=iteration_stage(config, iteration) if iteration is not None else None,
+        phase=method_for(config).phase(config, iteration) if iteration is not None else None,
     )
-
-
-def iteration_stage(config: Any, iteration: int) -> Stage | None:
-    """The R^2PO stage of 0-based training ``iteration`` (None when ``config.rollout_head`` is off). A function of
-    the iteration count alone, so a restored run resumes in its stage."""
-    if not config.rollout_head:
-        return None
-    return active_stage(
-        iteration,
-        head_iters=config.rollout_head_head_iters,
-        base_iters=config.rollout_head_base_iters,
-        first=FIRST_STAGES[config.rollout_head_first_stage],
-    )
-
-
-def estimator_settings(name: str, config: Any) -> dict[str, Any]:
-    """The :class:`IterationSettings` fields of advantage estimator ``name``: its name, the parameters it declared,
-    and its batch step (if it declares one) with that step's parameters."""
-    step = name if has_batch_step(name) else None
-    return {
-        "advantage_estimator": name,
-        "advantage_params": ADVANTAGE_FNS.params_from(name, config),
-        "batch_step": step,
-        "batch_step_params": ADVANTAGE_FNS.batch_params_from(name, config) if step else {},
-    }
 
 
 def overlong_shaping(config: Any) -> OverlongShaping | None:

@@ -11,7 +11,11 @@ by *global* token/sequence counts so any number of learners computes the same gr
 This module holds the update loop; the pieces it drives live beside it: the RLModule and batch packing
 (`rl_module.py`), scoring (`r3_rllib.core.logprobs`), micro-batch planning (`r3_rllib.core.batching`), memory
 diagnostics (`learner_memory.py`), collectives (`distributed.py`), the KL term and its reference model
-(`learner_kl.py`) and the policy's weights, export and DCP checkpoints (`learner_state.py`).
+(`learner_kl.py`) and the policy's weights, export and DCP checkpoints (`learner_state.py`, held as `policy_state`).
+
+What a training method changes (`r3_rllib.core.method`) reaches the update through two objects: the method's
+`LearnerExtras`, built once (optimizer parameter groups, scoring arguments, extra metrics), and the `TrainingPhase`
+each update is given (which parameters train, which logits are scored, the KL term, the rollout correction).
 """
 
 from __future__ import annotations
@@ -41,14 +45,13 @@ from r3_rllib.algorithms.r3.distributed import (
 from r3_rllib.algorithms.r3.learner_kl import KLTermMixin, RowCache, agg_count, fit_row, kl_weight_ratio
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
-from r3_rllib.algorithms.r3.learner_state import PolicyStateMixin
-from r3_rllib.algorithms.r3.r2po import KLTerm, stage_correction
+from r3_rllib.algorithms.r3.learner_state import PolicyState, state_method
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
 from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chunks, token_budget_chunks
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
-from r3_rllib.core.rollout_schedule import HEAD_STAGE, Stage
+from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
 from r3_rllib.models.dtypes import resolve_dtype
 from r3_rllib.types import TrainingBatch
 
@@ -59,15 +62,27 @@ class _StepContext:
 
     denom: int  # the minibatch's global token (token-mean) or sequence count: the loss normaliser
     loss_params: dict[str, Any]
-    kl: KLTerm  # the stage's KL term (learner_kl.py)
+    kl: KLTerm  # the phase's KL term (learner_kl.py)
     kl_denom: int  # the minibatch's count in the KL term's aggregation mode
     correction: mismatch.RolloutCorrection  # behaviour importance weight, rejection, veto (core/mismatch.py)
     old_lp: RowCache | None  # proximal log-probs of rows scored already (None: one optimizer step only)
     ref_lp: RowCache | None  # reference log-probs likewise
 
 
-class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
+class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
     """Trains the policy on `TrainingBatch`es with advantages (see module docstring)."""
+
+    # The policy's state outside the update (learner_state.py; the collective ones: call them on every rank).
+    full_state_dict = state_method("full_state_dict")
+    adapter_state_dict = state_method("adapter_state_dict")
+    weights_ref = state_method("weights_ref")
+    sync_nbytes = state_method("sync_nbytes")
+    export_hf = state_method("export_hf")
+    save_dcp = state_method("save_dcp")
+    load_dcp = state_method("load_dcp")
+    parameter_checksum = state_method("parameter_checksum")
+    optimizer_checksum = state_method("optimizer_checksum")
+    head_checksum = state_method("head_checksum")
 
     # -- building -----------------------------------------------------------------------------------------------
     @override(TorchLearner)
@@ -91,22 +106,22 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         # under the same one. T = 0 (greedy) is for evaluation only and is never trained on: score at T = 1 then.
         self._temperature = float(self.config.temperature) if self.config.temperature > 0 else 1.0
         self._place_policy(policy)
-        from r3_rllib.models.rollout_head import get_rollout_head
-
-        # R^2PO: the attached head (None without one). After sharding: its parameters are then the DTensors the
+        # The method's learner-side pieces, after sharding: the parameters they hold are then the DTensors the
         # optimizer holds.
-        self._rollout_head = get_rollout_head(policy)
-        self._stage: Stage | None = None  # the R^2PO stage of the update in progress (update_from_samples)
+        self._method = method_for(self.config)
+        self._extras = self._method.learner_extras(policy, self.config)
+        self._trainable_at_build = {id(p) for p in policy.parameters() if p.requires_grad}
+        self._phase: TrainingPhase = (
+            DEFAULT_PHASE  # the phase of the update in progress (update_from_samples)
+        )
         self._optimizer = torch.optim.AdamW(
-            _param_groups(
-                policy, self._rollout_head, self.config.lr, getattr(self.config, "rollout_head_lr", None)
-            ),
-            lr=self.config.lr,
-            weight_decay=self.config.weight_decay,
+            self._extras.param_groups(policy), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
         self._reference = self._load_reference()  # None unless a KL term compares with it (learner_kl.py)
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
-        self._policy_version = 0
+        self.policy_state = PolicyState(
+            policy, self._optimizer, rank=self._rank, world=self._world, config=self.config, lora=self._lora
+        )
         self._peak_memory = PeakMemory(self._device)
         self._is_built = True
 
@@ -138,18 +153,35 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         gradients once per optimizer step (`average_gradients`). DDP would all-reduce in every backward, i.e. per
         micro-batch, and hang when ranks run different numbers of passes."""
 
-    # -- training -----------------------------------------------------------------------------------------------
-    def update_from_samples(self, batch: Any, *, seed: int, stage: Stage | None = None) -> dict[str, float]:
-        """PPO-style epochs over `batch` (a `TrainingBatch`, an ObjectRef to one, or a list of Samples, converted
-        first); returns metrics (same on every rank: losses are reduced over ranks).
+    # -- RLlib's learner state: the policy version only --------------------------------------------------------
+    @override(TorchLearner)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        # Weights and optimizer state are saved with DCP (save_dcp), not through RLlib's pickled state.
+        return {"policy_version": self.policy_state.version if self._is_built else 0}
 
-        `stage` (R^2PO, with a rollout head attached): "A" trains only the head on rollout log-probs (head on), "B"
-        only the base on base log-probs; the other part's parameters get no gradient, and AdamW leaves parameters
-        without one untouched (moments, weight decay and all), so they stay bit-identical. None: no stage (plain
-        training; an attached head then gets no gradient, as base logits do not involve it)."""
-        batch = _training_batch(batch)
+    @override(TorchLearner)
+    def set_state(self, state: dict) -> None:
+        if "policy_version" in state:
+            self.policy_state.version = int(state["policy_version"])
+
+    @override(TorchLearner)
+    def get_checkpointable_components(self):
+        return []
+
+    # -- training -----------------------------------------------------------------------------------------------
+    def update_from_samples(
+        self, batch: TrainingBatch | ray.ObjectRef, *, seed: int, phase: TrainingPhase | None = None
+    ) -> dict[str, float]:
+        """PPO-style epochs over `batch` (a `TrainingBatch` or an ObjectRef to one); returns metrics (same on every
+        rank: losses are reduced over ranks).
+
+        `phase` (the method's, `r3_rllib.core.method`): which parameters train and which logits are scored, its KL
+        term and rollout correction. The parameters it does not train get no gradient, and AdamW leaves parameters
+        without one untouched (moments, weight decay and all), so they stay bit-identical. None: the default phase
+        (every parameter trainable at build, base logits)."""
+        batch = _fetched(batch)
         cfg = self.config
-        self._set_stage(stage)
+        self._set_phase(phase or DEFAULT_PHASE)
         t0 = time.perf_counter()
         self._peak_memory.reset()
         self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
@@ -194,9 +226,8 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         # The largest learner process is the one that meets a memory limit first.
         metrics |= self._all_reduce_max(self._peak_memory.read() | self._maxima.read())
         metrics["weight_sync_bytes"] = float(self.sync_nbytes())  # what one weight sync ships to the runners
-        if self._rollout_head is not None:
-            metrics["rollout_head_norm"] = self.rollout_head_norm()
-        self._policy_version += 1
+        metrics |= self._extras.update_metrics(self.policy_state.global_sum)
+        self.policy_state.version += 1
         return metrics
 
     def _micro_chunks(self, mb: np.ndarray, batch: TrainingBatch) -> list[np.ndarray]:
@@ -224,7 +255,7 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
             for chunk in self._micro_chunks(mb, batch):
                 idx, real = _chunk_or_dummy(chunk)
                 packed = pack_batch(batch, idx, self._pad_id, self._device)
-                lp, _ = self._score(self.policy, packed, rollout=self._stage == HEAD_STAGE)
+                lp, _ = self._score(self.policy, packed, rollout=self._phase.scores_rollout_logits)
                 rlp = self._score(self._reference, packed)[0] if self._uses_reference else None
                 if real:
                     for j, i in enumerate(idx):
@@ -238,9 +269,9 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         """Exact entropies (nats, full vocabulary) of the next-token distributions of each row's response tokens
         under the current policy at the rollout temperature: R^3's ranking entropies with
         ranking_entropy_source='learner'. `batch`: as for `update_from_samples`. Every rank scores every row
-        (FSDP's collectives need the same passes on all ranks); with a rollout head attached the rollout logits are
-        scored, the distribution the runners sample from."""
-        batch = _training_batch(batch)
+        (FSDP's collectives need the same passes on all ranks); the rollout logits are scored, the distribution
+        the runners sample from."""
+        batch = _fetched(batch)
         budget = tokens_per_pass(self.config.micro_batch_max_tokens, self.config.model_path)
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(batch)
         for chunk in entropy_chunks(batch.lengths, budget, self.config.micro_batch_size):
@@ -248,7 +279,7 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
                 continue
             packed = pack_batch(batch, chunk, self._pad_id, self._device)
             entropy = self._score(
-                self.policy, packed, with_entropy=True, rollout=self._rollout_head is not None
+                self.policy, packed, with_entropy=True, rollout=self._extras.has_rollout_logits
             )[1]
             mask = packed["response_mask"]
             flat = entropy[mask].float().cpu().numpy()  # row-major: each row's response positions in order
@@ -262,8 +293,8 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         self, model, packed, *, with_entropy: bool = False, rollout: bool = False, with_base: bool = False
     ):
         # The KL reference is scored at the rollout temperature too (as verl does): the penalty then compares two
-        # distributions of the same shape, and at T = 1 nothing changes. `rollout`: R^2PO's rollout logits;
-        # `with_base`: also the base log-probs (head off) from the same forward, as a third element.
+        # distributions of the same shape, and at T = 1 nothing changes. `rollout`: the method's rollout logits
+        # (its score_kwargs); `with_base`: also the base log-probs from the same forward, as a third element.
         return token_logprobs(
             model,
             packed["input_ids"],
@@ -271,26 +302,18 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
             response_mask=packed["response_mask"],
             temperature=self._temperature,
             with_entropy=with_entropy,
-            rollout_head=self._rollout_head if rollout else None,
             with_base=with_base,
+            **self._extras.score_kwargs(rollout),
         )
 
-    # -- R^2PO stages -------------------------------------------------------------------------------------------
-    def _set_stage(self, stage: Stage | None) -> None:
-        """Make the parameters of `stage` trainable (R^2PO; see update_from_samples)."""
-        if stage is not None and self._rollout_head is None:
-            raise ValueError(
-                f"R^2PO stage {stage!r} given, but the policy has no rollout head (rollout_head=False)"
-            )
-        self._stage = stage
-        if stage is not None:
-            from r3_rllib.models.rollout_head import set_stage_trainable
-
-            set_stage_trainable(self.policy, stage)
-        elif self._rollout_head is not None:
-            # No stage after a staged update: undo its freezing (the head, outside base logits, gets no gradient).
-            for p in self.policy.parameters():
-                p.requires_grad_(True)
+    # -- phases ---------------------------------------------------------------------------------------------------
+    def _set_phase(self, phase: TrainingPhase) -> None:
+        """Make the parameters `phase` trains trainable and freeze the others (see update_from_samples)."""
+        chosen = phase.trainable(self.policy)
+        on = self._trainable_at_build if chosen is None else {id(p) for p in chosen}
+        for p in self.policy.parameters():
+            p.requires_grad_(id(p) in on)
+        self._phase = phase
 
     # -- one optimizer step -------------------------------------------------------------------------------------
     def _minibatch_step(
@@ -308,7 +331,7 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
             loss_params=LOSS_FNS.params_from(cfg.policy_loss, cfg),
             kl=kl,
             kl_denom=agg_count(batch, mb, kl.agg_mode),
-            correction=stage_correction(cfg, self._stage),
+            correction=self._phase.correction(cfg),
             old_lp=old_lp,
             ref_lp=ref_lp,
         )
@@ -339,8 +362,8 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
             self.policy,
             packed,
             with_entropy=cfg.learner_entropy,
-            rollout=self._stage == HEAD_STAGE,
-            with_base=kl.coef > 0 and kl.target == "base",  # stage A toward the current base: same forward
+            rollout=self._phase.scores_rollout_logits,
+            with_base=kl.coef > 0 and kl.target == "base",  # a term toward the current base: same forward
         )
         old = self._proximal_logprobs(logp, idx, real, step.old_lp)
         self._keep_proximal_rows(idx, real, old, mask)
@@ -374,7 +397,7 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         share = mismatch.micro_batch_share(metrics, cfg.loss_agg_mode) if step.correction.rejects else 1.0
         (loss * weight * share * self._world).backward()
         self._maxima.take(metrics, real)
-        metrics = self._pass_metrics(loss, metrics, entropy, mask, head_kl=self._stage == HEAD_STAGE)
+        metrics = self._pass_metrics(loss, metrics, entropy, mask)
         mismatch.scale_loss_metrics(metrics, share)  # the reported loss is the objective's value
         return metrics, weight, tokens if real else 0
 
@@ -392,19 +415,10 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         return old
 
     def _pass_metrics(
-        self,
-        loss: torch.Tensor,
-        metrics: dict[str, torch.Tensor],
-        entropy,
-        mask: torch.Tensor,
-        *,
-        head_kl: bool,
+        self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], entropy, mask: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """The metrics one forward/backward pass reports (the same keys on every rank and in every pass)."""
-        if self._rollout_head is not None:
-            # learner/kl stays the reference model's; stage A's term (toward its own target) is its own metric.
-            metrics["r2po_kl"] = metrics.pop("kl") if head_kl else torch.zeros(())
-            metrics.setdefault("kl", torch.zeros(()))
+        self._extras.pass_metrics(metrics, self._phase)  # the method's (a KL term of its own, say)
         metrics["loss"] = loss.detach()
         metrics["clip_frac"] = metrics.pop("clip_frac_low", 0.0) + metrics.pop("clip_frac_high", 0.0)
         if entropy is not None:
@@ -415,12 +429,11 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         """Average (replicated learners), clip and apply the accumulated gradients; returns the gradient norm. A
         gradient with a NaN/inf norm is dropped and the step skipped, so the weights and AdamW's moments stay finite."""
         policy = self.policy
-        if self._stage is not None:
-            # requires_grad already keeps the frozen part out of the graph; dropping any gradient it still got
-            # (a module hook, a wrapper that re-enabled it) keeps AdamW from touching it.
-            for p in policy.parameters():
-                if not p.requires_grad:
-                    p.grad = None
+        # requires_grad already keeps the phase's frozen part out of the graph; dropping any gradient it still got
+        # (a module hook, a wrapper that re-enabled it) keeps AdamW from touching it.
+        for p in policy.parameters():
+            if not p.requires_grad:
+                p.grad = None
         if self._world > 1 and not self.config.use_fsdp:
             # Replicated learners: one all-reduce after all passes (ranks may run different numbers of them), so
             # clipping, AdamW and every rank's copy see the average gradient, the one a single learner gets.
@@ -443,24 +456,11 @@ class R3Learner(PolicyStateMixin, KLTermMixin, ProximalRowsMixin, TorchLearner):
         return all_reduce_dict(values, self._world, self._device)
 
 
-def _training_batch(batch: Any) -> TrainingBatch:
-    """`batch` as a `TrainingBatch`: fetched when an ObjectRef, converted when a list of samples (tests)."""
-    if isinstance(batch, ray.ObjectRef):
-        batch = ray.get(batch)
-    return batch if isinstance(batch, TrainingBatch) else TrainingBatch.from_samples(batch)
+def _fetched(batch: TrainingBatch | ray.ObjectRef) -> TrainingBatch:
+    """`batch`, fetched when an ObjectRef."""
+    return ray.get(batch) if isinstance(batch, ray.ObjectRef) else batch
 
 
 def _chunk_or_dummy(chunk: np.ndarray) -> tuple[np.ndarray, bool]:
     # An empty chunk still runs one forward/backward (on row 0, weighted 0) to keep collectives in step.
     return (chunk, True) if len(chunk) else (np.array([0]), False)
-
-
-def _param_groups(
-    policy: torch.nn.Module, head: torch.nn.Module | None, lr: float, head_lr: float | None
-) -> list[dict[str, Any]]:
-    """AdamW's parameter groups: the base's, and (R^2PO, with a head of its own learning rate) the head's."""
-    if head is None or head_lr is None:  # frozen parameters (a LoRA policy's base) get no optimizer state
-        return [{"params": [p for p in policy.parameters() if p.requires_grad]}]
-    head_ids = {id(p) for p in head.parameters()}
-    base = [p for p in policy.parameters() if id(p) not in head_ids]
-    return [{"params": base}, {"params": list(head.parameters()), "lr": float(head_lr)}]

@@ -1,12 +1,12 @@
 """The learner's KL term (a mixin of `R3Learner`): the frozen reference model, loaded only when a term compares with
 it, and the target log-probs each micro-batch's term is taken against.
 
-Which term an update has is :func:`r3_rllib.algorithms.r3.r2po.stage_kl_term`: ``kl_coef`` toward the reference
-model outside R^2PO's stage A; in stage A, ``rollout_head_kl_coef`` toward the initial head-less model (the same
-frozen reference model: the policy as loaded from ``model_path``) or toward the current base (head off, from the
-training forward). A term aggregated otherwise than the policy term (stage A's default, seq-mean-token-mean) is
-weighted per micro-batch by its own count (:func:`kl_weight_ratio`), so the minibatch's term is that aggregate
-whatever the micro-batching.
+Which term an update has is its training phase's (:meth:`r3_rllib.core.method.TrainingPhase.kl_term`): by default
+``kl_coef`` toward the reference model (the policy as loaded from ``model_path``); a method's phase may compare with
+the current base instead (from the training forward, e.g. R^2PO's stage A, :mod:`r3_rllib.r2po.method`). A term
+aggregated otherwise than the policy term (R^2PO stage A's default, seq-mean-token-mean) is weighted per
+micro-batch by its own count (:func:`kl_weight_ratio`), so the minibatch's term is that aggregate whatever the
+micro-batching.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from r3_rllib.algorithms.r3.r2po import KLTerm, needs_reference_model, stage_kl_term
+from r3_rllib.core.method import KLTerm
 from r3_rllib.models.hub import policy_path
 from r3_rllib.models.lora import AdapterOff
 from r3_rllib.types import TrainingBatch
@@ -46,10 +46,10 @@ class KLTermMixin:
     """The reference model and the KL term's target log-probs (see module docstring)."""
 
     def _load_reference(self) -> torch.nn.Module | None:
-        """The frozen reference model when a KL term of some stage needs it (None otherwise: no memory spent):
+        """The frozen reference model when a KL term of some phase of the method needs it (None otherwise: no memory spent):
         loaded from the policy's own checkpoint, i.e. the policy as it starts; with LoRA the policy with its
         adapter off (no second model)."""
-        if not needs_reference_model(self.config):
+        if not self._method.needs_reference_model(self.config):
             return None
         if self._lora is not None:
             return AdapterOff(self._lora)
@@ -62,8 +62,8 @@ class KLTermMixin:
 
     @property
     def _kl_term(self) -> KLTerm:
-        """The KL term of the update in progress (its stage's)."""
-        return stage_kl_term(self.config, self._stage)
+        """The KL term of the update in progress (its phase's)."""
+        return self._phase.kl_term(self.config)
 
     @property
     def _uses_reference(self) -> bool:
@@ -80,7 +80,7 @@ class KLTermMixin:
         ref_lp,
     ) -> torch.Tensor | None:
         """The log-probs the KL term of rows `idx` compares `logp` with (None without a term): the current base's
-        from the training forward (`base`, stage A toward the current base), else the reference model's."""
+        from the training forward (`base`, a term toward the current base), else the reference model's."""
         if base:
             return base[0]
         return self._reference_logprobs(packed, logp, idx, real, ref_lp)

@@ -9,15 +9,14 @@ rel 1e-9 after a restore in a new process: tests/e2e/test_distributed_and_checkp
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import ray
 import torch
-from ray.rllib.core.learner.torch.torch_learner import TorchLearner
-from ray.rllib.utils.annotations import override
 
 from r3_rllib.algorithms.r3.distributed import global_sum, local_tensor
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, pack_weights
@@ -37,17 +36,38 @@ def _dcp_without_single_process_warning():
         yield
 
 
-class PolicyStateMixin:
-    """Weights, export, checkpoints (DCP, and RLlib's learner state) and checksums of `R3Learner` (the collective
-    methods: call them on every rank).
+class PolicyState:
+    """Weights, export, checkpoints (DCP) and checksums of a learner's policy (the collective methods: call them on
+    every rank), and the policy version (``version``: counted by the learner, saved with its shard).
 
-    Reads the learner's ``policy``, ``_optimizer``, ``_rank``, ``_world``, ``config.use_fsdp``, ``_rollout_head``,
-    ``_policy_version`` and ``_lora`` (the peft wrapper of a LoRA policy, else None).
+    ``policy``: the placed (sharded or replicated) model; ``optimizer``: its AdamW; ``rank``/``world``: this
+    learner's rank and the number of learners; ``config``: the run's (``use_fsdp``, the LoRA fields, ``model_path``);
+    ``lora``: the peft wrapper of a LoRA policy, else None.
 
     LoRA: the runners get the adapter only (:class:`LoraAdapterWeights`), checkpoints hold the adapter and its
     optimizer state (the base is the pretrained model the run starts from), and an export writes the merged model
     and the adapter folder (r3_rllib/models/lora.py).
     """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        rank: int,
+        world: int,
+        config: Any,
+        lora,
+    ) -> None:
+        self.policy = policy
+        self.optimizer = optimizer
+        self.rank = rank
+        self.world = world
+        self.config = config
+        self.lora = lora
+        self.version = 0
+        #: Parameters are sharded over the learners (FSDP2): state dicts and sums are gathered.
+        self.sharded = world > 1 and bool(config.use_fsdp)
 
     # -- weights for the EnvRunners -----------------------------------------------------------------------------
     def full_state_dict(self, *, copy: bool = True) -> dict[str, torch.Tensor] | None:
@@ -57,17 +77,17 @@ class PolicyStateMixin:
         ``copy=False`` lets an unsharded CPU policy hand out its own parameter memory (read it before the next
         optimizer step)."""
         policy = self.policy
-        if self._world > 1 and self.config.use_fsdp:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             sd = get_model_state_dict(
                 policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
-        elif self._rank != 0:
+        elif self.rank != 0:
             return None  # replicated learners: rank 0's copy is the one sent (all copies are equal)
         else:
             sd = {k: v.detach().to("cpu", copy=copy) for k, v in policy.state_dict().items()}
-        if self._rank != 0:
+        if self.rank != 0:
             return None
         # vLLM needs the tied output embedding under its own name (without it, reloads silently go wrong).
         if getattr(policy.config, "tie_word_embeddings", False) and "lm_head.weight" not in sd:
@@ -78,39 +98,39 @@ class PolicyStateMixin:
         """LoRA: the adapter's full (unsharded) CPU tensors under peft's names on rank 0, None elsewhere.
         Collective with FSDP2: every rank gathers the trainable (adapter) parameters one by one, in the same
         order, and never the frozen base."""
-        if self._rank != 0 and not (self._world > 1 and self.config.use_fsdp):
+        if self.rank != 0 and not (self.sharded):
             return None  # replicated learners: rank 0's copy is the one sent
         sd = {}
         for name, param in self.policy.named_parameters():
             if param.requires_grad:
                 t = param.detach()
                 sd[name] = (t.full_tensor() if hasattr(t, "full_tensor") else t).to("cpu")
-        if self._rank != 0:
+        if self.rank != 0:
             return None
         from r3_rllib.models.lora import adapter_state_dict
 
-        return adapter_state_dict(self._lora, sd)
+        return adapter_state_dict(self.lora, sd)
 
     def weights_ref(self) -> tuple[Any, int]:
         """(ObjectRef of the full state dict as `PackedWeights` (LoRA: of the adapter, as `LoraAdapterWeights`),
         or None on ranks != 0; policy version). Collective. `ray.put` copies the parameters' memory straight into
         the object store (see weight_sync.py)."""
-        if getattr(self, "_lora", None) is not None:
+        if self.lora is not None:
             sd = self.adapter_state_dict()
             if sd is None:
-                return None, self._policy_version
+                return None, self.version
             cfg = self.config
             adapter = LoraAdapterWeights(
-                pack_weights(sd), cfg.lora_rank, float(cfg.lora_alpha), target_module_names(self._lora)
+                pack_weights(sd), cfg.lora_rank, float(cfg.lora_alpha), target_module_names(self.lora)
             )
-            return ray.put(adapter), self._policy_version
+            return ray.put(adapter), self.version
         sd = self.full_state_dict(copy=False)
-        return (ray.put(pack_weights(sd)) if sd is not None else None), self._policy_version
+        return (ray.put(pack_weights(sd)) if sd is not None else None), self.version
 
     def sync_nbytes(self) -> int:
         """Bytes of the arrays one weight sync ships (`weights_ref`'s payload; LoRA: the adapter's). Local: from
         the parameters' global shapes and dtypes, no collective."""
-        if getattr(self, "_lora", None) is not None:
+        if self.lora is not None:
             return sum(p.numel() * p.element_size() for p in self.policy.parameters() if p.requires_grad)
         sd = self.policy.state_dict()
         total = sum(t.numel() * t.element_size() for t in sd.values())
@@ -126,14 +146,15 @@ class PolicyStateMixin:
         (rollout_head.safetensors / .json, which from_pretrained ignores)."""
         from r3_rllib.models.rollout_head import RolloutHead, save_rollout_head, split_rollout_head_state
 
-        if with_head and self._rollout_head is None:
+        head = self._head()
+        if with_head and head is None:
             raise ValueError(
                 "export_hf(with_head=True) but the policy has no rollout head (rollout_head=False)"
             )
         sd = self.full_state_dict()
-        if self._rank != 0:
+        if self.rank != 0:
             return None
-        if getattr(self, "_lora", None) is not None:
+        if self.lora is not None:
             return self._export_lora(sd, path)
         from transformers import AutoModelForCausalLM
 
@@ -145,11 +166,9 @@ class PolicyStateMixin:
         with no_progress_bars():
             model.save_pretrained(path)
         if with_head:
-            head = RolloutHead(
-                self._rollout_head.hidden_size, self._rollout_head.vocab_size, self._rollout_head.init_std
-            )
-            head.load_state_dict(head_sd)
-            save_rollout_head(head, path)
+            exported = RolloutHead(head.hidden_size, head.vocab_size, head.init_std)
+            exported.load_state_dict(head_sd)
+            save_rollout_head(exported, path)
         return path
 
     def _export_lora(self, sd: dict[str, torch.Tensor], path: str) -> str:
@@ -161,7 +180,7 @@ class PolicyStateMixin:
 
         cfg = self.config
         model = AutoModelForCausalLM.from_config(self.policy.config)
-        peft_model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, 0.0, target_module_names(self._lora))
+        peft_model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, 0.0, target_module_names(self.lora))
         missing, _ = model.load_state_dict(sd, strict=False)
         if missing:
             raise RuntimeError(f"LoRA export: the policy's state lacks {missing[:5]}")
@@ -175,14 +194,14 @@ class PolicyStateMixin:
         # LoRA: the adapter and its optimizer state only; the frozen base is the pretrained model the run loads
         # (not strict on restore, which sets the adapter and leaves the base; dcp.load has checked every adapter
         # tensor is in the checkpoint).
-        lora = getattr(self, "_lora", None) is not None
+        lora = self.lora is not None
         return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
     def _dcp_state(self):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        msd, osd = get_state_dict(self.policy, self._optimizer, options=self._dcp_options())
-        if getattr(self, "_lora", None) is not None:
+        msd, osd = get_state_dict(self.policy, self.optimizer, options=self._dcp_options())
+        if self.lora is not None:
             # ignore_frozen_params still keeps a frozen weight tied to another (lm_head of tied embeddings).
             trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
             msd = {k: v for k, v in msd.items() if k in trainable}
@@ -197,8 +216,8 @@ class PolicyStateMixin:
 
         with _dcp_without_single_process_warning():
             dcp.save(self._dcp_state(), checkpoint_id=path)
-        extra = {"torch": torch.get_rng_state(), "version": int(self._policy_version)}
-        with atomic_open(os.path.join(path, f"rank{self._rank}_extra.pt")) as f:
+        extra = {"torch": torch.get_rng_state(), "version": int(self.version)}
+        with atomic_open(os.path.join(path, f"rank{self.rank}_extra.pt")) as f:
             torch.save(extra, f)
 
     def load_dcp(self, path: str) -> None:
@@ -212,7 +231,7 @@ class PolicyStateMixin:
         from r3_rllib.algorithms.r3.safe_pickle import check_dcp_metadata
 
         check_dcp_metadata(path)
-        extra_path = os.path.join(path, f"rank{self._rank}_extra.pt")
+        extra_path = os.path.join(path, f"rank{self.rank}_extra.pt")
         try:  # read before anything changes: a bad file leaves the learner as it was
             extra = torch.load(extra_path, weights_only=True)
         except Exception as e:  # unpickling errors of any kind; torch's message says what it refused
@@ -222,61 +241,55 @@ class PolicyStateMixin:
             dcp.load(state, checkpoint_id=path)
         set_state_dict(
             self.policy,
-            self._optimizer,
+            self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
             options=self._dcp_options(),
         )
         torch.set_rng_state(extra["torch"])
-        self._policy_version = int(extra["version"])
-
-    # -- RLlib's learner state: the policy version only ---------------------------------------------------------
-    @override(TorchLearner)
-    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        # Weights and optimizer state are saved with DCP (save_dcp), not through RLlib's pickled state.
-        return {"policy_version": getattr(self, "_policy_version", 0)}
-
-    @override(TorchLearner)
-    def set_state(self, state: dict) -> None:
-        if "policy_version" in state:
-            self._policy_version = int(state["policy_version"])
-
-    @override(TorchLearner)
-    def get_checkpointable_components(self):
-        return []
+        self.version = int(extra["version"])
 
     # -- checksums (tests) --------------------------------------------------------------------------------------
     def parameter_checksum(self) -> float:
         """Sum of all parameters (global, collective): cheap fingerprint for tests."""
-        return self._global_sum(
+        return self.global_sum(
             local_tensor(p).detach().double().sum().cpu() for p in self.policy.parameters()
         )
 
     def optimizer_checksum(self) -> float:
         """Sum of AdamW's moment estimates (global, collective): shows optimizer state survived a restore."""
         parts = []
-        for state in self._optimizer.state.values():
+        for state in self.optimizer.state.values():
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in state:
                     parts.append(local_tensor(state[key]).detach().double().sum().cpu())
-        return self._global_sum(parts)
-
-    def rollout_head_norm(self) -> float:
-        """L2 norm of the rollout head's parameters (global, collective); 0 without a head."""
-        if self._rollout_head is None:
-            return 0.0
-        sq = self._global_sum(
-            local_tensor(p).detach().double().pow(2).sum().cpu() for p in self._rollout_head.parameters()
-        )
-        return math.sqrt(sq)
+        return self.global_sum(parts)
 
     def head_checksum(self) -> float:
         """Sum of the rollout head's parameters (global, collective): tests check stage B leaves it unchanged."""
-        if self._rollout_head is None:
+        head = self._head()
+        if head is None:
             return 0.0
-        return self._global_sum(
-            local_tensor(p).detach().double().sum().cpu() for p in self._rollout_head.parameters()
-        )
+        return self.global_sum(local_tensor(p).detach().double().sum().cpu() for p in head.parameters())
 
-    def _global_sum(self, parts) -> float:
-        return global_sum(parts, sharded=self._world > 1 and self.config.use_fsdp)
+    def global_sum(self, parts) -> float:
+        """The sum of this rank's fp64 scalar ``parts``, over the learners when the policy is sharded."""
+        return global_sum(parts, sharded=self.sharded)
+
+    def _head(self) -> torch.nn.Module | None:
+        """The rollout head attached to the policy (R^2PO), else None."""
+        from r3_rllib.models.rollout_head import get_rollout_head
+
+        return get_rollout_head(self.policy)
+
+
+def state_method(name: str) -> Callable[..., Any]:
+    """A learner method that calls :class:`PolicyState`'s method ``name`` on the learner's ``policy_state`` (same
+    signature and docstring), so RLlib's and the driver's calls (``learner.save_dcp(path)``) reach it."""
+    method = getattr(PolicyState, name)
+
+    @functools.wraps(method)
+    def call(learner, *args, **kwargs):
+        return method(learner.policy_state, *args, **kwargs)
+
+    return call

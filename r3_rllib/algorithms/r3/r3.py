@@ -36,11 +36,10 @@ from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
 from r3_rllib.algorithms.r3.groups import build_training_batch, rescore_ranking_entropies, rollout_means
 from r3_rllib.algorithms.r3.health_monitor import observe_health
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
-from r3_rllib.algorithms.r3.iteration_settings import IterationSettings, iteration_settings, max_staleness_of
+from r3_rllib.algorithms.r3.iteration_settings import iteration_settings, max_staleness_of
 from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
-from r3_rllib.algorithms.r3.r2po import STAGE_CODES, stage_settings
 from r3_rllib.algorithms.r3.r3_schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
@@ -48,14 +47,13 @@ from r3_rllib.algorithms.r3.sample_log import SampleLog
 from r3_rllib.algorithms.r3.startup import runner_startup_error, start_replay
 from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
-from r3_rllib.core.rollout_schedule import Stage
+from r3_rllib.core.iteration import IterationSettings
+from r3_rllib.core.method import TrainingPhase, method_for
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Group, Sample
 
 logger = logging.getLogger(__name__)
-#: The learner metrics R^2PO also logs under the stage they belong to (r2po/A/..., r2po/B/...).
-_STAGE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "is_weight_mean", "clip_frac", "rollout_head_norm")
 
 
 class R3(R3Console, Algorithm):
@@ -109,9 +107,10 @@ class R3(R3Console, Algorithm):
             self.env_runner_group.foreach_env_runner(
                 lambda r, c=self._replay.client: r.set_replay_actor(c), local_env_runner=False
             )
-        # Runners start from the same checkpoint as the learner; version 0 on both sides. R^2PO: the learner's
-        # head (its init_std, its seed) is the one runners must sample with, so they get it before the first rollout.
-        if self.config.rollout_head:
+        # Runners start from the same checkpoint as the learner; version 0 on both sides, unless the method's
+        # learner-side weights are the ones the runners must sample with from the first rollout on.
+        self.training_method = method_for(self.config)  # the training method the config selects (core/method.py)
+        if self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync()
 
     def _check_schedule(self) -> Schedule | None:
@@ -155,7 +154,7 @@ class R3(R3Console, Algorithm):
         with self._timed("iteration_s"):
             if self._replay is not None:
                 self._replay.check()
-            # The R^3 parts on at this data epoch, the estimator's parameters, the R^2PO stage of this iteration.
+            # The R^3 parts on at this data epoch, the estimator's parameters, the training phase of this iteration.
             settings = self.iteration_settings()
             # 1. Rollouts: groups from the runners (DAPO's dynamic sampling refills; overlap asks for the next, with
             # the settings after this rollout's data epoch, which may have switched reflection on).
@@ -165,7 +164,7 @@ class R3(R3Console, Algorithm):
                 )
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):
-                batch, r3_metrics = self._build_batch(groups, stage_settings(settings, settings.stage, cfg))
+                batch, r3_metrics = self._build_batch(groups, settings.for_batch(cfg))
             # What this iteration trains, as a digest every run logs (equal digests: the same samples were trained).
             self.last_trained_stream = stream_keys(batch)
             self.metrics.log_value(
@@ -175,7 +174,7 @@ class R3(R3Console, Algorithm):
             learner_metrics: dict[str, float] = {}
             if batch:
                 with self._timed("learner_update_s"):
-                    learner_metrics = self._update_learners(batch, settings.stage)
+                    learner_metrics = self._update_learners(batch, settings.phase)
                 with self._timed("weight_sync_s"):
                     staleness = max_staleness_of(cfg)
                     self.weights.sync(block=staleness == 0, queued_loads=max(staleness, 1))
@@ -190,7 +189,7 @@ class R3(R3Console, Algorithm):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
             self.sample_log.record(groups, batch, settings, self.iteration + 1, self.weights.version)
             # 5. Metrics and held-out evaluation.
-            self._log_metrics(rollout, r3_metrics, learner_metrics, settings.stage)
+            self._log_metrics(rollout, r3_metrics, learner_metrics, settings.phase)
             observe_health(self, learner_metrics)  # health/* metrics, warnings, NaN stop (health_monitor.py)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
@@ -223,17 +222,15 @@ class R3(R3Console, Algorithm):
             self.learner_group.foreach_learner(lambda learner, _ref=ref: learner.score_entropies(_ref))
         )
 
-    def _update_learners(self, batch: list[Sample], stage: str | None = None) -> dict[str, float]:
-        """One update of every learner on `batch`, sent to them as one columnar `TrainingBatch`."""
+    def _update_learners(self, batch: list[Sample], phase: TrainingPhase | None = None) -> dict[str, float]:
+        """One update of every learner on `batch`, sent to them as one columnar `TrainingBatch`, in `phase`."""
         ref = ray.put(TrainingBatch.from_samples(batch))
         seed = int(self._rng.integers(2**31))
-        # Only R^2PO passes a stage: learners of a run without a head keep their old call.
-        kwargs = {"stage": stage} if stage is not None else {}
         results = None
         try:
             results = self.learner_group.foreach_learner(
-                lambda learner, _ref=ref, _seed=seed, _kw=kwargs: learner.update_from_samples(
-                    _ref, seed=_seed, **_kw
+                lambda learner, _ref=ref, _seed=seed, _phase=phase: learner.update_from_samples(
+                    _ref, seed=_seed, phase=_phase
                 )
             )
             return _first_result(results)
@@ -250,8 +247,8 @@ class R3(R3Console, Algorithm):
 
     def iteration_settings(self) -> IterationSettings:
         """What the next rollout and batch use: the R^3 parts on at the current data epoch, the estimator's
-        parameters, the reflection settings for this policy version, the R^2PO stage of this iteration (iteration_settings.py).
-        """
+        parameters, the reflection settings for this policy version, the training phase of this iteration
+        (iteration_settings.py)."""
         return iteration_settings(
             self.config,
             dataset_epoch=self.coordinator.epoch.value,
@@ -280,8 +277,8 @@ class R3(R3Console, Algorithm):
             env_runner_group.foreach_env_runner(
                 lambda r, c=client: r.set_replay_actor(c), remote_worker_ids=restored, local_env_runner=False
             )
-        # R^2PO: even at version 0 the learner's head is the one to sample with (see setup).
-        if self.weights.version > 0 or self.config.rollout_head:
+        # Some methods' runners need the learner's weights even at version 0 (see setup).
+        if self.weights.version > 0 or self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync(remote_worker_ids=restored)
         return restored
 
@@ -296,7 +293,7 @@ class R3(R3Console, Algorithm):
 
     # -- metrics --------------------------------------------------------------------------------------------------
     def _log_metrics(
-        self, rollout: Rollout, r3_metrics: dict, learner_metrics: dict, stage: Stage | None = None
+        self, rollout: Rollout, r3_metrics: dict, learner_metrics: dict, phase: TrainingPhase | None = None
     ) -> None:
         means = rollout_means(rollout.totals)
         reflection = {k: means.pop(k) for k in ("reflection_prompts", "reflection_success")}
@@ -324,21 +321,8 @@ class R3(R3Console, Algorithm):
         if self._replay is not None:
             replay_metrics = self._replay.call(lambda replay: replay.metrics(), {})
             self.metrics.log_dict({**replay_metrics, **self._replay.health_metrics()}, key="replay")
-        if stage is not None:
-            self._log_r2po_metrics(stage, r3_metrics, learner_metrics)
-
-    def _log_r2po_metrics(self, stage: Stage, r3_metrics: dict, learner_metrics: dict) -> None:
-        """R^2PO: the stage (0 = A, head; 1 = B, base) and the update's numbers under the stage they belong to, so a
-        stage's curve is not averaged with the other's."""
-        self.metrics.log_value(("r2po", "stage"), STAGE_CODES[stage], reduce="mean", window=1)
-        per_stage = {
-            "train_samples": r3_metrics.get("train_samples", 0.0),
-            "zero_adv_frac": r3_metrics.get("zero_adv_frac", 0.0),
-        }
-        for key in _STAGE_KEYS:
-            if key in learner_metrics:
-                per_stage[key] = learner_metrics[key]
-        self.metrics.log_dict(per_stage, key=("r2po", str(stage)))
+        if phase is not None:  # the method's own metrics
+            phase.log_metrics(self.metrics, r3_metrics, learner_metrics)
 
     def evaluate_heldout(
         self, num_queries: int | None = None, *, with_head: bool | None = None, samples: int = 0
@@ -346,8 +330,8 @@ class R3(R3Console, Algorithm):
         """Greedy accuracy of the current policy on the first `num_queries` held-out queries (multi-step envs:
         success rate, mean episode length, steps to goal); `samples` > 0: the mean over that many sampled responses
         (trajectories) per query instead, with fixed evaluation seeds. The queries are split over the healthy
-        runners (heldout.py). R^2PO: the base policy (head off) unless `with_head` (None: the config's
-        rollout_head_eval_with_head)."""
+        runners (heldout.py). `with_head`: whether a policy with an extra rollout head samples with it (None: as
+        the config says; runner_eval.py)."""
         n = num_queries or self.config.eval_num_queries
         # Part i of the queries goes to the same runner in every evaluation.
         ids = sorted(self.env_runner_group.healthy_worker_ids())[: max(1, n)]
@@ -432,8 +416,8 @@ class R3(R3Console, Algorithm):
 
     def export_policy(self, path: str | Path, *, with_head: bool = False) -> str:
         """Write the current policy as a Hugging Face folder (loads with AutoModelForCausalLM.from_pretrained),
-        with the tokenizer next to it. R^2PO: the inference policy, without the rollout head; `with_head` writes
-        the head's files beside it (rollout_head.safetensors / .json). LoRA (lora_rank > 0): the folder holds the
+        with the tokenizer next to it: the inference policy (base logits); `with_head` also writes the files of
+        the policy's extra head beside it (learner_state.py). LoRA (lora_rank > 0): the folder holds the
         adapter merged into the base weights, and `path/lora_adapter` the adapter alone (loads with
         `PeftModel.from_pretrained(base, path/lora_adapter)`)."""
         path = os.path.abspath(str(path))

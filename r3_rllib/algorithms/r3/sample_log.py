@@ -29,8 +29,7 @@ import numpy as np
 from ray import tune
 
 from r3_rllib.algorithms.r3.groups import rankable
-from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
-from r3_rllib.algorithms.r3.r2po import stage_settings
+from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.rollout.records import (
     SAMPLES_DIR,
     SampleRecord,
@@ -266,7 +265,7 @@ class SampleLog:
             chosen,
             iteration=iteration,
             trained_version=trained_version,
-            ranking=stage_settings(settings, settings.stage, cfg).ranking,
+            ranking=settings.for_batch(cfg).ranking,
             learner_logprobs=self._learner_logprobs(wanted),
             decode=self.decode,
         )

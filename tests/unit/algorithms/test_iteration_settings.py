@@ -30,8 +30,8 @@ def test_switched_off_parts_stay_off_in_every_epoch():
 
 
 def test_batch_step_of_the_estimator_and_under_r2po_stages():
-    from r3_rllib.algorithms.r3.r2po import STAGE_B_ESTIMATOR, stage_settings
-    from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE
+    from r3_rllib.r2po.method import STAGE_B_ESTIMATOR, stage_settings
+    from r3_rllib.r2po.stages import BASE_STAGE, HEAD_STAGE
 
     name = "reinforce_plus_plus_baseline"
     cfg = R3Config.grpo_preset().training(advantage_estimator=name)

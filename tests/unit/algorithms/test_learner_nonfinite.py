@@ -13,6 +13,7 @@ from random_samples import random_samples
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3 import learner as learner_module
 from r3_rllib.algorithms.r3.learner import R3Learner
+from r3_rllib.types import TrainingBatch
 
 torch.set_num_threads(TORCH_THREADS)
 
@@ -47,7 +48,7 @@ def test_a_nonfinite_gradient_skips_the_step_and_the_next_finite_one_steps(tiny_
         return loss * float("nan"), metrics
 
     monkeypatch.setattr(learner_module, "rl_objective", poisoned)
-    metrics = learner.update_from_samples(random_samples(8), seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(random_samples(8)), seed=0)
     assert metrics["optimizer_steps"] == 2.0 and metrics["nonfinite_grad_steps"] == 2.0
     assert math.isnan(metrics["grad_norm"]) and math.isnan(metrics["loss"])
     # Exact: a skipped step leaves every weight bit-identical, AdamW holds no state and no gradient is left over.
@@ -57,7 +58,7 @@ def test_a_nonfinite_gradient_skips_the_step_and_the_next_finite_one_steps(tiny_
     assert all(p.grad is None for p in learner.policy.parameters())
 
     monkeypatch.setattr(learner_module, "rl_objective", objective)
-    metrics = learner.update_from_samples(random_samples(8), seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(random_samples(8)), seed=0)
     assert metrics["nonfinite_grad_steps"] == 0.0 and math.isfinite(metrics["grad_norm"])
     after = _params(learner)
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))

@@ -14,6 +14,7 @@ from random_samples import random_samples
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.learner import R3Learner
+from r3_rllib.types import TrainingBatch
 
 torch.set_num_threads(TORCH_THREADS)
 
@@ -44,7 +45,7 @@ def test_bf16_learner_keeps_fp32_master_weights_and_moves_them_at_lr_1e_minus_6(
         lambda _m, _i, out: compute_dtypes.add(out.dtype)
     )
     before = [p.detach().clone() for p in params]
-    metrics = learner.update_from_samples(random_samples(6, 0), seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(random_samples(6, 0)), seed=0)
     hook.remove()
 
     assert compute_dtypes == {torch.bfloat16}  # forwards (and checkpoint recomputes) in bf16
@@ -63,6 +64,6 @@ def test_fp32_learner_runs_without_autocast(tiny_random_model):
     hook = learner.policy.model.layers[0].mlp.down_proj.register_forward_hook(
         lambda _m, _i, out: seen.add(out.dtype)
     )
-    learner.update_from_samples(random_samples(4, 1), seed=0)
+    learner.update_from_samples(TrainingBatch.from_samples(random_samples(4, 1)), seed=0)
     hook.remove()
     assert seen == {torch.float32}

@@ -14,6 +14,9 @@ from random_samples import random_samples
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.core.batching import minibatch_plan
+from r3_rllib.models.rollout_head import get_rollout_head
+from r3_rllib.r2po.method import R2POPhase
+from r3_rllib.r2po.stages import BASE_STAGE, HEAD_STAGE
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Sample
 
@@ -60,14 +63,14 @@ def test_first_minibatch_reuses_its_training_forward_and_the_update_matches_a_fu
         return recompute(batch, plan)
 
     ours._recompute_old_logprobs = counted
-    ours.update_from_samples(samples, seed=7)
+    ours.update_from_samples(TrainingBatch.from_samples(samples), seed=7)
 
     # The reference: every minibatch's old (and KL reference) log-probs from one no-grad pass before any step.
     reference = _learner(tiny_random_model, **settings)
     full_plan = minibatch_plan(len(samples), 3, 7)
     reference_recompute = reference._recompute_old_logprobs
     reference._recompute_old_logprobs = lambda batch, plan: reference_recompute(batch, full_plan)
-    reference.update_from_samples(samples, seed=7)
+    reference.update_from_samples(TrainingBatch.from_samples(samples), seed=7)
 
     assert sorted(recomputed_rows) == sorted(int(i) for mb in full_plan[1:] for i in mb)
     for a, b in zip(_params(ours), _params(reference), strict=True):
@@ -80,14 +83,14 @@ def test_first_minibatch_reuses_its_training_forward_and_the_update_matches_a_fu
     # A proximal policy taken after the first step would change the update (the check above can fail).
     stale = _learner(tiny_random_model, **settings)
     stale._recompute_old_logprobs = lambda batch, plan: ({}, {}) if kl_coef == 0.0 else ({}, None)
-    stale.update_from_samples(samples, seed=7)
+    stale.update_from_samples(TrainingBatch.from_samples(samples), seed=7)
     assert any((a - b).abs().max() > 1e-4 for a, b in zip(_params(stale), _params(reference), strict=True))
 
 
 def test_a_single_optimizer_step_recomputes_nothing(tiny_random_model):
     learner = _learner(tiny_random_model, num_minibatches=1, num_epochs=1)
     learner._recompute_old_logprobs = lambda *a: pytest.fail("no recompute expected")
-    metrics = learner.update_from_samples(_samples(6), seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(_samples(6)), seed=0)
     assert metrics["optimizer_steps"] == 1.0
 
 
@@ -138,20 +141,27 @@ def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_current_base_a
     lp_tol = forward_atol(roll[m], base[m])
     pg_tol = lp_tol * float((adv.abs() * w)[m].max())
     k3_tol = 2 * lp_tol * float((torch.exp(d) - 1).abs().max())
-    metrics = learner.update_from_samples(samples, seed=0, stage="A")
+    metrics = learner.update_from_samples(
+        TrainingBatch.from_samples(samples), seed=0, phase=R2POPhase(HEAD_STAGE)
+    )
     assert metrics["pg_loss"] == pytest.approx(pg, abs=pg_tol)
     assert metrics["r2po_kl"] == pytest.approx(k3, abs=k3_tol)
     assert metrics["loss"] == pytest.approx(pg + beta * k3, abs=pg_tol + beta * k3_tol)
     assert metrics["kl"] == 0.0  # no KL to the reference model in stage A
     # Stage B trains the base: no head KL term.
-    assert learner.update_from_samples(samples, seed=0, stage="B")["r2po_kl"] == 0.0
+    assert (
+        learner.update_from_samples(TrainingBatch.from_samples(samples), seed=0, phase=R2POPhase(BASE_STAGE))[
+            "r2po_kl"
+        ]
+        == 0.0
+    )
 
 
 def _perturb_head(learner: R3Learner) -> None:
     """Move the head far from its ~0 init: head-on and head-off log-probs then differ visibly."""
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for p in learner._rollout_head.parameters():
+        for p in get_rollout_head(learner.policy).parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.1)
 
 
@@ -169,7 +179,7 @@ def test_r2po_stage_a_kl_is_k3_to_the_initial_model_seq_mean_token_mean_by_defau
     _perturb_head(learner)
     samples = _samples(6)
     learner.update_from_samples(
-        samples, seed=0, stage="B"
+        TrainingBatch.from_samples(samples), seed=0, phase=R2POPhase(BASE_STAGE)
     )  # one lr 1e-2 step on the base: it leaves the initial
     packed = pack_samples(samples, learner._pad_id, "cpu")
     ids, attn, m = packed["input_ids"], packed["attention_mask"], packed["response_mask"]
@@ -202,7 +212,9 @@ def test_r2po_stage_a_kl_is_k3_to_the_initial_model_seq_mean_token_mean_by_defau
     # The test can fail: the token mean and the KL to the current base are other numbers.
     assert abs(expected - token_mean) > 10 * tol and abs(expected - to_current) > 10 * tol
 
-    metrics = learner.update_from_samples(samples, seed=0, stage="A")
+    metrics = learner.update_from_samples(
+        TrainingBatch.from_samples(samples), seed=0, phase=R2POPhase(HEAD_STAGE)
+    )
     assert metrics["r2po_kl"] == pytest.approx(expected, abs=tol)
     assert metrics["kl"] == 0.0  # learner/kl is kl_coef's term (off): stage A's is r2po_kl
     # The objective is the policy term plus beta (0.04, the default) times this one: the same passes' sums, up to
@@ -239,7 +251,7 @@ def test_each_registered_policy_loss_updates_the_policy_through_the_learner(
     samples = _samples(12)
     learner = _learner(tiny_random_model, policy_loss=loss, loss_agg_mode=agg_mode, num_minibatches=1)
     before = _response_logprob_sums(learner, samples)
-    metrics = learner.update_from_samples(samples, seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
     moved = _response_logprob_sums(learner, samples) - before
     assert np.isfinite(metrics["pg_loss"]), metrics
     positive = np.array([s.advantage > 0 for s in samples])
@@ -270,7 +282,9 @@ def test_tool_tokens_carry_no_loss_and_do_not_count_as_trained(tiny_random_model
     updates, trained = [], []
     for tool_logprob in (0.0, -40.0):
         learner = _learner(tiny_random_model, **settings)
-        metrics = learner.update_from_samples(_with_tool_tokens(base, tool_logprob), seed=0)
+        metrics = learner.update_from_samples(
+            TrainingBatch.from_samples(_with_tool_tokens(base, tool_logprob)), seed=0
+        )
         updates.append(_params(learner))
         trained.append(metrics["trained_tokens"])
     for a, b in zip(*updates, strict=True):
@@ -281,5 +295,5 @@ def test_tool_tokens_carry_no_loss_and_do_not_count_as_trained(tiny_random_model
     # Without the mask the same tokens would be trained on (the check above can fail).
     unmasked = [Sample(**{**s.__dict__, "loss_mask": None}) for s in _with_tool_tokens(base, -40.0)]
     learner = _learner(tiny_random_model, **settings)
-    learner.update_from_samples(unmasked, seed=0)
+    learner.update_from_samples(TrainingBatch.from_samples(unmasked), seed=0)
     assert any((a - b).abs().max() > 1e-6 for a, b in zip(_params(learner), updates[0], strict=True))

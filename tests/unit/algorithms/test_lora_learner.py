@@ -16,6 +16,7 @@ from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.algorithms.r3.rl_module import pack_samples
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, PackedWeights
 from r3_rllib.core.logprobs import token_logprobs
+from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Sample
 
 pytest.importorskip("peft")
@@ -83,7 +84,7 @@ def test_only_the_adapter_trains_and_holds_optimizer_state(tiny_random_model):
     in_optimizer = {id(p) for g in learner._optimizer.param_groups for p in g["params"]}
     assert in_optimizer == {id(p) for p in learner.policy.parameters() if p.requires_grad}
 
-    metrics = learner.update_from_samples(_samples(), seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(_samples()), seed=0)
 
     after = _named(learner)
     for name in before:
@@ -105,7 +106,9 @@ def test_adapter_init_is_seeded_and_leaves_the_global_rng_alone(tiny_random_mode
 def test_kl_reference_is_the_base_with_the_adapter_off(tiny_random_model):
     learner = _learner(tiny_random_model, kl_coef=0.1)
     assert learner._reference.config is learner.policy.config  # the policy's memory, no second model
-    learner.update_from_samples(_samples(), seed=0)  # a trained adapter: policy and base now differ
+    learner.update_from_samples(
+        TrainingBatch.from_samples(_samples()), seed=0
+    )  # a trained adapter: policy and base now differ
     packed = pack_samples(_samples(), learner._pad_id, "cpu")
     with torch.no_grad():
         ref = learner._score(learner._reference, packed)[0]
@@ -124,7 +127,7 @@ def test_weights_ref_ships_the_adapter_only(tiny_random_model, monkeypatch):
     # No object store needed to read the payload.
     monkeypatch.setattr(learner_state.ray, "put", lambda obj: obj)
     learner = _learner(tiny_random_model, lora_target_modules=["q_proj", "v_proj"])
-    learner.update_from_samples(_samples(), seed=0)
+    learner.update_from_samples(TrainingBatch.from_samples(_samples()), seed=0)
     sent, version = learner.weights_ref()
     assert isinstance(sent, LoraAdapterWeights) and version == 1
     assert (sent.rank, sent.alpha, sent.target_modules) == (RANK, ALPHA, ("q_proj", "v_proj"))
@@ -140,7 +143,7 @@ def test_weights_ref_ships_the_adapter_only(tiny_random_model, monkeypatch):
 
 def test_checkpoint_restores_adapter_and_optimizer_state(tiny_random_model, tmp_path):
     trained = _learner(tiny_random_model)
-    trained.update_from_samples(_samples(), seed=0)
+    trained.update_from_samples(TrainingBatch.from_samples(_samples()), seed=0)
     trained.save_dcp(str(tmp_path / "ckpt"))
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -153,10 +156,10 @@ def test_checkpoint_restores_adapter_and_optimizer_state(tiny_random_model, tmp_
     a, b = _named(trained), _named(fresh)
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert fresh.optimizer_checksum() == trained.optimizer_checksum() != 0.0
-    assert fresh._policy_version == 1
+    assert fresh.policy_state.version == 1
     # The next update from the restored state is the one the original takes.
-    trained.update_from_samples(_samples(seed=1), seed=1)
-    fresh.update_from_samples(_samples(seed=1), seed=1)
+    trained.update_from_samples(TrainingBatch.from_samples(_samples(seed=1)), seed=1)
+    fresh.update_from_samples(TrainingBatch.from_samples(_samples(seed=1)), seed=1)
     a, b = _named(trained), _named(fresh)
     assert all(torch.equal(a[n], b[n]) for n in a)
 
@@ -168,7 +171,7 @@ def test_export_writes_the_merged_model_and_the_adapter_folder(tiny_random_model
     from r3_rllib.models.lora import ADAPTER_DIR
 
     learner = _learner(tiny_random_model)
-    learner.update_from_samples(_samples(), seed=0)
+    learner.update_from_samples(TrainingBatch.from_samples(_samples()), seed=0)
     out = learner.export_hf(str(tmp_path / "hf"))
     assert (tmp_path / "hf" / ADAPTER_DIR / "adapter_config.json").is_file()
     ids = torch.tensor([[5, 9, 23, 41, 7, 12]])
@@ -187,7 +190,7 @@ def test_gradient_checkpointing_trains_the_adapter(tiny_random_model):
     learner = _learner(tiny_random_model, gradient_checkpointing=True)
     assert learner.policy.is_gradient_checkpointing
     before = _named(learner)
-    learner.update_from_samples(_samples(), seed=0)
+    learner.update_from_samples(TrainingBatch.from_samples(_samples()), seed=0)
     after = _named(learner)
     assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)
     assert any(not torch.equal(before[n], after[n]) for n in before if ".lora_B." in n)

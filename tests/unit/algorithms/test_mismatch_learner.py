@@ -13,6 +13,7 @@ from random_samples import random_samples
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.algorithms.r3.rl_module import pack_samples
+from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Sample
 
 torch.set_num_threads(TORCH_THREADS)
@@ -64,7 +65,7 @@ def _on_policy(learner: R3Learner, samples: list[Sample]) -> list[Sample]:
 def test_an_update_logs_the_mismatch_diagnostics_and_on_policy_samples_show_none(tiny_random_model):
     learner = _learner(tiny_random_model, rollout_rs="token", rollout_token_veto_threshold=1e-4)
     samples = _on_policy(learner, _samples(6))
-    metrics = learner.update_from_samples(samples, seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
     for name in DIAGNOSTICS:
         assert np.isfinite(metrics[f"mismatch_{name}"]), name
     # The behaviour log-probs came from one batch of 6, the update scores micro-batches of 3: each log-prob may
@@ -85,7 +86,7 @@ def test_off_policy_samples_show_the_gap_and_the_max_is_a_max(tiny_random_model)
     """Behaviour log-prob -3 everywhere (the tiny model's are near -log(vocab)): a measurable gap; the weight's
     maximum is the largest token weight (at most is_cap), not a mean over passes."""
     learner = _learner(tiny_random_model)
-    metrics = learner.update_from_samples(_samples(6), seed=0)
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(_samples(6)), seed=0)
     assert metrics["mismatch_k3"] > 0.0
     assert metrics["mismatch_is_weight_mean"] <= metrics["mismatch_is_weight_max"] <= 2.0
     assert metrics["mismatch_token_masked_frac"] == 0.0  # no rejection by default
@@ -103,10 +104,10 @@ def test_rejected_samples_leave_the_loss_and_its_normaliser(tiny_random_model, a
     mixed = [x for pair in zip(far, samples[1::2], strict=True) for x in pair]
     # No gradient clipping: it would rescale both gradients to one norm and hide a wrong normaliser.
     rejecting = _learner(tiny_random_model, rollout_rs="sequence", loss_agg_mode=agg_mode, grad_clip=None)
-    metrics = rejecting.update_from_samples(mixed, seed=0)
+    metrics = rejecting.update_from_samples(TrainingBatch.from_samples(mixed), seed=0)
     assert metrics["mismatch_seq_masked_frac"] == pytest.approx(0.5)
     kept_only = _learner(tiny_random_model, loss_agg_mode=agg_mode, grad_clip=None)
-    kept = kept_only.update_from_samples(samples[1::2], seed=0)
+    kept = kept_only.update_from_samples(TrainingBatch.from_samples(samples[1::2]), seed=0)
     # The reported loss is the objective's value too, not a function of how the passes split the batch. The same
     # per-token terms (-A x ratio, ratio ~1: size max |A|) summed in other micro-batches: like the gradients below,
     # 2**10 float32 ulps of the largest term.

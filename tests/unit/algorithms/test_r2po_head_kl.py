@@ -13,8 +13,9 @@ from numeric import f32_tol, f64_tol
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.learner_kl import kl_weight_ratio
-from r3_rllib.algorithms.r3.r2po import KLTerm, needs_reference_model, stage_kl_term
 from r3_rllib.core.losses import rl_objective
+from r3_rllib.core.method import KLTerm
+from r3_rllib.r2po.method import needs_reference_model, stage_kl_term
 
 
 def _cfg(**overrides) -> SimpleNamespace:

@@ -13,15 +13,6 @@ from numeric import TORCH_THREADS, forward_atol
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.groups import build_training_batch
 from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
-from r3_rllib.algorithms.r3.learner import _param_groups
-from r3_rllib.algorithms.r3.r2po import (
-    STAGE_B_ESTIMATOR,
-    iteration_stage,
-    stage_b_advantages,
-    stage_head_kl_coef,
-    stage_is_cap,
-    stage_settings,
-)
 from r3_rllib.core.advantages import grpo_advantages
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.engines import make_engine
@@ -32,9 +23,18 @@ from r3_rllib.models.rollout_head import (
     attach_rollout_head,
     rollout_token_logprobs,
     save_rollout_head,
-    set_stage_trainable,
 )
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+from r3_rllib.r2po.method import (
+    STAGE_B_ESTIMATOR,
+    iteration_stage,
+    param_groups,
+    set_stage_trainable,
+    stage_b_advantages,
+    stage_head_kl_coef,
+    stage_is_cap,
+    stage_settings,
+)
 from r3_rllib.types.samples import Group, Sample
 
 torch.set_num_threads(TORCH_THREADS)
@@ -216,7 +216,7 @@ def test_learner_rollout_logprobs_match_the_head_module(tok, monkeypatch, head_s
 
 def _one_step(model, head, stage: str, lr_head: float | None):
     set_stage_trainable(model, stage)
-    opt = torch.optim.AdamW(_param_groups(model, head, 1e-2, lr_head), lr=1e-2, weight_decay=0.1)
+    opt = torch.optim.AdamW(param_groups(model, head, lr_head), lr=1e-2, weight_decay=0.1)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for seed in range(2):  # two steps: the second has AdamW moments, the first none
         ids, attn, resp = _batch(seed)

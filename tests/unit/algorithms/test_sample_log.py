@@ -16,7 +16,6 @@ import torch
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.groups import build_training_batch
-from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
 from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
 from r3_rllib.algorithms.r3.sample_log import (
     SampleLog,
@@ -24,6 +23,7 @@ from r3_rllib.algorithms.r3.sample_log import (
     batch_rows,
     build_records,
 )
+from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.rollout.records import records_table, write_iteration
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Group, Sample
@@ -344,12 +344,12 @@ def test_an_update_keeps_the_log_probs_of_the_policy_it_started_from(tiny_random
         packed = pack_batch(batch, np.arange(len(batch)), fresh._pad_id, fresh._device)
         start = fresh._score(fresh.policy, packed)[0]
     trained = learner(0.5)
-    trained.update_from_samples(samples, seed=1)
+    trained.update_from_samples(TrainingBatch.from_samples(samples), seed=1)
     got = trained.proximal_logprobs(range(len(batch)))
     assert sorted(got) == list(range(len(batch)))
     for i in range(len(batch)):
         expected = start[i][packed["response_mask"][i]].numpy()
         np.testing.assert_allclose(got[i], expected, rtol=0, atol=1e-5)
     off = learner(0.0)
-    off.update_from_samples(samples, seed=1)
+    off.update_from_samples(TrainingBatch.from_samples(samples), seed=1)
     assert off.proximal_logprobs(range(len(batch))) == {}

@@ -107,8 +107,8 @@ def test_hgpo_single_step_row_query_gets_reward_over_one_plus_eps():
 def test_r2po_stage_a_kl_is_the_references_unclamped_k3_by_default():
     from types import SimpleNamespace
 
-    from r3_rllib.algorithms.r3.r2po import stage_head_kl_type
     from r3_rllib.core.losses import kl_penalty
+    from r3_rllib.r2po.method import stage_head_kl_type
 
     # d = ref - logp = 3: k3 = e^3 - 3 - 1 = 16.0855...; clamped (verl's low_var_kl) it is 10.
     logp, ref = torch.zeros(1, 1), torch.full((1, 1), 3.0)

@@ -29,10 +29,10 @@ from r3_rllib.models.rollout_head import (
     rollout_logits_enabled,
     rollout_token_logprobs,
     save_rollout_head,
-    set_stage_trainable,
     split_rollout_head_state,
 )
 from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer
+from r3_rllib.r2po.method import set_stage_trainable
 
 torch.set_num_threads(TORCH_THREADS)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from r3_rllib.core.rollout_schedule import BASE_STAGE, HEAD_STAGE, StagePosition, active_stage, stage_position
+from r3_rllib.r2po.stages import BASE_STAGE, HEAD_STAGE, StagePosition, active_stage, stage_position
 
 
 def test_head_first_cycles():

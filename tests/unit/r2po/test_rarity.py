@@ -10,7 +10,7 @@ import pytest
 from numeric import f64_tol
 
 from r3_rllib.core.advantages import ADVANTAGE_FNS, compute_advantages_by_group, compute_group_advantages
-from r3_rllib.core.rarity import (
+from r3_rllib.r2po.rarity import (
     DEFAULT_SKIP_RANGE,
     RARITY_COUNTS,
     outcome_frequencies,

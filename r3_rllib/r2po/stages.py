@@ -33,6 +33,8 @@ HEAD_STAGE = Stage.HEAD
 #: Stage that trains the base policy (head frozen).
 BASE_STAGE = Stage.BASE
 STAGES: tuple[Stage, Stage] = (HEAD_STAGE, BASE_STAGE)
+#: Values of the config's ``rollout_head_first_stage`` -> the stage a cycle starts with.
+FIRST_STAGES: dict[str, Stage] = {stage.name.lower(): stage for stage in Stage}
 
 
 class StagePosition(NamedTuple):
