@@ -78,7 +78,7 @@ def main() -> None:
     config = ReplayConfig(
         max_per_query=max(16, 4 * args.samples // args.queries),  # large enough to keep every sample
         max_total_samples=args.samples,
-        max_staleness=None,
+        max_age=None,
         seed=args.seed,
     )
     t0 = time.perf_counter()

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint_every = int(spec.run.get("checkpoint_frequency", 0))
     print(
         f"orchestration from the run file: {config.num_env_runners} runners, {config.queries_per_iteration} "
-        f"queries x {config.group_size} samples, staleness {config.replay_max_staleness} (None: derived), "
+        f"queries x {config.group_size} samples, replay_max_age {config.replay_max_age} (None: derived), "
         f"reflection_max_per_batch {config.reflection_max_per_batch}, eval every {config.eval_interval}, "
         f"checkpoint every {checkpoint_every}"
     )
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         algo = config.build_algo()
         print(
-            f"build_algo: {time.perf_counter() - t0:.1f} s; replay staleness in effect {algo.schedule.staleness}"
+            f"build_algo: {time.perf_counter() - t0:.1f} s; replay_max_age in effect {algo.schedule.max_age}"
         )
         header = (
             "iter | epoch | parts | replay req | hits | refl prompts | ranked | buffer | buffer MiB | "

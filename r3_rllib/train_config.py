@@ -214,7 +214,7 @@ def _apply_section(config: Any, section: str, values: Any, base_dir: Path | None
     """Call the builder method ``section`` of ``config`` with the section's keys."""
     if not isinstance(values, dict):
         raise ConfigError(f"section {section!r} must be a mapping")
-    values = dict(values)
+    values = _current_names(section, values)
     if base_dir is not None:
         _resolve_paths(section, values, base_dir)
     known = _section_keys(config, section)
@@ -228,6 +228,18 @@ def _apply_section(config: Any, section: str, values: Any, base_dir: Path | None
         getattr(config, section)(**values)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"section {section!r}: {e}") from e
+
+
+def _current_names(section: str, values: dict) -> dict:
+    """The section's keys with a setting's former name (``RENAMED_FIELDS``, e.g. ``replay_max_staleness``) replaced
+    by its current one, with a warning: older run files keep working."""
+    from r3_rllib.config.field import renamed_keys
+    from r3_rllib.config.settings import RENAMED_FIELDS
+
+    try:
+        return renamed_keys(values, RENAMED_FIELDS, f"run file section {section!r}")
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _resolve_paths(section: str, values: dict, base_dir: Path) -> None:

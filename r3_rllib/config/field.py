@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import re
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -270,3 +271,24 @@ def mapping_errors(settings_class: type, values: Mapping[str, Any], where: str) 
         if message is not None:
             errors.append(message)
     return errors
+
+
+#: Old names already warned about in this process (each is warned about once).
+_WARNED_RENAMES: set[str] = set()
+
+
+def renamed_keys(values: Mapping[str, Any], renames: Mapping[str, str], where: str) -> dict[str, Any]:
+    """``values`` with every key that ``renames`` maps (old name -> new name) given its new name, warning once per
+    old name and process (a FutureWarning naming ``where``): old run files, scripts and saved configs keep
+    working. Both names at once is a ValueError (which one was meant is unknown)."""
+    out = dict(values)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{where}: {old!r} is the former name of {new!r}; give only {new!r}")
+        out[new] = out.pop(old)
+        if old not in _WARNED_RENAMES:
+            _WARNED_RENAMES.add(old)
+            warnings.warn(f"{where}: {old!r} is now called {new!r}; the old name will go", FutureWarning, 3)
+    return out

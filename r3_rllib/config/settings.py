@@ -310,7 +310,7 @@ class R3Settings:
     """recency_length: prefer shorter correct samples, (L_min / L) ** power (0: no length preference)."""
     replay_truncated_priority: float = setting(ReplayConfig.truncated_priority, range=">= 0", finite=True)
     """recency_length: priority factor of truncated samples (0: never replay them)."""
-    replay_max_staleness: int | None = setting(
+    replay_max_age: int | None = setting(
         None,
         range=">= 1",
         integer=True,
@@ -318,9 +318,10 @@ class R3Settings:
         note="a query comes back one update later at the earliest",
     )
     """Samples older than this many policy versions (updates; one per iteration) are evicted and never replayed
-    nor reflected on. None: two epochs of updates, 2 x (data size // queries_per_iteration), derived at setup from
-    the runners' data size, so that a query's previous visit (at most 2 epochs - 1 updates back) is always kept.
-    A value shorter than that is warned about at setup (see algorithms/r3/r3_schedule.py)."""
+    nor reflected on (formerly replay_max_staleness, a name still read). None: two epochs of updates,
+    2 x (data size // queries_per_iteration), derived at setup from the runners' data size, so that a query's
+    previous visit (at most 2 epochs - 1 updates back) is always kept. A value shorter than that is warned about at
+    setup (see algorithms/r3/r3_schedule.py)."""
     reflection: bool = False
     """In-context self-reflection: hard queries get an extra prompt with a past wrong answer and guidance."""
     reflection_tau: float = setting(0.3, range=">= 0", finite=True)
@@ -497,6 +498,10 @@ class R3Settings:
 
 #: The names of every field of :class:`R3Settings`.
 R3_FIELDS = frozenset(f.name for f in dataclasses.fields(R3Settings))
+
+#: Former field names -> their fields: R3Config's builder methods, its restored states and run files still read the
+#: old name, with a FutureWarning (:func:`~r3_rllib.config.field.renamed_keys`).
+RENAMED_FIELDS: dict[str, str] = {"replay_max_staleness": "replay_max_age"}
 
 
 def default_values() -> dict[str, object]:

@@ -34,7 +34,7 @@ def _as_config(config: ReplayConfig | dict[str, Any] | None) -> ReplayConfig:
         return ReplayConfig()
     if isinstance(config, ReplayConfig):
         return config
-    return ReplayConfig(**config)
+    return ReplayConfig.from_dict(config)
 
 
 def _with_methods(make: Callable[[RemoteMethod], Callable[..., Any]]) -> Callable[[C], C]:

@@ -4,7 +4,7 @@ R^3 keeps, for every query, recent *correct* and *incorrect* responses of the po
 degenerate (all responses wrong, or all right) and so carries no gradient, a few samples of the *opposite* outcome
 are replayed into it, restoring a reward contrast; wrong answers also seed self-reflection prompts. The buffer
 stores both outcome classes per query, bounded per query and in total, and drops samples older than
-``max_staleness`` policy versions.
+``max_age`` policy versions.
 
 Priority design (which samples are worth replaying), implemented by the ``"recency_length"`` entry of
 :data:`PRIORITY_FNS`; the weight of a candidate is the product of:
@@ -30,7 +30,7 @@ Bounds. Per query, each outcome class keeps at most ``max_per_query`` samples (t
 With ``dedupe`` (default), adding a response whose tokens equal a stored one of the same query and class replaces
 it (fresher version and log-probs, one copy): replaying duplicates adds no contrast.
 
-Staleness. A sample with ``policy_version < current_version - max_staleness`` is never returned: ``sample_*`` drop
+Age. A sample with ``policy_version < current_version - max_age`` is never returned: ``sample_*`` drop
 stale candidates of the query they look at, and :meth:`QueryReplayBuffer.evict_stale` drops stale samples from the
 old end of the insertion order (samples arrive in roughly version order, so this is O(evicted); an out-of-order old
 sample is caught by the next ``sample_*`` of its query). Once a current version is known, samples already stale on
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -163,7 +163,7 @@ class ReplayConfig:
 
     max_per_query: int = 16  # per outcome class (correct / incorrect)
     max_total_samples: int = 200_000
-    max_staleness: int | None = 8  # in policy versions; None: no limit
+    max_age: int | None = 8  # in policy versions; None: no limit
     priority: str = "recency_length"  # key of PRIORITY_FNS
     recency_decay: float = 0.8  # priority factor per policy version of lag
     correct_length_power: float = 1.0  # prefer shorter correct responses: (L_min / L) ** power
@@ -177,8 +177,8 @@ class ReplayConfig:
             raise ValueError(f"max_per_query must be >= 1, got {self.max_per_query}")
         if self.max_total_samples < 1:
             raise ValueError(f"max_total_samples must be >= 1, got {self.max_total_samples}")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {self.max_staleness}")
+        if self.max_age is not None and self.max_age < 0:
+            raise ValueError(f"max_age must be >= 0 or None, got {self.max_age}")
         if not 0.0 < self.recency_decay <= 1.0:
             raise ValueError(f"recency_decay must be in (0, 1], got {self.recency_decay}")
         if self.correct_length_power < 0 or self.incorrect_length_power < 0:
@@ -187,6 +187,21 @@ class ReplayConfig:
             raise ValueError(f"truncated_priority must be in [0, 1], got {self.truncated_priority}")
         if not PRIORITY_FNS.resolves(self.priority):
             raise ValueError(f"unknown priority {self.priority!r}; known: {sorted(PRIORITY_FNS)}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ReplayConfig:
+        """The config that ``values`` (``asdict`` of one: a replay state, the actor's arguments) describes; a field
+        under its former name (:data:`RENAMED_REPLAY_FIELDS`, in states saved by older versions) is read as its
+        current one."""
+        values = dict(values)
+        for old, new in RENAMED_REPLAY_FIELDS.items():
+            if old in values and new not in values:
+                values[new] = values.pop(old)
+        return cls(**values)
+
+
+#: Former :class:`ReplayConfig` field names -> current ones.
+RENAMED_REPLAY_FIELDS = {"max_staleness": "max_age"}
 
 
 PriorityFn = Callable[[Sequence[ReplaySample], int, bool, ReplayConfig], list[float]]
@@ -351,21 +366,21 @@ class QueryReplayBuffer:
                 self._nbytes -= entry.prompt.nbytes
             del self._queries[qid]
 
-    # -- staleness --------------------------------------------------------------------------------------------------
+    # -- age --------------------------------------------------------------------------------------------------------
     def _min_version(self) -> int | None:
-        if self.config.max_staleness is None or self._current_version is None:
+        if self.config.max_age is None or self._current_version is None:
             return None
-        return self._current_version - self.config.max_staleness
+        return self._current_version - self.config.max_age
 
     def _see_version(self, current_version: int) -> int | None:
         if self._current_version is None or current_version > self._current_version:
             self._current_version = int(current_version)
-        if self.config.max_staleness is None:
+        if self.config.max_age is None:
             return None
-        return current_version - self.config.max_staleness
+        return current_version - self.config.max_age
 
     def evict_stale(self, current_version: int) -> int:
-        """Drop samples older than ``max_staleness`` versions from the old end of the buffer; returns how many."""
+        """Drop samples older than ``max_age`` versions from the old end of the buffer; returns how many."""
         min_version = self._see_version(current_version)
         if min_version is None:
             return 0
@@ -503,7 +518,7 @@ class QueryReplayBuffer:
         """Restore from :meth:`get_state` (the config in the state replaces the current one)."""
         if state.get("version") != 1:
             raise ValueError(f"unsupported replay buffer state version {state.get('version')!r}")
-        self.__init__(ReplayConfig(**state["config"]))
+        self.__init__(ReplayConfig.from_dict(state["config"]))
         # Re-adding with no current version stores everything, in the original (age) order.
         self.add(from_columns(state["samples"]))
         self._stats = {q: list(v) for q, v in state["stats"].items()}

@@ -195,7 +195,7 @@ def test_four_runners_switch_r3_on_at_the_computed_iteration_and_resume_exactly(
         and schedule.parts["replay"].first_iteration == 4
         and schedule.parts["ranking"].first_iteration == 7
     )
-    assert schedule.staleness == 6  # derived: two epochs of updates
+    assert schedule.max_age == 6  # derived: two epochs of updates
     reference = _reference_orders(config)
     share = QUERIES_PER_ITERATION // RUNNERS
 
@@ -207,7 +207,7 @@ def test_four_runners_switch_r3_on_at_the_computed_iteration_and_resume_exactly(
         replay_config = algo._replay.client.handle.config.remote()
         import ray
 
-        assert ray.get(replay_config)["max_staleness"] == 6
+        assert ray.get(replay_config)["max_age"] == 6
         _record_served_queries(algo)
         results = [algo.train() for _ in range(3 * t)]
 

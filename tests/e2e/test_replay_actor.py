@@ -9,7 +9,7 @@ from r3_rllib.replay.actor import ReplayBufferActor, ReplayBufferClient, create_
 from r3_rllib.replay.buffer import QueryReplayBuffer, ReplayConfig, SampleRequest  # noqa: E402
 from r3_rllib.types.samples import ReplaySample  # noqa: E402
 
-CONFIG = ReplayConfig(max_per_query=3, max_staleness=4, seed=3)
+CONFIG = ReplayConfig(max_per_query=3, max_age=4, seed=3)
 
 
 @pytest.fixture(scope="module")

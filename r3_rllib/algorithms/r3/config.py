@@ -34,8 +34,10 @@ from ray.util import log_once
 
 from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of
 from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
+from r3_rllib.config.field import renamed_keys
 from r3_rllib.config.presets import recipe_values
 from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults
+from r3_rllib.config.settings import RENAMED_FIELDS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
@@ -168,7 +170,7 @@ class R3Config(AlgorithmConfig):
     @override(AlgorithmConfig)
     def training(self, **kwargs) -> R3Config:
         """RLlib's `.training()` plus every field of `R3Settings`."""
-        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in R3_FIELDS}
+        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in R3_FIELDS or k in RENAMED_FIELDS}
         self._set_fields(ours)
         return super().training(**kwargs)
 
@@ -185,7 +187,7 @@ class R3Config(AlgorithmConfig):
         return self
 
     def _set_fields(self, values: dict[str, Any]) -> None:
-        for key, value in values.items():
+        for key, value in renamed_keys(values, RENAMED_FIELDS, "R3Config").items():
             if key not in R3_FIELDS:
                 hint = difflib.get_close_matches(key, sorted(R3_FIELDS), n=1)
                 raise ValueError(
@@ -267,6 +269,17 @@ class R3Config(AlgorithmConfig):
             self.max_requests_in_flight_per_env_runner = max(
                 self.max_requests_in_flight_per_env_runner, 2 * staleness + 1
             )
+
+    @classmethod
+    @override(AlgorithmConfig)
+    def from_state(cls, state: dict[str, Any]) -> Any:
+        """RLlib's, with a setting saved under its former name (a checkpoint's config) read under its new one."""
+        return super().from_state(renamed_keys(state, RENAMED_FIELDS, "R3Config state"))
+
+    @override(AlgorithmConfig)
+    def update_from_dict(self, config_dict: dict[str, Any]) -> R3Config:
+        """RLlib's, with a setting given under its former name (a Tune trial's saved config) set under its new one."""
+        return super().update_from_dict(renamed_keys(config_dict, RENAMED_FIELDS, "R3Config"))
 
     @override(AlgorithmConfig)
     def get_state(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ Revisits. A query served in step ``b`` of epoch ``e`` comes back in step ``b'`` 
 the ``T`` steps when it is not skipped in either epoch): ``T + b' - b`` iterations later, between 1 and ``2T - 1``
 (``T`` on average), one policy update per iteration (fewer when an iteration has nothing to train on). Its previous
 samples are still in the replay buffer when that lag (plus one with ``overlap_generation``, whose samples are one
-update older) is at most ``replay_max_staleness``. The fraction of revisits for which that holds follows from the
+update older) is at most ``replay_max_age``. The fraction of revisits for which that holds follows from the
 triangular distribution of ``b' - b``: ``P(b' - b = d) = (T - |d|) / T**2``.
 
 With ``dynamic_sampling`` every extra sampling round takes another step of data, so epochs end earlier than computed
@@ -38,7 +38,7 @@ PARTS = ("replay", "reflection", "ranking")
 
 # Default history: a query's samples stay replayable for this many epochs of updates (the previous visit of a
 # query is at most 2T - 1 updates back, so two epochs always keep it).
-DEFAULT_STALENESS_EPOCHS = 2
+DEFAULT_MAX_AGE_EPOCHS = 2
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,8 @@ class Schedule:
     parts: dict[str, PartSchedule]
     revisit_mean: int  # iterations (= updates) between two visits of a query, on average
     revisit_max: int  # the longest such gap, in policy versions (overlap_generation adds one)
-    staleness: (
-        int | None
-    )  # replay_max_staleness in effect (the derived default when the config leaves it None)
-    revisit_kept_fraction: float  # revisits whose previous visit is still within the staleness bound
+    max_age: int | None  # replay_max_age in effect (the derived default when the config leaves it None)
+    revisit_kept_fraction: float  # revisits whose previous visit is still within max_age
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -92,7 +90,7 @@ class Schedule:
             text += f"; {parts}"
             text += (
                 f"; a query comes back every {self.revisit_mean} updates on average (at most {self.revisit_max}), "
-                f"replay_max_staleness {self.staleness}: {self.revisit_kept_fraction:.1%} of revisits find the "
+                f"replay_max_age {self.max_age}: {self.revisit_kept_fraction:.1%} of revisits find the "
                 f"previous visit's samples"
             )
         return text
@@ -104,20 +102,20 @@ def iterations_per_epoch(dataset_size: int, queries_per_iteration: int) -> int:
     return dataset_size // queries_per_iteration
 
 
-def default_staleness(dataset_size: int, queries_per_iteration: int) -> int:
-    """The ``replay_max_staleness`` used when the config leaves it None: two epochs of updates."""
-    return DEFAULT_STALENESS_EPOCHS * iterations_per_epoch(dataset_size, queries_per_iteration)
+def default_max_age(dataset_size: int, queries_per_iteration: int) -> int:
+    """The ``replay_max_age`` used when the config leaves it None: two epochs of updates."""
+    return DEFAULT_MAX_AGE_EPOCHS * iterations_per_epoch(dataset_size, queries_per_iteration)
 
 
-def revisit_kept_fraction(steps_per_epoch: int, staleness: int | None, *, extra_lag: int = 0) -> float:
+def revisit_kept_fraction(steps_per_epoch: int, max_age: int | None, *, extra_lag: int = 0) -> float:
     """Fraction of revisits (next epoch, uniform step positions) whose lag ``T + d + extra_lag`` is within
-    ``staleness``; ``None`` staleness keeps everything."""
-    if staleness is None:
+    ``max_age``; ``None`` keeps everything."""
+    if max_age is None:
         return 1.0
     t = steps_per_epoch
     kept = 0
     for d in range(-(t - 1), t):
-        if t + d + extra_lag <= staleness:
+        if t + d + extra_lag <= max_age:
             kept += t - abs(d)
     return kept / (t * t)
 
@@ -148,28 +146,28 @@ def _part_schedules(
 
 
 def _check_history(
-    staleness: int,
-    staleness_derived: bool,
+    max_age: int,
+    max_age_derived: bool,
     t: int,
     extra_lag: int,
     kept: float,
     errors: list[str],
     warnings: list[str],
 ) -> None:
-    """With replay or reflection on: an error when no revisit can find its past samples within ``staleness``,
+    """With replay or reflection on: an error when no revisit can find its past samples within ``max_age``,
     a warning when only some can (``kept`` of them)."""
     revisit_max = 2 * t - 1 + extra_lag
     if kept == 0.0:
         errors.append(
-            f"replay_max_staleness={staleness} is shorter than the shortest gap between two visits of a "
+            f"replay_max_age={max_age} is shorter than the shortest gap between two visits of a "
             f"query ({1 + extra_lag} update(s)): replay and reflection can never use a past sample"
         )
-    elif staleness < revisit_max:
-        source = "the derived default" if staleness_derived else f"replay_max_staleness={staleness}"
+    elif max_age < revisit_max:
+        source = "the derived default" if max_age_derived else f"replay_max_age={max_age}"
         warnings.append(
             f"{source} is shorter than the longest gap between two visits of a query ({revisit_max} updates; "
             f"{t} on average): only {kept:.1%} of revisits find the previous visit's samples. Leave "
-            f"replay_max_staleness unset (None) for two epochs of history ({DEFAULT_STALENESS_EPOCHS * t} updates)"
+            f"replay_max_age unset (None) for two epochs of history ({DEFAULT_MAX_AGE_EPOCHS * t} updates)"
         )
 
 
@@ -183,8 +181,8 @@ def compute_schedule(
     reflection_start_epoch: int,
     ranking: bool,
     ranking_start_epoch: int,
-    replay_max_staleness: int | None,
-    staleness_derived: bool = False,
+    replay_max_age: int | None,
+    max_age_derived: bool = False,
     dynamic_sampling: bool = False,
     overlap_generation: bool = False,
     generation_lag: int | None = None,
@@ -193,14 +191,14 @@ def compute_schedule(
     """The R^3 schedule of a run (see the module docstring for the rules).
 
     ``generation_lag``: the updates between a rollout's weights and its training (max_staleness; None: 1 with
-    ``overlap_generation``, else 0). ``replay_max_staleness`` is the bound in effect (pass :func:`default_staleness` with ``staleness_derived=True``
-    when the config leaves it None). ``stop_iteration``: the last training iteration, when known.
+    ``overlap_generation``, else 0). ``replay_max_age`` is the bound in effect (pass :func:`default_max_age` with
+    ``max_age_derived=True`` when the config leaves it None). ``stop_iteration``: the last training iteration, when known.
     """
     t = iterations_per_epoch(dataset_size, queries_per_iteration)
     if stop_iteration is not None and stop_iteration < 1:
         raise ValueError(f"stop_iteration must be >= 1 or None, got {stop_iteration}")
-    if replay_max_staleness is not None and replay_max_staleness < 0:
-        raise ValueError(f"replay_max_staleness must be >= 0 or None, got {replay_max_staleness}")
+    if replay_max_age is not None and replay_max_age < 0:
+        raise ValueError(f"replay_max_age must be >= 0 or None, got {replay_max_age}")
     settings = {
         "replay": (replay, replay_start_epoch),
         "reflection": (reflection, reflection_start_epoch),
@@ -210,15 +208,15 @@ def compute_schedule(
     # Updates between the weights a rollout is generated with and the update it trains: max_staleness (overlap: 1).
     extra_lag = generation_lag if generation_lag is not None else (1 if overlap_generation else 0)
     revisit_max = 2 * t - 1 + extra_lag
-    kept = revisit_kept_fraction(t, replay_max_staleness, extra_lag=extra_lag)
+    kept = revisit_kept_fraction(t, replay_max_age, extra_lag=extra_lag)
     errors: list[str] = []
     if replay and dynamic_sampling:
         errors.append(
             "replay with dynamic_sampling: dynamic sampling drops the all-equal groups that replay would mix "
             "past samples into, so replay would never act; turn one of them off"
         )
-    if (replay or reflection) and replay_max_staleness is not None:
-        _check_history(replay_max_staleness, staleness_derived, t, extra_lag, kept, errors, warnings)
+    if (replay or reflection) and replay_max_age is not None:
+        _check_history(replay_max_age, max_age_derived, t, extra_lag, kept, errors, warnings)
     late_parts = [p for p in parts.values() if p.enabled and p.start_epoch > 0]
     if dynamic_sampling and late_parts:
         warnings.append(
@@ -234,18 +232,18 @@ def compute_schedule(
         parts=parts,
         revisit_mean=t,
         revisit_max=revisit_max,
-        staleness=replay_max_staleness,
+        max_age=replay_max_age,
         revisit_kept_fraction=kept,
         warnings=warnings,
         errors=errors,
     )
 
 
-def resolved_staleness(config: Any, dataset_size: int) -> int | None:
-    """``config.replay_max_staleness``, or two epochs of updates when it is None."""
-    if config.replay_max_staleness is not None:
-        return int(config.replay_max_staleness)
-    return default_staleness(dataset_size, int(config.queries_per_iteration))
+def resolved_max_age(config: Any, dataset_size: int) -> int | None:
+    """``config.replay_max_age``, or two epochs of updates when it is None."""
+    if config.replay_max_age is not None:
+        return int(config.replay_max_age)
+    return default_max_age(dataset_size, int(config.queries_per_iteration))
 
 
 def schedule_for_config(config: Any, dataset_size: int, stop_iteration: int | None = None) -> Schedule:
@@ -259,8 +257,8 @@ def schedule_for_config(config: Any, dataset_size: int, stop_iteration: int | No
         reflection_start_epoch=int(config.reflection_start_epoch),
         ranking=bool(config.ranking),
         ranking_start_epoch=int(config.ranking_start_epoch),
-        replay_max_staleness=resolved_staleness(config, dataset_size),
-        staleness_derived=config.replay_max_staleness is None,
+        replay_max_age=resolved_max_age(config, dataset_size),
+        max_age_derived=config.replay_max_age is None,
         dynamic_sampling=bool(config.dynamic_sampling),
         overlap_generation=bool(config.overlap_generation),
         generation_lag=max_staleness_of(config),

@@ -104,9 +104,9 @@ def find_startup_error(exc: BaseException | None) -> EnvRunnerStartupError | Non
 REPLAY_RESTART_TIMEOUT_S = 60.0
 
 
-def replay_config(config, max_staleness: int | None):
+def replay_config(config, max_age: int | None):
     """The replay buffer's typed configuration (``replay.ReplayConfig``), built once in the driver from the
-    algorithm config; ``max_staleness`` is the schedule's bound (two epochs of updates when the config leaves it
+    algorithm config; ``max_age`` is the schedule's bound (two epochs of updates when the config leaves it
     None, r3_schedule.py)."""
     from r3_rllib.replay import ReplayConfig
 
@@ -117,7 +117,7 @@ def replay_config(config, max_staleness: int | None):
         recency_decay=config.replay_recency_decay,
         correct_length_power=config.replay_correct_length_power,
         truncated_priority=config.replay_truncated_priority,
-        max_staleness=max_staleness,
+        max_age=max_age,
         seed=config.seed,
     )
 
@@ -130,8 +130,8 @@ def start_replay(config, schedule):
     from r3_rllib.replay import ReplayBufferClient, create_replay_actor
     from r3_rllib.replay.supervisor import ReplaySupervisor
 
-    staleness = schedule.staleness if schedule else config.replay_max_staleness
-    client = ReplayBufferClient(create_replay_actor(replay_config(config, staleness), max_restarts=-1))
+    max_age = schedule.max_age if schedule else config.replay_max_age
+    client = ReplayBufferClient(create_replay_actor(replay_config(config, max_age), max_restarts=-1))
     supervisor = ReplaySupervisor(client, restart_timeout_s=REPLAY_RESTART_TIMEOUT_S)
     supervisor.check()
     return supervisor

@@ -7,7 +7,7 @@ import pytest
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.r3_schedule import (
     compute_schedule,
-    default_staleness,
+    default_max_age,
     revisit_kept_fraction,
     schedule_for_config,
 )
@@ -23,7 +23,7 @@ def _schedule(**overrides):
         reflection_start_epoch=1,
         ranking=True,
         ranking_start_epoch=2,
-        replay_max_staleness=50,
+        replay_max_age=50,
     )
     return compute_schedule(**{**settings, **overrides})
 
@@ -63,7 +63,7 @@ def test_staleness_shorter_than_the_revisit_interval():
     assert revisit_kept_fraction(12, 23) == 1.0 and revisit_kept_fraction(12, 22) == pytest.approx(143 / 144)
     # With overlap_generation samples are one update older: lag 13 + d <= 12 needs d <= -1: 66 / 144.
     assert revisit_kept_fraction(12, 12, extra_lag=1) == pytest.approx(66 / 144)
-    s = _schedule(replay_max_staleness=12)
+    s = _schedule(replay_max_age=12)
     assert s.revisit_kept_fraction == pytest.approx(78 / 144)
     assert (
         len(s.warnings) == 1 and "only 54.2% of revisits" in s.warnings[0] and "(23 updates" in s.warnings[0]
@@ -76,8 +76,8 @@ def test_the_shipped_paper_config_numbers():
     s = _schedule(dataset_size=40_315, queries_per_iteration=128, ranking_start_epoch=1, stop_iteration=1040)
     assert (s.iterations_per_epoch, s.skipped_per_epoch) == (314, 123)  # 40,315 = 314 * 128 + 123
     assert {p.first_iteration for p in s.parts.values()} == {315}
-    assert default_staleness(40_315, 128) == 628
-    # The former replay_max_staleness of 50: lags 314 + d <= 50 need d <= -264: (1 + ... + 50) / 314**2.
+    assert default_max_age(40_315, 128) == 628
+    # The former replay_max_age of 50: lags 314 + d <= 50 need d <= -264: (1 + ... + 50) / 314**2.
     assert s.revisit_kept_fraction == pytest.approx(1275 / 314**2)
     assert "only 1.3% of revisits" in s.warnings[0]
 
@@ -86,7 +86,7 @@ def test_errors_and_bad_input():
     assert any("dynamic_sampling" in e for e in _schedule(dynamic_sampling=True).errors)
     ranking_only = _schedule(replay=False, reflection=False, dynamic_sampling=True)
     assert not ranking_only.errors and "epochs end earlier" in ranking_only.warnings[0]
-    assert any("can never use a past sample" in e for e in _schedule(replay_max_staleness=0).errors)
+    assert any("can never use a past sample" in e for e in _schedule(replay_max_age=0).errors)
     with pytest.raises(ValueError, match="smaller than one iteration's 8 queries"):
         _schedule(dataset_size=7)
     with pytest.raises(ValueError, match="stop_iteration must be >= 1"):
@@ -97,19 +97,19 @@ def test_errors_and_bad_input():
 
 def test_schedule_for_config_derives_the_staleness():
     config = R3Config.r3_preset().training(queries_per_iteration=8)
-    assert config.replay_max_staleness is None
+    assert config.replay_max_age is None
     s = schedule_for_config(config, 100, stop_iteration=30)
-    assert s.staleness == 24 and s.revisit_kept_fraction == 1.0  # 2 epochs of 12 updates
-    config.r3(replay_max_staleness=10)
-    assert schedule_for_config(config, 100).staleness == 10
+    assert s.max_age == 24 and s.revisit_kept_fraction == 1.0  # 2 epochs of 12 updates
+    config.r3(replay_max_age=10)
+    assert schedule_for_config(config, 100).max_age == 10
 
 
 def test_validate_rejects_replay_with_dynamic_sampling_and_bad_staleness():
     with pytest.raises(ValueError, match="replay with dynamic_sampling"):
         R3Config.r3_preset().training(dynamic_sampling=True).validate()
     R3Config.dapo_preset().validate()  # dynamic sampling without replay is fine
-    with pytest.raises(ValueError, match="replay_max_staleness must be >= 1 or None"):
-        R3Config.r3_preset().r3(replay_max_staleness=0).validate()
+    with pytest.raises(ValueError, match="replay_max_age must be >= 1 or None"):
+        R3Config.r3_preset().r3(replay_max_age=0).validate()
     with pytest.raises(ValueError, match="reflection_start_epoch must be >= 0"):
         R3Config.r3_preset().r3(reflection_start_epoch=-1).validate()
 
@@ -128,7 +128,7 @@ def test_late_start_warnings_name_the_iteration_when_no_stop_is_known():
             reflection_start_epoch=0,
             ranking=True,
             ranking_start_epoch=0,
-            replay_max_staleness=None,
+            replay_max_age=None,
             stop_iteration=stop,
         )
 

@@ -50,7 +50,7 @@ def test_sample_conversion_and_validation():
     [
         (dict(max_per_query=0), "max_per_query"),
         (dict(max_total_samples=0), "max_total_samples"),
-        (dict(max_staleness=-1), "max_staleness"),
+        (dict(max_age=-1), "max_age"),
         (dict(recency_decay=0.0), "recency_decay"),
         (dict(truncated_priority=2.0), "truncated_priority"),
         (dict(priority="nope"), "unknown priority"),
@@ -62,7 +62,7 @@ def test_config_validation(kw, msg):
 
 
 def test_per_query_bound_per_outcome_class():
-    buf = QueryReplayBuffer(max_per_query=2, max_staleness=None)
+    buf = QueryReplayBuffer(max_per_query=2, max_age=None)
     c = [make(correct=True, version=v) for v in range(3)]
     w = [make(correct=False, version=v) for v in range(2)]
     buf.add(c + w)
@@ -74,7 +74,7 @@ def test_per_query_bound_per_outcome_class():
 
 
 def test_total_bound_evicts_globally_oldest():
-    buf = QueryReplayBuffer(max_total_samples=3, max_staleness=None)
+    buf = QueryReplayBuffer(max_total_samples=3, max_age=None)
     samples = [make(qid=f"q{i}") for i in range(5)]
     buf.add(samples[:2])
     buf.add(samples[2:])
@@ -85,20 +85,20 @@ def test_total_bound_evicts_globally_oldest():
 
 
 def test_dedupe_replaces_identical_response():
-    buf = QueryReplayBuffer(max_staleness=None)
+    buf = QueryReplayBuffer(max_age=None)
     a = make(version=0)
     b = ReplaySample("q", [1, 2], a.response_ids.copy(), [-0.1] * 3, 1.0, True, policy_version=5)
     buf.add([a, b])
     assert len(buf) == 1 and buf.metrics()["deduplicated"] == 1
     (got,) = buf.sample_opposite("q", want_correct=True, k=2, current_version=5)
     assert got.policy_version == 5
-    no_dedupe = QueryReplayBuffer(max_staleness=None, dedupe=False)
+    no_dedupe = QueryReplayBuffer(max_age=None, dedupe=False)
     no_dedupe.add([a, b])
     assert len(no_dedupe) == 2
 
 
 def test_prompt_shared_per_query():
-    buf = QueryReplayBuffer(max_staleness=None)
+    buf = QueryReplayBuffer(max_age=None)
     a, b = make(), make()
     assert a.prompt_ids is not b.prompt_ids
     buf.add([a, b])
@@ -130,7 +130,7 @@ def _freqs(buf, qid, want_correct, k, n, current_version):
 
 def test_sampling_probabilities_k1():
     # recency weights 1, 0.5, 0.25 (lags 0, 1, 2) -> 4/7, 2/7, 1/7
-    buf = QueryReplayBuffer(recency_decay=0.5, incorrect_length_power=0.0, max_staleness=None, seed=1)
+    buf = QueryReplayBuffer(recency_decay=0.5, incorrect_length_power=0.0, max_age=None, seed=1)
     buf.add([make(correct=False, version=v) for v in (2, 1, 0)])
     f = _freqs(buf, "q", False, 1, 20000, current_version=2)
     for v, p in {2: 4 / 7, 1: 2 / 7, 0: 1 / 7}.items():
@@ -139,7 +139,7 @@ def test_sampling_probabilities_k1():
 
 def test_sampling_without_replacement_k2():
     # successive sampling: P({a, b}) = 4/7 * 2/3 + 2/7 * 4/5 = 64/105, P({a, c}) = 4/7 * 1/3 + 1/7 * 2/3 = 30/105
-    buf = QueryReplayBuffer(recency_decay=0.5, max_staleness=None, seed=2)
+    buf = QueryReplayBuffer(recency_decay=0.5, max_age=None, seed=2)
     buf.add([make(correct=False, version=v) for v in (2, 1, 0)])
     f = _freqs(buf, "q", False, 2, 20000, current_version=2)
     assert f[frozenset({2, 1})] == pytest.approx(64 / 105, abs=0.012)
@@ -148,7 +148,7 @@ def test_sampling_without_replacement_k2():
 
 
 def test_shorter_correct_preferred():
-    buf = QueryReplayBuffer(correct_length_power=1.0, max_staleness=None, seed=3)
+    buf = QueryReplayBuffer(correct_length_power=1.0, max_age=None, seed=3)
     short, long_ = make(version=0, length=2), make(version=1, length=4)
     short.policy_version = long_.policy_version = 1
     buf.add([short, long_])
@@ -160,7 +160,7 @@ def test_shorter_correct_preferred():
 
 
 def test_zero_priority_never_returned():
-    buf = QueryReplayBuffer(truncated_priority=0.0, max_staleness=None)
+    buf = QueryReplayBuffer(truncated_priority=0.0, max_age=None)
     buf.add([make(truncated=True), make(truncated=False)])
     for _ in range(50):
         got = buf.sample_opposite("q", want_correct=True, k=2, current_version=0)
@@ -171,7 +171,7 @@ def test_seeded_determinism():
     def draws(seed):
         global _TOKEN
         _TOKEN = iter(range(10**9))
-        buf = QueryReplayBuffer(seed=seed, max_staleness=None)
+        buf = QueryReplayBuffer(seed=seed, max_age=None)
         buf.add([make(qid="q", version=0, length=3) for _ in range(6)])
         out = []
         for _ in range(20):
@@ -186,7 +186,7 @@ def test_seeded_determinism():
 def test_draw_order_is_the_exponential_race_of_the_seeded_generator():
     # weights (recency 0.5 per version, lags 0..3): 1, 0.5, 0.25, 0.125; the returned order must be
     # argsort(Exp(1) / w) for the first draw of default_rng(seed)
-    buf = QueryReplayBuffer(recency_decay=0.5, incorrect_length_power=0.0, max_staleness=None, seed=42)
+    buf = QueryReplayBuffer(recency_decay=0.5, incorrect_length_power=0.0, max_age=None, seed=42)
     buf.add([make(correct=False, version=v) for v in (3, 2, 1, 0)])
     e = np.random.default_rng(42).standard_exponential(4)
     expected = [3 - int(i) for i in np.argsort(e / np.array([1.0, 0.5, 0.25, 0.125]))]
@@ -195,7 +195,7 @@ def test_draw_order_is_the_exponential_race_of_the_seeded_generator():
 
 
 def test_opposite_outcome_sampling_and_hit_miss_counts():
-    buf = QueryReplayBuffer(max_staleness=None)
+    buf = QueryReplayBuffer(max_age=None)
     buf.add([make(correct=True), make(correct=False), make(correct=False)])
     got = buf.sample_opposite("q", want_correct=True, k=3, current_version=0)
     assert len(got) == 1 and got[0].correct
@@ -214,7 +214,7 @@ def test_sample_batch_matches_sequential_calls():
     def fill(seed):
         global _TOKEN
         _TOKEN = iter(range(10**9))
-        buf = QueryReplayBuffer(seed=seed, max_staleness=None)
+        buf = QueryReplayBuffer(seed=seed, max_age=None)
         buf.add([make(qid=f"q{i % 3}", correct=i % 2 == 0, version=i % 4) for i in range(24)])
         return buf
 
@@ -229,7 +229,7 @@ def test_sample_batch_matches_sequential_calls():
 
 
 def test_staleness_never_returned_and_evicted():
-    buf = QueryReplayBuffer(max_staleness=2, max_per_query=10)
+    buf = QueryReplayBuffer(max_age=2, max_per_query=10)
     buf.add([make(version=v) for v in range(4)])
     got = buf.sample_opposite("q", want_correct=True, k=10, current_version=4)  # min version 2
     assert sorted(s.policy_version for s in got) == [2, 3]
@@ -243,7 +243,7 @@ def test_staleness_never_returned_and_evicted():
 
 
 def test_evict_stale_from_old_end_and_lazy_for_out_of_order():
-    buf = QueryReplayBuffer(max_staleness=1)
+    buf = QueryReplayBuffer(max_age=1)
     buf.add(
         [
             make(qid="a", version=0),
@@ -256,14 +256,14 @@ def test_evict_stale_from_old_end_and_lazy_for_out_of_order():
     assert len(buf) == 2
     assert buf.sample_opposite("c", want_correct=True, k=1, current_version=5) == []  # never returned
     assert len(buf) == 1
-    no_limit = QueryReplayBuffer(max_staleness=None)
+    no_limit = QueryReplayBuffer(max_age=None)
     no_limit.add([make(version=0)])
     assert no_limit.evict_stale(100) == 0
     assert len(no_limit.sample_opposite("q", want_correct=True, k=1, current_version=100)) == 1
 
 
 def test_query_stats_over_all_samples_ever_added():
-    buf = QueryReplayBuffer(max_per_query=1, max_staleness=None)
+    buf = QueryReplayBuffer(max_per_query=1, max_age=None)
     buf.add(
         [make(correct=True, reward=1.0), make(correct=False, reward=0.0), make(correct=False, reward=0.2)]
     )
@@ -277,7 +277,7 @@ def test_query_stats_over_all_samples_ever_added():
 
 
 def test_sample_wrong_answer():
-    buf = QueryReplayBuffer(truncated_priority=0.0, max_staleness=None)
+    buf = QueryReplayBuffer(truncated_priority=0.0, max_age=None)
     assert buf.sample_wrong_answer("q", 0) is None
     buf.add([make(correct=True), make(correct=False, truncated=True)])
     assert buf.sample_wrong_answer("q", 0) is None  # only a truncated one, weight 0
@@ -292,7 +292,7 @@ def test_sample_wrong_answer():
 
 
 def test_nbytes_accounting():
-    buf = QueryReplayBuffer(max_staleness=0)
+    buf = QueryReplayBuffer(max_age=0)
     assert buf.nbytes() == 0
     a, b = make(length=10, version=0), make(length=20, version=0)
     buf.add([a, b])
@@ -335,7 +335,7 @@ def test_tool_token_masks_survive_the_columns_and_are_checked():
 
 
 def test_state_round_trip_is_exact():
-    buf = QueryReplayBuffer(max_per_query=3, max_staleness=3, seed=11)
+    buf = QueryReplayBuffer(max_per_query=3, max_age=3, seed=11)
     buf.add([make(qid=f"q{i % 4}", correct=i % 3 == 0, version=i // 5, length=1 + i % 5) for i in range(40)])
     for i in range(7):
         buf.sample_opposite(f"q{i % 4}", want_correct=bool(i % 2), k=2, current_version=7)
@@ -352,3 +352,15 @@ def test_state_round_trip_is_exact():
     assert clone.get_state()["rng_state"] == buf.get_state()["rng_state"]
     with pytest.raises(ValueError, match="state version"):
         clone.set_state({"version": 0})
+
+
+def test_a_state_saved_with_the_former_field_name_restores():
+    """Replay states of older versions name the age bound ``max_staleness`` (now ``max_age``)."""
+    buf = QueryReplayBuffer(max_per_query=3, max_age=3, seed=11)
+    buf.add([make(qid="q", correct=True, version=2)])
+    state = buf.get_state()
+    state["config"]["max_staleness"] = state["config"].pop("max_age")
+    clone = QueryReplayBuffer()
+    clone.set_state(state)
+    assert clone.config == buf.config and len(clone) == 1
+    assert ReplayConfig.from_dict({"max_staleness": None}).max_age is None
