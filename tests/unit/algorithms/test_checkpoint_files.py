@@ -9,6 +9,8 @@ import builtins
 import errno
 import os
 import pickle
+import sys
+import types
 from contextlib import contextmanager
 
 import numpy as np
@@ -175,6 +177,24 @@ def test_state_keeps_its_types_through_the_safe_reader(tmp_path):
     np.testing.assert_array_equal(state.replay["samples"]["x"], np.arange(4))
     assert state.ready_rollout == _state().ready_rollout
     assert state.rng == _state().rng
+
+
+def test_a_state_naming_the_former_home_of_sample_and_group_loads(tmp_path, monkeypatch):
+    """Checkpoints written before Sample and Group moved to the types layer name them
+    ``r3_rllib.algorithms.r3.groups.Sample`` / ``.Group``: safe_pickle.MOVED_GLOBALS reads them as today's classes."""
+    old_home = types.ModuleType("r3_rllib.algorithms.r3.groups")
+    old_home.Sample, old_home.Group = Sample, Group
+    monkeypatch.setitem(sys.modules, old_home.__name__, old_home)
+    for cls in (Sample, Group):
+        monkeypatch.setattr(cls, "__module__", old_home.__name__)
+    blob = pickle.dumps({**vars(_state()), FORMAT_KEY: ALGORITHM_STATE_VERSION}, protocol=4)
+    monkeypatch.undo()
+    assert b"r3_rllib.algorithms.r3.groups" in blob and b"r3_rllib.types.samples" not in blob
+    (tmp_path / R3_STATE_FILE).write_bytes(blob)
+    state = read_algorithm_state(str(tmp_path))
+    assert state.ready_rollout == _state().ready_rollout
+    [group] = state.ready_rollout.groups
+    assert type(group) is Group and type(group.samples[0]) is Sample
 
 
 def test_state_with_a_type_the_reader_would_refuse_is_refused_at_save(tmp_path):
