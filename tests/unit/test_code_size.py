@@ -1,14 +1,24 @@
 """Size limits that keep the package readable: no function over 70 lines (docstring included) anywhere in r3_rllib,
-no module of the Ray/RLlib layer (algorithms/) over 500 lines."""
+no module of the Ray/RLlib layer (algorithms/) over 500 lines. The lines counted are formatted ones: the package
+passes ``ruff format --check`` and holds no ``fmt: skip`` / ``fmt: off`` pragma, so a limit cannot be met by
+collapsing lines by hand."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "r3_rllib"
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "r3_rllib"
 MAX_FUNCTION_LINES = 70
 MAX_ALGORITHMS_MODULE_LINES = 500
+FORMAT_PRAGMA = re.compile(r"#\s*fmt:\s*(skip|off)\b")
 
 
 def test_no_function_over_70_lines():
@@ -29,3 +39,35 @@ def test_no_algorithms_module_over_500_lines():
         if (n := len(path.read_text().splitlines())) > MAX_ALGORITHMS_MODULE_LINES
     ]
     assert not big, "algorithms/ modules over 500 lines: " + ", ".join(big)
+
+
+def test_no_formatter_pragma_in_the_package():
+    found = [
+        f"{path.relative_to(PACKAGE)}:{i}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if FORMAT_PRAGMA.search(line)
+    ]
+    assert not found, (
+        "fmt: skip / fmt: off in the package (the size limits count formatted lines): " + ", ".join(found)
+    )
+
+
+def _ruff() -> list[str] | None:
+    """The command that runs ruff: this interpreter's ``ruff`` module, else the executable beside the interpreter;
+    None when neither is installed."""
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    beside = Path(sys.executable).with_name("ruff")
+    return [str(beside)] if beside.is_file() else None
+
+
+def test_the_package_is_formatted():
+    """The line counts above are of formatted code: ``ruff format --check r3_rllib`` (pyproject's settings)."""
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed (it comes with the test extra: pip install -e '.[test]')")
+    out = subprocess.run(
+        [*ruff, "format", "--check", "r3_rllib"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, f"ruff format --check r3_rllib:\n{out.stdout}{out.stderr}"
