@@ -42,7 +42,7 @@ def _train(args) -> int:
         os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     from ray import tune
 
-    from r3_rllib.algorithms.r3.tune_output import run_callbacks, tune_config
+    from r3_rllib.algorithms.r3.tune_output import tune_config
     from r3_rllib.ray_session import init_ray
 
     if args.resume and not tune.Tuner.can_restore(exp_dir):
@@ -52,28 +52,7 @@ def _train(args) -> int:
         return 2
     # A private cluster keeps token authentication on (ray_session.py).
     init_ray(args.address, log_to_driver=args.verbose, num_cpus=args.num_cpus)
-    reporter = tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5)
-    from r3_rllib.algorithms.r3.trackers import tracker_callbacks
-
-    # run.loggers: the named trackers only (a resumed run keeps its own, and needs Tune's automatic ones off too).
-    callbacks = tracker_callbacks(run, experiment=name, exp_dir=exp_dir)
-    run_config = tune.RunConfig(
-        name=name,
-        storage_path=storage,
-        stop=spec.stop or None,
-        checkpoint_config=tune.CheckpointConfig(
-            checkpoint_frequency=int(run.get("checkpoint_frequency", 0)),
-            checkpoint_at_end=bool(run.get("checkpoint_at_end", True)),
-            num_to_keep=run.get("keep_checkpoints_num"),
-        ),
-        progress_reporter=reporter,
-        callbacks=callbacks,
-        # A trial that failed (a learner died) restarts from its newest complete checkpoint (R3.restore).
-        failure_config=tune.FailureConfig(max_failures=int(run.get("max_failures", 0))),
-        verbose=int(run.get("verbose", 0)),
-    )
-    run_config.callbacks = run_callbacks(run_config.callbacks, spec)  # progress line, progress.csv's columns
-    _print_sample_rows(run_config, spec.config.log_samples, args.verbose)
+    run_config = _run_config(spec, name, storage, exp_dir, args.verbose)
     # "R3" is a Tune name since this package was imported (r3_rllib/__init__.py).
     if args.resume:
         # Tune restores the experiment as it was started (stop criteria and run settings included).
@@ -86,6 +65,36 @@ def _train(args) -> int:
             run_config=run_config,
         )
     return _fit_and_report(tuner, args.config, storage, exp_dir)
+
+
+def _run_config(spec, name: str, storage: str, exp_dir: str, verbose: bool):
+    """Tune's RunConfig of the run file's ``run`` section: checkpoints, failures, our progress columns and line,
+    the named trackers and (log_samples) the sample rows."""
+    from ray import tune
+
+    from r3_rllib.algorithms.r3.trackers import tracker_callbacks
+    from r3_rllib.algorithms.r3.tune_output import run_callbacks
+
+    run = spec.run
+    run_config = tune.RunConfig(
+        name=name,
+        storage_path=storage,
+        stop=spec.stop or None,
+        checkpoint_config=tune.CheckpointConfig(
+            checkpoint_frequency=int(run.get("checkpoint_frequency", 0)),
+            checkpoint_at_end=bool(run.get("checkpoint_at_end", True)),
+            num_to_keep=run.get("keep_checkpoints_num"),
+        ),
+        progress_reporter=tune.CLIReporter(metric_columns=PROGRESS_COLUMNS, max_report_frequency=5),
+        # run.loggers: the named trackers only (a resumed run keeps its own, and needs Tune's automatic ones off).
+        callbacks=tracker_callbacks(run, experiment=name, exp_dir=exp_dir),
+        # A trial that failed (a learner died) restarts from its newest complete checkpoint (R3.restore).
+        failure_config=tune.FailureConfig(max_failures=int(run.get("max_failures", 0))),
+        verbose=int(run.get("verbose", 0)),
+    )
+    run_config.callbacks = run_callbacks(run_config.callbacks, spec)  # progress line, progress.csv's columns
+    _print_sample_rows(run_config, spec.config.log_samples, verbose)
+    return run_config
 
 
 def _log_samples(args) -> list[str]:
