@@ -109,15 +109,14 @@ class R3(R3Console, Algorithm):
             )
         # Runners start from the same checkpoint as the learner; version 0 on both sides, unless the method's
         # learner-side weights are the ones the runners must sample with from the first rollout on.
-        self.training_method = method_for(
-            self.config
-        )  # the training method the config selects (core/method.py)
+        # The training method the config selects (core/method.py).
+        self.training_method = method_for(self.config)
         if self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync()
 
     def _check_schedule(self) -> Schedule | None:
         """The R^3 schedule for the runners' data size (r3_schedule.py): logged, and an error for settings that make
-        a part pointless. None when the env has no finite size (then replay_max_staleness None means no bound)."""
+        a part pointless. None when the env has no finite size (then replay_max_age None means no bound)."""
         ids = self.env_runner_group.healthy_worker_ids()[:1]
         sizes = self.env_runner_group.foreach_env_runner(
             lambda r: _env_size(r.env), remote_worker_ids=ids, local_env_runner=not ids
