@@ -1,4 +1,4 @@
-"""Lockstep multi-step rollouts (r3_rllib/rollout/multistep.py) with the HF engine and the gridworld."""
+"""Lockstep multi-step rollouts (r3_rllib/rollout/kinds/multi_step.py) with the HF engine and the gridworld."""
 
 import numpy as np
 import pytest

@@ -11,6 +11,7 @@ the env is built and sharded is in runner_setup.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -34,10 +35,10 @@ from r3_rllib.algorithms.r3.runner_setup import (
     model_context,
     runner_env_config,
     runner_seed,
-    step_info_check,
 )
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors, unpack_weights
 from r3_rllib.config.settings import default_values
+from r3_rllib.core.method import method_for
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
@@ -74,7 +75,8 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         # the engine loads.
         self.kind = kind_for_env(self.env)
         self.kind.check_config(self.config, default_values())
-        self._check_info = step_info_check(self.config)
+        # What the training method needs from every step()'s info (checked as the rollout scores).
+        self._check_info = functools.partial(method_for(self.config).check_step_info, self.config)
         # LoRA runs build an engine ready for adapters (the learner then sends adapters only, see update_weights).
         lora_rank = int(getattr(self.config, "lora_rank", 0) or 0)
         options = dataclasses.replace(self.config.engine_options(), lora_rank=lora_rank)

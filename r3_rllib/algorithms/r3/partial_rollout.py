@@ -48,4 +48,3 @@ class NewerWeightsPuller:
             version, (weights_ref,) = found
             self.load(weights_ref, version)
             self.pulls += 1
-

@@ -28,17 +28,17 @@ class HeldOutEvaluation:
 
         R^2PO: evaluated with base logits (head off: the policy that is exported and served) unless `with_head`
         (None: the config's rollout_head_eval_with_head); training rollouts go back to the head afterwards."""
-        set_head = getattr(self.engine, "set_rollout_logits", None)
-        if set_head is None:
+        engine = self.engine
+        if not engine.supports_rollout_logits:  # no rollout head: the base logits are all there is
             return self._evaluate(num_queries, samples, shard)
         if with_head is None:
             with_head = bool(self.config.rollout_head_eval_with_head)
-        before = bool(self.engine.rollout_logits)
-        set_head(with_head)
+        before = bool(engine.rollout_logits)
+        engine.set_rollout_logits(with_head)
         try:
             return self._evaluate(num_queries, samples, shard)
         finally:
-            set_head(before)
+            engine.set_rollout_logits(before)
 
     def _evaluate(self, num_queries: int, samples: int, shard: tuple[int, int]) -> dict[str, float]:
         if self._eval_env is None:

@@ -1,13 +1,10 @@
 """How an EnvRunner builds its TextEnv: the env factory (by class, entry-point name or Tune-registered name), the
-policy tokenizer handed to envs that take one, each runner's share of the data order (its ``shard``) and seed, and
-the runner's check of what the env's ``step`` reports.
+policy tokenizer handed to envs that take one, and each runner's share of the data order (its ``shard``) and seed.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
 
 from r3_rllib.envs.base import TextEnv
 from r3_rllib.models.hub import policy_path
@@ -130,23 +127,3 @@ def load_policy_tokenizer(config):
     from r3_rllib.models.tiny import load_tokenizer
 
     return load_tokenizer(policy_path(config.tokenizer_path or config.model_path))
-
-
-def step_info_check(config) -> Callable[[str, Mapping[str, Any]], None]:
-    """The runner's check of the info an env's ``step`` returns (``RolloutContext.check_info``): R^2PO's rarity
-    reward counting graded outcomes (``rollout_head_rarity_count='outcome'``) needs ``info['correct']``."""
-    counts_outcomes = (
-        bool(config.rollout_head)
-        and config.rollout_head_advantage == "rarity"
-        and config.rollout_head_rarity_count == "outcome"
-    )
-
-    def check(env: str, info: Mapping[str, Any]) -> None:
-        if "correct" not in info and counts_outcomes:
-            raise ValueError(
-                f"{env}.step() reports no info['correct']: R^2PO's rarity reward "
-                "(rollout_head_rarity_count='outcome') counts the graded outcome; report it, or set "
-                "rollout_head_rarity_count='reward' for an env whose reward values are its outcomes"
-            )
-
-    return check
