@@ -196,8 +196,8 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
 
     # -- weights ------------------------------------------------------------------------------------------------
     def set_weight_board(self, board) -> None:  # partial rollouts: newer weights between decoding steps
-        self.engine.between_steps = NewerWeightsPuller(
-            board, self.update_weights, lambda: self.engine.version
+        self.engine.set_between_steps(
+            NewerWeightsPuller(board, self.update_weights, lambda: self.engine.version)
         )
 
     def update_weights(self, weights_ref, version: int, only_if_newer: bool = False) -> float:
