@@ -51,7 +51,7 @@ SUPPORTED_ALGORITHM_STATE_VERSIONS = (LEGACY_VERSION, UNMANIFESTED_VERSION, ALGO
 SUPPORTED_RUNNER_STATE_VERSIONS = (LEGACY_VERSION, RUNNER_STATE_VERSION)
 #: The driver's state file inside an algorithm checkpoint directory.
 R3_STATE_FILE = "r3_state.pkl"
-#: The learners' DCP folder inside an algorithm checkpoint directory (PolicyStateMixin.save_dcp).
+#: The learners' DCP folder inside an algorithm checkpoint directory (PolicyState.save_dcp).
 LEARNER_DIR = "learner_dcp"
 
 

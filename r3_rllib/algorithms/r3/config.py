@@ -41,6 +41,7 @@ from r3_rllib.config.settings import RENAMED_FIELDS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
+from r3_rllib.engines.registry import engine_capabilities
 from r3_rllib.r2po.method import STAGE_B_ESTIMATOR, STAGE_B_WEIGHTS
 
 #: Rules of R3Settings fields whose choices are constants of this package (R^2PO's), checked with the others.
@@ -303,9 +304,11 @@ class R3Config(AlgorithmConfig):
 
     @property
     def ranking_entropies_from_learner(self) -> bool:
-        """Whether the learners rescore the ranking's entropies (ranking_entropy_source; 'auto': with vLLM)."""
+        """Whether the learners rescore the ranking's entropies (ranking_entropy_source; 'auto': when the engine's
+        entropies are estimates, as vLLM's top-k ones are)."""
         source = self.ranking_entropy_source
-        return source == "learner" or (source == "auto" and self.engine == "vllm")
+        exact = engine_capabilities(self.engine).exact_entropies
+        return source == "learner" or (source == "auto" and not exact)
 
     @property
     def needs_replay_actor(self) -> bool:

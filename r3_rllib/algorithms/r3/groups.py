@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, apply_batch_step, compute_group_advantages
+from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.ranking import structural_entropy_rewards
 from r3_rllib.core.reward_shaping import OverlongShaping, keep_group
 from r3_rllib.rollout.kinds import kind_means

@@ -12,7 +12,7 @@ from r3_rllib.algorithms.r3.groups import (
     rescore_ranking_entropies,
     select_dynamic_groups,
 )
-from r3_rllib.algorithms.r3.iteration_settings import IterationSettings
+from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.reward_shaping import OverlongShaping
 from r3_rllib.types.samples import Group, Sample
 
