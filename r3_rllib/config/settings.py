@@ -62,6 +62,12 @@ class R3Settings:
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
     attn_implementation: str | None = setting(None, types=(str,), none_ok=True)
     """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""
+    cpu_threads: str = setting("auto", choices=("auto", "reserved"))
+    """Torch threads of the runners and learners on CPU. 'auto': per phase (core/threads.py): the synchronous loop
+    alternates generation and the update, so each uses the whole machine's cores (shared among the runners, or the
+    learners); with generation overlapped (max_staleness >= 1) the runners keep num_cpus_per_env_runner threads and
+    the learners share the cores left. 'reserved': exactly the CPUs Ray reserves for them (num_cpus_per_env_runner,
+    num_cpus_per_learner; 1 for 'auto'). A learner on a GPU always keeps its reservation."""
     sleep_between_rollouts: bool = False
     """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
     learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""

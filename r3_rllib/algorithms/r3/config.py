@@ -39,6 +39,7 @@ from r3_rllib.config.presets import recipe_values
 from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults
 from r3_rllib.config.settings import RENAMED_FIELDS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
+from r3_rllib.core.threads import PhaseThreads, available_cores, phase_threads
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
 from r3_rllib.engines.registry import engine_capabilities
@@ -313,6 +314,25 @@ class R3Config(AlgorithmConfig):
     @property
     def needs_replay_actor(self) -> bool:
         return bool(self.replay or self.reflection)
+
+    def phase_threads(self) -> PhaseThreads:
+        """The torch threads of this process's runner or learner (``cpu_threads``; cores counted where it runs)."""
+        learner_cpus = None if self.num_cpus_per_learner == "auto" else float(self.num_cpus_per_learner or 1)
+        reserved = PhaseThreads(
+            runner=max(1, int(self.num_cpus_per_env_runner or 1)), learner=max(1, int(learner_cpus or 1))
+        )
+        if self.cpu_threads == "reserved":
+            return reserved
+        plan = phase_threads(
+            cores=available_cores(),
+            overlapped=max_staleness_of(self) >= 1,
+            num_env_runners=int(self.num_env_runners or 1),
+            runner_cpus=reserved.runner,
+            num_learners=int(self.num_learners or 0),
+            learner_cpus=learner_cpus,
+        )
+        on_gpu = bool(self.num_gpus_per_learner)
+        return PhaseThreads(runner=plan.runner, learner=reserved.learner if on_gpu else plan.learner)
 
     def engine_options(self) -> EngineOptions:
         """The runners' engine as a typed object. R^2PO: an engine whose model carries the rollout head, sampling

@@ -57,7 +57,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
 
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
-        torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner or 1)))
+        torch.set_num_threads(self.config.phase_threads().runner)  # cpu_threads (core/threads.py)
         self.tokenizer = load_policy_tokenizer(self.config)
         seed = runner_seed(self.config, self.worker_index)
         shardable = env_accepts_shard(self.config.env)

@@ -89,8 +89,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
     def build(self) -> None:
         if self._is_built:
             return
-        cpus = self.config.num_cpus_per_learner
-        torch.set_num_threads(max(1, int(cpus or 1) if cpus != "auto" else 1))
+        torch.set_num_threads(self.config.phase_threads().learner)  # cpu_threads (core/threads.py)
         self._device = get_device(self.config, self.config.num_gpus_per_learner)
         self._module = self._make_module()
         self._lora = lora_policy(self._module[DEFAULT_MODULE_ID].model, self.config)  # peft wrapper, or None

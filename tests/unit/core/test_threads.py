@@ -1,0 +1,58 @@
+"""core/threads.py: the torch threads of each phase, hand-computed for the layouts users run, and the config's
+choice between them and the reservations."""
+
+from __future__ import annotations
+
+import pytest
+
+from r3_rllib import R3Config
+from r3_rllib.core import threads
+from r3_rllib.core.threads import PhaseThreads, phase_threads
+
+
+def plan(cores, overlapped, runners, runner_cpus=1, learners=0, learner_cpus=None):
+    return phase_threads(
+        cores=cores,
+        overlapped=overlapped,
+        num_env_runners=runners,
+        runner_cpus=runner_cpus,
+        num_learners=learners,
+        learner_cpus=learner_cpus,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # Synchronous: each phase has the machine to itself, shared by the runners (or the learners).
+        ((2, False, 1), PhaseThreads(runner=2, learner=2)),
+        ((16, False, 4), PhaseThreads(runner=4, learner=16)),
+        ((16, False, 4, 1, 2), PhaseThreads(runner=4, learner=8)),
+        ((3, False, 2), PhaseThreads(runner=1, learner=3)),  # 3 // 2 = 1: never below the reservation
+        ((2, False, 4, 2), PhaseThreads(runner=2, learner=2)),  # reservations above the share are kept
+        # Overlapped: the runners keep their reservations, the learners share the rest.
+        ((2, True, 1), PhaseThreads(runner=1, learner=1)),
+        ((16, True, 4, 2), PhaseThreads(runner=2, learner=8)),
+        ((16, True, 4, 2, 2), PhaseThreads(runner=2, learner=4)),
+        ((4, True, 4), PhaseThreads(runner=1, learner=1)),  # nothing left: one thread (at least)
+        ((4, True, 4, 1, 0, 3), PhaseThreads(runner=1, learner=3)),  # an explicit learner reservation
+    ],
+)
+def test_phase_threads(args, expected):
+    assert plan(*args) == expected
+
+
+def test_config_auto_and_reserved(monkeypatch):
+    monkeypatch.setattr(threads, "available_cores", lambda: 8)
+    monkeypatch.setattr("r3_rllib.algorithms.r3.config.available_cores", lambda: 8)
+    config = R3Config().env_runners(num_env_runners=2, num_cpus_per_env_runner=1).learners(num_learners=0)
+    assert config.phase_threads() == PhaseThreads(runner=4, learner=8)
+    config.training(overlap_generation=True)
+    assert config.phase_threads() == PhaseThreads(runner=1, learner=6)
+    config.training(cpu_threads="reserved")
+    assert config.phase_threads() == PhaseThreads(runner=1, learner=1)
+    config.training(cpu_threads="auto", overlap_generation=False)
+    config.learners(num_learners=1, num_gpus_per_learner=1)
+    assert config.phase_threads() == PhaseThreads(runner=4, learner=1)  # a GPU learner keeps its reservation
+    with pytest.raises(ValueError, match="cpu_threads"):
+        R3Config().training(cpu_threads="all").validate()
