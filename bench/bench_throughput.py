@@ -14,7 +14,10 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss):
   EnvRunner with the HF or vLLM engine, a local learner in the driver, weights synced through the object store;
 - ``ours-hf-overlap`` / ``ours-vllm-overlap``: the same with ``overlap_generation=True``: the runner generates batch
   k+1 while the learner trains on batch k (one-step off-policy, IS-corrected). Runner and learner each use one
-  thread, so this path uses both cores;
+  thread (``cpu_threads='auto'`` splits the cores between the overlapped phases), so this path uses both cores;
+- ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with ``cpu_threads='reserved'``: one torch
+  thread per reserved CPU (what every path did before ``cpu_threads='auto'``, which lets each phase of the
+  synchronous loop use both cores);
 - ``trl``: ``trl.GRPOTrainer`` (transformers ``generate``, no vLLM on CPU), one optimizer step per generation batch;
 - ``floor``: a hand-written loop in one process: ``model.generate`` with the same sampling, grading, group
   advantages, one clipped token-mean update. Nothing else: the lowest cost of a GRPO iteration with these libraries.
@@ -48,7 +51,18 @@ from typing import Any
 import common
 import numpy as np
 
-PATHS = ("ours-hf", "ours-vllm", "ours-hf-overlap", "ours-vllm-overlap", "trl", "floor", "trl-2t", "floor-2t")
+PATHS = (
+    "ours-hf",
+    "ours-vllm",
+    "ours-hf-overlap",
+    "ours-vllm-overlap",
+    "ours-hf-reserved",
+    "ours-vllm-reserved",
+    "trl",
+    "floor",
+    "trl-2t",
+    "floor-2t",
+)
 
 
 @dataclasses.dataclass
@@ -344,7 +358,13 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
 # Ours
 # ------------------------------------------------------------------------------------------------------------------
 def run_ours(
-    s: Setting, engine: str, iterations: int, warmup: int, seed: int, overlap: bool = False
+    s: Setting,
+    engine: str,
+    iterations: int,
+    warmup: int,
+    seed: int,
+    overlap: bool = False,
+    cpu_threads: str = "auto",
 ) -> PathResult:
     config = common.grpo_config(
         s.model_path,
@@ -357,11 +377,18 @@ def run_ours(
         seed=seed,
         rank_all_wrong=s.rank_all_wrong,
     )
-    config.training(overlap_generation=overlap)
+    config.training(overlap_generation=overlap, cpu_threads=cpu_threads)
     algo = config.build_algo()
     names = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
     res = PathResult(
-        f"ours-{engine}" + ("-overlap" if overlap else ""), [], [], [], [], {k: [] for k in names}
+        f"ours-{engine}"
+        + ("-overlap" if overlap else "")
+        + ("-reserved" if cpu_threads == "reserved" else ""),
+        [],
+        [],
+        [],
+        [],
+        {k: [] for k in names},
     )
     try:
         for i in range(warmup + iterations):
@@ -642,7 +669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if path.startswith("ours"):
                     engine = path.split("-")[1]
                     overlap = path.endswith("-overlap")
-                    results[path] = run_ours(s, engine, iters, args.warmup, args.seed, overlap=overlap)
+                    threads = "reserved" if path.endswith("-reserved") else "auto"
+                    results[path] = run_ours(
+                        s, engine, iters, args.warmup, args.seed, overlap=overlap, cpu_threads=threads
+                    )
                 elif path.startswith("trl"):
                     threads = 2 if path.endswith("-2t") else 1
                     results[path] = run_trl(s, iters, args.warmup, args.seed, threads=threads)
