@@ -575,10 +575,9 @@ def build_settings(args) -> list[Setting]:
     chosen = set(args.paths.split(",")) if args.paths else None
     if args.setting in ("tiny", "all"):
         default = ("ours-hf", "ours-hf-overlap", "floor", "trl", "floor-2t", "trl-2t")
-        paths = tuple(p for p in default if chosen is None or p in chosen)
-        # ours-vllm only on request: 3x slower than HF on 8-token answers (BENCHMARKS.md, section 2)
-        if chosen and "ours-vllm" in chosen:
-            paths = ("ours-vllm",) + paths
+        # Every path on request; by default not the vLLM ones (3x slower than HF on 8-token answers, BENCHMARKS.md
+        # section 2) nor the reserved-threads ones.
+        paths = tuple(p for p in PATHS if p in chosen) if chosen else default
         settings.append(
             Setting(
                 "tiny",
