@@ -66,8 +66,10 @@ class R3Settings:
     """Torch threads of the runners and learners on CPU. 'auto': per phase (core/threads.py): the synchronous loop
     alternates generation and the update, so each uses the whole machine's cores (shared among the runners, or the
     learners); with generation overlapped (max_staleness >= 1) the runners keep num_cpus_per_env_runner threads and
-    the learners share the cores left. 'reserved': exactly the CPUs Ray reserves for them (num_cpus_per_env_runner,
-    num_cpus_per_learner; 1 for 'auto'). A learner on a GPU always keeps its reservation."""
+    the learners share the cores left; each phase starts with no more threads than the cores nothing else is running
+    on (OpenMP threads on busy cores make an update several times slower). 'reserved': exactly the CPUs Ray reserves
+    for them (num_cpus_per_env_runner, num_cpus_per_learner; 1 for 'auto'). A learner on a GPU always keeps its
+    reservation."""
     sleep_between_rollouts: bool = False
     """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
     learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""

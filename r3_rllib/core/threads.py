@@ -5,11 +5,17 @@ an actor may be placed, not how many cores are idle while it works. The synchron
 runners wait while the learners update and the learners wait while the runners generate, so each phase can use the
 whole machine. With generation overlapped with training (``max_staleness >= 1``) both phases run at once and split
 the cores: the runners keep what they reserved and the learners get the rest.
+
+A plan is an upper bound. Cores another job keeps busy are not free: OpenMP threads spin at every barrier waiting
+for a thread the OS has descheduled, so on two cores shared with one busy process, two threads made our update 5-7x
+slower than one (BENCHMARKS.md section 28). Each phase therefore takes, when it starts, no more threads than there
+are cores with nothing runnable on them (:func:`threads_now`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 
@@ -48,6 +54,39 @@ def phase_threads(
         )
     left = cores - runners * reserved_runner
     return PhaseThreads(runner=reserved_runner, learner=max(reserved_learner, left // learners))
+
+
+def threads_now(planned: int, reserved: int, cores: int, runnable: int | None) -> int:
+    """The threads a phase starts with: ``planned``, but no more than the cores that nothing else is running on
+    (``runnable``: the tasks runnable on the machine now, this one included; None when unknown: the reservation),
+    and never fewer than ``reserved``."""
+    if runnable is None:
+        return max(1, min(planned, reserved))
+    free = cores - max(0, runnable - 1)
+    return max(1, min(planned, max(reserved, free)))
+
+
+def phase_start_threads(planned: int, reserved: int) -> int:
+    """The threads of a phase starting now on this machine: ``planned`` when it is within the reservation, else
+    :func:`threads_now` from this moment's runnable tasks."""
+    if planned <= reserved:
+        return max(1, planned)
+    return threads_now(planned, reserved, available_cores(), runnable_tasks())
+
+
+def runnable_tasks(samples: int = 3, gap_s: float = 0.002) -> int | None:
+    """Tasks runnable on the machine now (the fourth field of Linux's ``/proc/loadavg``, the caller included): the
+    least of ``samples`` reads ``gap_s`` apart, so a task that woke for a moment does not count. None elsewhere."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            return None
+        if i + 1 < samples:
+            time.sleep(gap_s)
+    return min(counts)
 
 
 def available_cores() -> int:

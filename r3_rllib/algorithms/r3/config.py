@@ -315,12 +315,15 @@ class R3Config(AlgorithmConfig):
     def needs_replay_actor(self) -> bool:
         return bool(self.replay or self.reflection)
 
+    def reserved_threads(self) -> PhaseThreads:
+        """One torch thread per CPU Ray reserves for a runner and a learner (1 for ``num_cpus_per_learner='auto'``)."""
+        learner = 1 if self.num_cpus_per_learner == "auto" else int(self.num_cpus_per_learner or 1)
+        return PhaseThreads(runner=max(1, int(self.num_cpus_per_env_runner or 1)), learner=max(1, learner))
+
     def phase_threads(self) -> PhaseThreads:
-        """The torch threads of this process's runner or learner (``cpu_threads``; cores counted where it runs)."""
-        learner_cpus = None if self.num_cpus_per_learner == "auto" else float(self.num_cpus_per_learner or 1)
-        reserved = PhaseThreads(
-            runner=max(1, int(self.num_cpus_per_env_runner or 1)), learner=max(1, int(learner_cpus or 1))
-        )
+        """The most torch threads a runner and a learner use in their phase (``cpu_threads``; cores counted where
+        this runs); each phase starts with fewer where cores are busy (core/threads.py phase_start_threads)."""
+        reserved = self.reserved_threads()
         if self.cpu_threads == "reserved":
             return reserved
         plan = phase_threads(
@@ -329,7 +332,7 @@ class R3Config(AlgorithmConfig):
             num_env_runners=int(self.num_env_runners or 1),
             runner_cpus=reserved.runner,
             num_learners=int(self.num_learners or 0),
-            learner_cpus=learner_cpus,
+            learner_cpus=None if self.num_cpus_per_learner == "auto" else reserved.learner,
         )
         on_gpu = bool(self.num_gpus_per_learner)
         return PhaseThreads(runner=plan.runner, learner=reserved.learner if on_gpu else plan.learner)

@@ -40,6 +40,7 @@ from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors
 from r3_rllib.config.settings import default_values
 from r3_rllib.core.method import method_for
 from r3_rllib.core.reflection import ReflectionSettings
+from r3_rllib.core.threads import phase_start_threads
 from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.base import TextEnv
@@ -57,7 +58,9 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
 
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
-        torch.set_num_threads(self.config.phase_threads().runner)  # cpu_threads (core/threads.py)
+        # Torch threads (cpu_threads, core/threads.py): the reservation while idle, up to the plan while sampling.
+        self._threads = (self.config.phase_threads().runner, self.config.reserved_threads().runner)
+        torch.set_num_threads(self._threads[1])
         self.tokenizer = load_policy_tokenizer(self.config)
         seed = runner_seed(self.config, self.worker_index)
         shardable = env_accepts_shard(self.config.env)
@@ -143,6 +146,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         advantages NaN)."""
         t0, self._context = time.perf_counter(), None
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
+        torch.set_num_threads(phase_start_threads(*self._threads))
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
         self._context = self.rollout_context()

@@ -52,6 +52,7 @@ from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chu
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
+from r3_rllib.core.threads import phase_start_threads
 from r3_rllib.models.dtypes import resolve_dtype
 from r3_rllib.types import TrainingBatch
 
@@ -89,7 +90,9 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
     def build(self) -> None:
         if self._is_built:
             return
-        torch.set_num_threads(self.config.phase_threads().learner)  # cpu_threads (core/threads.py)
+        # Torch threads (cpu_threads, core/threads.py): the reservation, up to the plan while updating or scoring.
+        self._threads = (self.config.phase_threads().learner, self.config.reserved_threads().learner)
+        torch.set_num_threads(self._threads[1])
         self._device = get_device(self.config, self.config.num_gpus_per_learner)
         self._module = self._make_module()
         self._lora = lora_policy(self._module[DEFAULT_MODULE_ID].model, self.config)  # peft wrapper, or None
@@ -180,6 +183,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         (every parameter trainable at build, base logits)."""
         batch = _fetched(batch)
         cfg = self.config
+        torch.set_num_threads(phase_start_threads(*self._threads))
         self._set_phase(phase or DEFAULT_PHASE)
         t0 = time.perf_counter()
         self._peak_memory.reset()

@@ -56,3 +56,32 @@ def test_config_auto_and_reserved(monkeypatch):
     assert config.phase_threads() == PhaseThreads(runner=4, learner=1)  # a GPU learner keeps its reservation
     with pytest.raises(ValueError, match="cpu_threads"):
         R3Config().training(cpu_threads="all").validate()
+
+
+@pytest.mark.parametrize(
+    ("planned", "reserved", "cores", "runnable", "expected"),
+    [
+        (2, 1, 2, 1, 2),  # only this task runs: the whole plan
+        (2, 1, 2, 2, 1),  # another task is running: one free core, one thread
+        (8, 1, 8, 4, 5),  # three others running: 5 free cores
+        (8, 2, 8, 30, 2),  # a busy machine (a host's count seen from a container): the reservation
+        (4, 1, 16, 1, 4),  # never above the plan
+        (2, 1, 2, None, 1),  # unknown: the reservation
+    ],
+)
+def test_threads_now(planned, reserved, cores, runnable, expected):
+    assert threads.threads_now(planned, reserved, cores, runnable) == expected
+
+
+def test_phase_start_threads_reads_the_runnable_tasks(monkeypatch):
+    monkeypatch.setattr(threads, "available_cores", lambda: 4)
+    monkeypatch.setattr(threads, "runnable_tasks", lambda: 3)
+    assert threads.phase_start_threads(4, 1) == 2  # two others running on four cores
+    assert threads.phase_start_threads(1, 1) == 1  # within the reservation: no reading needed
+
+
+def test_runnable_tasks_reads_proc_loadavg():
+    count = threads.runnable_tasks()
+    if count is None:
+        pytest.skip("no /proc/loadavg on this system")
+    assert count >= 1  # the reading task itself is runnable
