@@ -15,9 +15,9 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss):
 - ``ours-hf-overlap`` / ``ours-vllm-overlap``: the same with ``overlap_generation=True``: the runner generates batch
   k+1 while the learner trains on batch k (one-step off-policy, IS-corrected). Runner and learner each use one
   thread (``cpu_threads='auto'`` splits the cores between the overlapped phases), so this path uses both cores;
-- ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with ``cpu_threads='reserved'``: one torch
-  thread per reserved CPU (what every path did before ``cpu_threads='auto'``, which lets each phase of the
-  synchronous loop use both cores);
+- ``ours-*`` paths run with ``cpu_threads='auto'`` (each phase of the synchronous loop may use both cores);
+  ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with the default ``cpu_threads='reserved'``:
+  one torch thread per reserved CPU;
 - ``trl``: ``trl.GRPOTrainer`` (transformers ``generate``, no vLLM on CPU), one optimizer step per generation batch;
 - ``floor``: a hand-written loop in one process: ``model.generate`` with the same sampling, grading, group
   advantages, one clipped token-mean update. Nothing else: the lowest cost of a GRPO iteration with these libraries.

@@ -46,6 +46,8 @@ def test_config_auto_and_reserved(monkeypatch):
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     monkeypatch.setattr("r3_rllib.algorithms.r3.config.available_cores", lambda: 8)
     config = R3Config().env_runners(num_env_runners=2, num_cpus_per_env_runner=1).learners(num_learners=0)
+    assert config.phase_threads() == PhaseThreads(runner=1, learner=1)  # the default: reproducible runs
+    config.training(cpu_threads="auto")
     assert config.phase_threads() == PhaseThreads(runner=4, learner=8)
     config.training(overlap_generation=True)
     assert config.phase_threads() == PhaseThreads(runner=1, learner=6)
