@@ -355,3 +355,12 @@ def test_reasoning_gym_smoke(ray_session, tmp_path, capsys):
     # The report rebuilds the run's figures from its progress.csv: the same method row, the same two iterations.
     assert rows(report, False) == rows(out, False) and len(rows(report, False)) == 1
     assert rows(report, True) == rows(out, True) and len(rows(report, True)) == 2
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_profile_iteration_smoke(ray_session, capsys):
+    mod = load("profile_iteration")
+    assert mod.main(["--warmup", "1", "--iterations", "1", "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "s/iteration under cProfile" in out and "training_step" in out
