@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r3_schedule import Schedule, log_late_starts, schedule_for_config
+from r3_rllib.algorithms.r3.ranking_deferred import build_deferred_batch, defers_ranking, finish_deferred
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
 from r3_rllib.algorithms.r3.sample_log import SampleLog
@@ -176,6 +178,9 @@ class R3(R3Console, Algorithm):
             if batch:
                 with self._timed("learner_update_s"):
                     learner_metrics = self._update_learners(batch, settings.phase)
+                # The deferred groups' rewards and advantages from the learners (ranking_deferred.py).
+                pending = getattr(self, "_pending_ranking", None)
+                batch = finish_deferred(batch, r3_metrics, pending, learner_metrics)
                 with self._timed("weight_sync_s"):
                     staleness = max_staleness_of(cfg)
                     self.weights.sync(block=staleness == 0, queued_loads=max(staleness, 1))
@@ -205,9 +210,13 @@ class R3(R3Console, Algorithm):
     ) -> tuple[list[Sample], dict[str, float]]:
         fetch = self._fetch_replay if (settings.replay and self._replay_available) else None
         entropy_metrics = {}
-        if settings.ranking and self.config.ranking_entropies_from_learner:
-            groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
-        batch, r3_metrics = build_training_batch(groups, settings, fetch)
+        self._pending_ranking = None  # the groups the learners rank (ranking_deferred.py), if any
+        if defers_ranking(settings, self.config.ranking_entropies_from_learner):
+            batch, r3_metrics, self._pending_ranking = build_deferred_batch(groups, settings, fetch)
+        else:
+            if settings.ranking and self.config.ranking_entropies_from_learner:
+                groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
+            batch, r3_metrics = build_training_batch(groups, settings, fetch)
         r3_metrics.update(entropy_metrics)
         # After the batch is built (a group never replays its own samples). Reflection samples stay out: their
         # prompt is not the query's (see groups.py).
@@ -225,7 +234,9 @@ class R3(R3Console, Algorithm):
 
     def _update_learners(self, batch: list[Sample], phase: TrainingPhase | None = None) -> dict[str, float]:
         """One update of every learner on `batch`, sent to them as one columnar `TrainingBatch`, in `phase`."""
-        ref = ray.put(TrainingBatch.from_samples(batch))
+        pending = getattr(self, "_pending_ranking", None)
+        ranking = pending and pending.description
+        ref = ray.put(replace(TrainingBatch.from_samples(batch), ranking=ranking))
         seed = int(self._rng.integers(2**31))
         results = None
         try:
