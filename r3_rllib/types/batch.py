@@ -26,7 +26,8 @@ class DeferredRanking:
     ``engine_entropies`` between ``engine_offsets[j]`` and ``engine_offsets[j + 1]``: the entropies the engine
     reported for row ``rows[j]`` (empty for a replayed row, or when they do not cover its trained tokens), for the
     bias metrics. ``p`` / ``r_max``: the ranking's; ``estimator`` / ``params``: the advantage estimator's name and
-    parameters (one without a batch step or per-sample inputs).
+    parameters (one without a batch step or per-sample inputs). ``drop_zero``: a group whose advantages all come
+    out zero is left out of the loss's normaliser, as the driver leaves such a group out of the batch.
     """
 
     rows: np.ndarray  # int64
@@ -39,6 +40,7 @@ class DeferredRanking:
     r_max: float
     estimator: str
     params: dict[str, float]
+    drop_zero: bool = True  # a group whose advantages all come out zero leaves the loss (no KL term keeps it)
 
     @property
     def groups(self) -> list[np.ndarray]:

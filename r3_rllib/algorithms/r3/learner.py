@@ -356,6 +356,9 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
             accumulate_metrics(acc, metrics, weight)
         reduced = self._all_reduce_sum(metrics_as_floats(acc))
+        self._drop_zero_groups(
+            batch, mb, step.denom, reduced
+        )  # deferred ranked groups that came out all zero
         if step.correction.rejects:  # rejected tokens leave the minibatch's count as they left its loss
             mismatch.rescale_to_kept(self.policy.parameters(), reduced, cfg.loss_agg_mode)
         reduced["grad_norm"] = self._apply_gradients()

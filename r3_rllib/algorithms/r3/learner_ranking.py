@@ -19,13 +19,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from r3_rllib.algorithms.r3.learner_kl import agg_count
+from r3_rllib.core import mismatch
 from r3_rllib.core.batching import minibatch_plan, unit_chunks, unit_minibatch_plan
 from r3_rllib.core.ranking import ranked_group_scores
-from r3_rllib.types import TrainingBatch
+from r3_rllib.types import DeferredRanking, TrainingBatch
 
 
 class DeferredRankingMixin:
     """The deferred-ranking side of an ``R3Learner`` update (see the module docstring)."""
+
+    _ranking: DeferredRanking | None = None  # the update's deferred groups (none outside an update)
 
     def _start_ranking(self, batch: TrainingBatch) -> None:
         """Reset the per-update state for `batch`; score its groups now when the update's forwards cannot."""
@@ -138,6 +142,30 @@ class DeferredRankingMixin:
         lo, hi = int(r.group_offsets[g]), int(r.group_offsets[g + 1])
         j = int(np.flatnonzero(r.rows[lo:hi] == row)[0])
         return float(self._rank_done[g][which][j])
+
+    def _drop_zero_groups(self, batch: TrainingBatch, mb: np.ndarray, denom: int, reduced: dict) -> None:
+        """Take the rows of minibatch `mb`'s deferred groups whose advantages all came out zero out of the loss's
+        normaliser `denom` (when they are dropped: no KL term): the passes were weighed by `denom`, so the gradients
+        and the reduced loss metrics are divided by the share of it that remains. Their rows add nothing else (zero
+        advantage). Each rank counts the groups it ranked; the counts are summed over ranks."""
+        r = self._ranking
+        if r is None or not r.drop_zero:
+            return
+        mine = not self._rank_everywhere or self._rank == 0
+        rows = [
+            r.rows[int(r.group_offsets[g]) : int(r.group_offsets[g + 1])]
+            for g, (_, _, advantages) in self._rank_done.items()
+            if mine and not np.any(advantages)
+        ]
+        in_mb = np.intersect1d(np.concatenate(rows), mb) if rows else np.zeros(0, np.int64)
+        dropped = self._all_reduce_sum({"n": float(agg_count(batch, in_mb, self.config.loss_agg_mode))})["n"]
+        share = (denom - dropped) / denom if denom else 1.0
+        if 0.0 < share < 1.0:
+            with torch.no_grad():
+                for p in self.policy.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(1.0 / share)
+            mismatch.scale_loss_metrics(reduced, 1.0 / share)
 
     def _ranking_result(self) -> dict[str, np.ndarray] | None:
         """Per deferred row (``rows`` order) the ranking reward (NaN for a replayed row), reward and advantage,

@@ -8,9 +8,10 @@ step keys). Otherwise the batch is built as before. The ranked groups' rows ente
 `DeferredRanking` description; after the update their rewards and advantages are filled in from the learners'
 result, so metrics and sample records read as they do on the driver's path.
 
-One difference: a ranked group whose advantages all come out zero (its ranking rewards tie, which takes equal
-entropy statistics) stays in the batch, its zero-advantage rows counted by ``train_zero_adv_samples``; the
-driver's path leaves it out unless a KL term keeps it. Which rows a ranking zeroes is not known before the update.
+A ranked group whose advantages all come out zero (its ranking rewards tie: no sample dominates another) is
+left out as on the driver's path unless a KL term keeps it: the learner takes its rows out of the loss's
+normaliser (their advantages are zero, so they add nothing else), and the driver drops them from the batch after
+the update. The learner still scores them (which rows a ranking zeroes is not known before the update).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def build_deferred_batch(
         r_max=float(settings.ranking_r_max),
         estimator=settings.advantage_estimator,
         params=dict(settings.advantage_params),
+        drop_zero=not settings.keep_zero_advantage,
     )
     reflection = np.asarray([g.is_reflection for _, g, _ in deferred], bool)
     return batch, metrics, PendingRanking(description, reflection, unranked)
@@ -105,13 +107,20 @@ def finish_deferred(
     groups = range(len(d.group_offsets) - 1)
     spans = [slice(int(d.group_offsets[g]), int(d.group_offsets[g + 1])) for g in groups]
     zero = np.asarray([not np.any(result["advantages"][s]) for s in spans], bool)
+    if d.drop_zero:
+        dropped = {int(i) for s, z in zip(spans, zero, strict=True) if z for i in d.rows[s]}
+        out = [x for i, x in enumerate(out) if i not in dropped]
+        metrics["train_samples"] = float(len(out))
+        metrics["train_replayed"] = float(sum(x.is_replay for x in out))
+        metrics["train_reflected"] = float(sum(x.is_reflection for x in out))
     fresh_zero = zero[~pending.reflection]
     n_fresh, n_zero = pending.unranked[0] + len(fresh_zero), pending.unranked[1] + fresh_zero.sum()
     metrics["zero_adv_frac"] = float(n_zero / n_fresh) if n_fresh else float("nan")
     metrics["trained_groups"] = float(n_fresh - n_zero)
-    metrics["train_zero_adv_samples"] += float(
-        sum(s.stop - s.start for s, z in zip(spans, zero, strict=True) if z)
-    )
+    if not d.drop_zero:
+        metrics["train_zero_adv_samples"] += float(
+            sum(s.stop - s.start for s, z in zip(spans, zero, strict=True) if z)
+        )
     ranking = result["ranking_rewards"]
     metrics["ranked_reward_spread"] = float(np.mean([np.ptp(ranking[s][d.fresh[s]]) for s in spans]))
     tokens, compared, diff, abs_diff = (float(v) for v in result["entropy_stats"])

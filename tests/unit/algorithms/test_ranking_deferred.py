@@ -87,7 +87,18 @@ def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num
     )
     assert scored == []  # no separate forward
     assert RANKING_RESULT in learner_metrics
-    batch = finish_deferred(batch, metrics, pending, learner_metrics)
+    result = learner_metrics[RANKING_RESULT]
+    trained = finish_deferred(batch, metrics, pending, learner_metrics)
+    # Groups whose ranking tied (no sample dominates another: common with few samples) leave the batch, as on
+    # today's path; the reference trains the same minibatches less those rows.
+    d = pending.description
+    dropped = {
+        int(i) for rows in d.groups for i in rows if not np.any(result["advantages"][np.isin(d.rows, rows)])
+    }
+    kept = [i for i in range(len(batch)) if i not in dropped]
+    assert len(kept) == len(trained)
+    new_index = {old: new for new, old in enumerate(kept)}
+    batch = trained
     for rows in pending.description.groups:  # each group in one minibatch
         assert sum(set(rows.tolist()) <= set(mb.tolist()) for mb in plans[0]) == 1
 
@@ -98,7 +109,8 @@ def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num
     )
     ref_batch, ref_metrics = build_training_batch(rescored, settings, _fetch(replayed))
     ref_metrics |= entropy_metrics
-    ref._update_plan = lambda batch, seed: plans[0]
+    ref_plan = [np.array([new_index[int(i)] for i in mb if int(i) in new_index]) for mb in plans[0]]
+    ref._update_plan = lambda batch, seed: [mb for mb in ref_plan if len(mb)]
     ref_learner = ref.update_from_samples(TrainingBatch.from_samples(ref_batch), seed=5)
 
     assert stream_keys(batch) == stream_keys(ref_batch)
@@ -117,11 +129,14 @@ def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num
         assert metrics[key] == pytest.approx(
             ref_metrics[key], abs=f32_tol(max_abs(ref_metrics[key], 1.0), 64)
         )
-    print("loss", learner_metrics["loss"], ref_learner["loss"])
-    diffs = [
-        float((a - b).abs().max())
-        for a, b in zip(ours.policy.parameters(), ref.policy.parameters(), strict=True)
-    ]
-    print("max weight diff", max(diffs))
-    assert learner_metrics["loss"] == pytest.approx(ref_learner["loss"], abs=1e-5)
-    assert max(diffs) < 1e-5
+    # The losses are sums of the same float32 terms grouped into other micro-batches (the deferred path keeps each
+    # ranked group in one): they differ by a few ulps of the loss's terms. The weights after the Adam steps differ
+    # by the rounding of those steps plus each Adam step's disagreement: Adam's step g / (|g| + eps) * lr, on a
+    # coordinate whose gradient is a cancelling sum (|g| near eps = 1e-8), turns a rounding-level gradient difference
+    # delta (ulps of the largest gradient term, ~1e-10 here) into up to lr * delta / eps ~ 1e-2 lr. A wrong advantage
+    # or another minibatch split moves weights by O(lr) per step.
+    assert learner_metrics["loss"] == pytest.approx(ref_learner["loss"], abs=f32_tol(1.0, 64))
+    for a, b in zip(ours.policy.parameters(), ref.policy.parameters(), strict=True):
+        a, b = a.detach(), b.detach()
+        steps = num_minibatches * training["num_epochs"]
+        torch.testing.assert_close(a, b, rtol=0, atol=f32_tol(max_abs(b), 16) + steps * 1e-2 * LR)
