@@ -356,13 +356,12 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
             accumulate_metrics(acc, metrics, weight)
         reduced = self._all_reduce_sum(metrics_as_floats(acc))
-        self._drop_zero_groups(
-            batch, mb, step.denom, reduced
-        )  # deferred ranked groups that came out all zero
+        # Deferred ranked groups that came out all zero leave the normaliser and the trained-token count.
+        dropped_tokens = self._drop_zero_groups(batch, mb, step.denom, reduced)
         if step.correction.rejects:  # rejected tokens leave the minibatch's count as they left its loss
             mismatch.rescale_to_kept(self.policy.parameters(), reduced, cfg.loss_agg_mode)
         reduced["grad_norm"] = self._apply_gradients()
-        return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
+        return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"] - dropped_tokens
 
     def _micro_batch_backward(
         self, batch: TrainingBatch, idx: np.ndarray, real: bool, step: _StepContext
@@ -373,9 +372,8 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         packed = pack_batch(batch, idx, self._pad_id, self._device)
         mask = packed["response_mask"]
         kl = step.kl
-        ranks = self._needs_entropy(
-            idx, real
-        )  # the first minibatch's deferred groups: rank them from this forward
+        # The first minibatch's deferred groups: rank them from this forward.
+        ranks = self._needs_entropy(idx, real)
         logp, entropy, *base = self._score(
             self.policy,
             packed,

@@ -36,9 +36,8 @@ class DeferredRankingMixin:
         ranking = batch.ranking
         self._ranking = ranking
         self._rank_done: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rank_stats = np.zeros(
-            4
-        )  # tokens, tokens compared with the engine's, sum of differences, of |.|
+        # Tokens ranked, tokens compared with the engine's entropies, sum of the differences, sum of their |.|.
+        self._rank_stats = np.zeros(4)
         self._rank_everywhere = False
         if ranking is None:
             self._row_group: dict[int, int] = {}
@@ -143,14 +142,15 @@ class DeferredRankingMixin:
         j = int(np.flatnonzero(r.rows[lo:hi] == row)[0])
         return float(self._rank_done[g][which][j])
 
-    def _drop_zero_groups(self, batch: TrainingBatch, mb: np.ndarray, denom: int, reduced: dict) -> None:
+    def _drop_zero_groups(self, batch: TrainingBatch, mb: np.ndarray, denom: int, reduced: dict) -> float:
         """Take the rows of minibatch `mb`'s deferred groups whose advantages all came out zero out of the loss's
         normaliser `denom` (when they are dropped: no KL term): the passes were weighed by `denom`, so the gradients
         and the reduced loss metrics are divided by the share of it that remains. Their rows add nothing else (zero
-        advantage). Each rank counts the groups it ranked; the counts are summed over ranks."""
+        advantage). Each rank counts the groups it ranked; the counts are summed over ranks. Returns the response
+        tokens of the dropped rows (over all ranks), which the update's trained-token count leaves out."""
         r = self._ranking
         if r is None or not r.drop_zero:
-            return
+            return 0.0
         mine = not self._rank_everywhere or self._rank == 0
         rows = [
             r.rows[int(r.group_offsets[g]) : int(r.group_offsets[g + 1])]
@@ -158,7 +158,12 @@ class DeferredRankingMixin:
             if mine and not np.any(advantages)
         ]
         in_mb = np.intersect1d(np.concatenate(rows), mb) if rows else np.zeros(0, np.int64)
-        dropped = self._all_reduce_sum({"n": float(agg_count(batch, in_mb, self.config.loss_agg_mode))})["n"]
+        counts = {
+            "n": float(agg_count(batch, in_mb, self.config.loss_agg_mode)),
+            "t": float(batch.trained_tokens[in_mb].sum()),
+        }
+        totals = self._all_reduce_sum(counts)
+        dropped, dropped_tokens = totals["n"], totals["t"]
         share = (denom - dropped) / denom if denom else 1.0
         if 0.0 < share < 1.0:
             with torch.no_grad():
@@ -166,6 +171,7 @@ class DeferredRankingMixin:
                     if p.grad is not None:
                         p.grad.mul_(1.0 / share)
             mismatch.scale_loss_metrics(reduced, 1.0 / share)
+        return dropped_tokens
 
     def _ranking_result(self) -> dict[str, np.ndarray] | None:
         """Per deferred row (``rows`` order) the ranking reward (NaN for a replayed row), reward and advantage,

@@ -168,11 +168,6 @@ class R3(R3Console, Algorithm):
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):
                 batch, r3_metrics = self._build_batch(groups, settings.for_batch(cfg))
-            # What this iteration trains, as a digest every run logs (equal digests: the same samples were trained).
-            self.last_trained_stream = stream_keys(batch)
-            self.metrics.log_value(
-                ("rollout", "trained_digest"), stream_digest(batch), reduce="mean", window=1
-            )
             # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
             learner_metrics: dict[str, float] = {}
             if batch:
@@ -193,6 +188,12 @@ class R3(R3Console, Algorithm):
                     )
                 for phase in ("learner_update_s", "weight_sync_s"):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
+            # What this iteration trained, as a digest every run logs (equal digests: the same samples were
+            # trained): after the update, which may leave out deferred ranked groups that came out all zero.
+            self.last_trained_stream = stream_keys(batch)
+            self.metrics.log_value(
+                ("rollout", "trained_digest"), stream_digest(batch), reduce="mean", window=1
+            )
             self.sample_log.record(groups, batch, settings, self.iteration + 1, self.weights.version)
             # 5. Metrics and held-out evaluation.
             self._log_metrics(rollout, r3_metrics, learner_metrics, settings.phase)

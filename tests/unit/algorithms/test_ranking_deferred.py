@@ -136,6 +136,8 @@ def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num
     # delta (ulps of the largest gradient term, ~1e-10 here) into up to lr * delta / eps ~ 1e-2 lr. A wrong advantage
     # or another minibatch split moves weights by O(lr) per step.
     assert learner_metrics["loss"] == pytest.approx(ref_learner["loss"], abs=f32_tol(1.0, 64))
+    # The tied groups' rows were not trained on: the token count is the reference's (an exact integer).
+    assert learner_metrics["trained_tokens"] == ref_learner["trained_tokens"]
     for a, b in zip(ours.policy.parameters(), ref.policy.parameters(), strict=True):
         a, b = a.detach(), b.detach()
         steps = num_minibatches * training["num_epochs"]
