@@ -56,3 +56,40 @@ def entropy_chunks(lengths: Sequence[int], budget: int | None, micro_batch_size:
         return token_budget_chunks(lengths, budget)
     n = len(lengths)
     return list(np.array_split(np.arange(n), max(1, -(-n // micro_batch_size))))
+
+
+def unit_minibatch_plan(units: Sequence[np.ndarray], num_minibatches: int, seed: int) -> list[np.ndarray]:
+    """:func:`minibatch_plan` over units of rows that must stay together (a ranked group): the units are shuffled
+    and split, each minibatch the concatenation of its units. With one row per unit (rows ``0..n-1`` in order)
+    it is :func:`minibatch_plan` exactly."""
+    n = len(units)
+    perm = np.random.default_rng(seed).permutation(n)
+    return [
+        np.concatenate([units[u] for u in part]).astype(np.int64)
+        for part in np.array_split(perm, min(num_minibatches, n))
+        if len(part)
+    ]
+
+
+def unit_chunks(
+    units: Sequence[np.ndarray], lengths: Sequence[int], budget: int | None, micro_batch_size: int
+) -> list[np.ndarray]:
+    """Micro-batches of whole units (one rank's units of a minibatch, in order), packed greedily: at most
+    ``micro_batch_size`` rows, or with a token ``budget`` a padded size (rows x longest row) of at most
+    ``budget``. A unit over the limit gets a micro-batch of its own."""
+    chunks: list[np.ndarray] = []
+    current: list[np.ndarray] = []
+    rows, width = 0, 0
+    for unit in units:
+        unit_width = int(max(lengths[int(i)] for i in unit))
+        wider = max(width, unit_width)
+        over = (rows + len(unit)) * wider > budget if budget else rows + len(unit) > micro_batch_size
+        if current and over:
+            chunks.append(np.concatenate(current))
+            current, rows, width = [], 0, 0
+            wider = unit_width
+        current.append(np.asarray(unit, dtype=np.int64))
+        rows, width = rows + len(unit), wider
+    if current:
+        chunks.append(np.concatenate(current))
+    return chunks

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from r3_rllib.core.advantages import compute_group_advantages
+
 # floor(p * L) with p = 0.29, L = 100 evaluates 28.999999999999996 in floating point: nudge before flooring.
 _FLOOR_EPS = 1e-9
 
@@ -128,3 +130,27 @@ def structural_entropy_rewards(
         except ValueError as e:
             raise ValueError(f"response {i}: {e}") from None
     return rank_rewards(dominance_counts(peaks, globs), float(r_max))
+
+
+def ranked_group_scores(
+    entropies: Sequence[Sequence[float] | np.ndarray],
+    fresh_penalties: np.ndarray,
+    replay_rewards: np.ndarray,
+    *,
+    p: float,
+    r_max: float,
+    estimator: str,
+    params: dict[str, float],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One ranked group's (ranking rewards of its fresh samples, rewards of all its members, advantages).
+
+    Members are the fresh samples (per-token ``entropies``) then the replayed ones. A fresh sample's reward is its
+    ranking reward plus its ``fresh_penalties`` entry (DAPO's overlong penalty, 0 without one); a replayed one's is
+    given whole in ``replay_rewards`` (shaped already). The advantages are estimator ``estimator``'s per-group pass
+    (one without a batch step or per-sample inputs). The driver's batch builder and the learner (deferred ranking)
+    both call this, so the two paths give the same advantages for the same entropies."""
+    ranking = structural_entropy_rewards(entropies, p=p, r_max=r_max)
+    rewards = np.concatenate(
+        [ranking + np.asarray(fresh_penalties, np.float64), np.asarray(replay_rewards, np.float64)]
+    )
+    return ranking, rewards, compute_group_advantages(estimator, rewards, **params)

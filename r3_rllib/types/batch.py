@@ -12,7 +12,40 @@ import numpy as np
 # TrainingBatch: what the driver sends to the learners
 # ----------------------------------------------------------------------------------------------------------------
 #: Format of :class:`TrainingBatch`; a learner refuses a batch of another format.
-TRAINING_BATCH_FORMAT = 2  # 2: optional loss_mask (multi-turn tool use)
+TRAINING_BATCH_FORMAT = 3  # 2: optional loss_mask (multi-turn tool use); 3: optional deferred ranking
+
+
+@dataclass(frozen=True)
+class DeferredRanking:
+    """Ranked groups whose ranking rewards and advantages the learner computes (R^3 ranking with the learner's
+    exact entropies, taken from a forward the update makes anyway instead of a separate one).
+
+    Group ``g``'s rows of the batch are ``rows[group_offsets[g]:group_offsets[g + 1]]``, its fresh (ranked) rows
+    first, then its replayed ones (``fresh`` False). ``fixed_rewards`` (aligned with ``rows``): a replayed row's
+    reward (shaped), a fresh row's overlong penalty (0 without one), added to its ranking reward.
+    ``engine_entropies`` between ``engine_offsets[j]`` and ``engine_offsets[j + 1]``: the entropies the engine
+    reported for row ``rows[j]`` (empty for a replayed row, or when they do not cover its trained tokens), for the
+    bias metrics. ``p`` / ``r_max``: the ranking's; ``estimator`` / ``params``: the advantage estimator's name and
+    parameters (one without a batch step or per-sample inputs). ``drop_zero``: a group whose advantages all come
+    out zero is left out of the loss's normaliser, as the driver leaves such a group out of the batch.
+    """
+
+    rows: np.ndarray  # int64
+    group_offsets: np.ndarray  # int64 [groups + 1]
+    fresh: np.ndarray  # bool, aligned with rows
+    fixed_rewards: np.ndarray  # float64, aligned with rows
+    engine_entropies: np.ndarray  # float32
+    engine_offsets: np.ndarray  # int64 [len(rows) + 1]
+    p: float
+    r_max: float
+    estimator: str
+    params: dict[str, float]
+    drop_zero: bool = True  # a group whose advantages all come out zero leaves the loss (no KL term keeps it)
+
+    @property
+    def groups(self) -> list[np.ndarray]:
+        """Each group's rows (fresh first)."""
+        return np.split(self.rows, self.group_offsets[1:-1])
 
 
 class TrainableSample(Protocol):
@@ -35,7 +68,8 @@ class TrainingBatch:
     ``response_offsets[i]`` and ``response_offsets[i + 1]``. Flat arrays pickle as a few buffers, whatever the
     number of rows, and a learner slices them without any per-sample Python object. ``loss_mask`` (multi-turn tool
     use), aligned with ``response_ids``: False on tokens a tool wrote, which get no loss and no importance weight;
-    None when every response token was sampled by the model.
+    None when every response token was sampled by the model. ``ranking``: the groups whose advantages the learner
+    computes (their rows' ``advantages`` entries are placeholders); None: every advantage is given.
     """
 
     prompt_ids: np.ndarray  # int32 [sum of prompt lengths]
@@ -46,6 +80,7 @@ class TrainingBatch:
     advantages: np.ndarray  # float32 [n]
     policy_versions: np.ndarray  # int64 [n]: the policy that sampled each row
     loss_mask: np.ndarray | None = None  # bool, aligned with response_ids
+    ranking: DeferredRanking | None = None  # groups whose advantages the learner computes (None: all given)
     format: int = TRAINING_BATCH_FORMAT
 
     def __post_init__(self) -> None:

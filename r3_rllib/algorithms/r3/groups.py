@@ -29,7 +29,7 @@ import numpy as np
 
 from r3_rllib.core.advantages import ADVANTAGE_FNS, apply_batch_step, compute_group_advantages
 from r3_rllib.core.iteration import IterationSettings
-from r3_rllib.core.ranking import structural_entropy_rewards
+from r3_rllib.core.ranking import ranked_group_scores, structural_entropy_rewards
 from r3_rllib.core.reward_shaping import OverlongShaping, keep_group
 from r3_rllib.rollout.kinds import kind_means
 from r3_rllib.rollout.kinds.base import ratio
@@ -154,6 +154,28 @@ def build_training_batch(
     The inputs are left as they are: the batch holds copies of the samples with their ``reward`` (a ranking
     reward where one was given; ``env_reward`` keeps the env's), ``advantage`` and ``is_replay`` set.
     """
+    batch, metrics, _ = assemble_training_batch(groups, settings, fetch_replay)
+    for key in UNRANKED_COUNTS:
+        metrics.pop(key)
+    return batch, metrics
+
+
+#: :func:`assemble_training_batch`'s counts of the fresh groups scored on the driver (all, zero-advantage ones),
+#: which the deferred ranking's zero-advantage fraction is completed from.
+UNRANKED_COUNTS = ("unranked_fresh_groups", "unranked_zero_groups")
+
+
+def assemble_training_batch(
+    groups: Sequence[Group],
+    settings: IterationSettings,
+    fetch_replay: Callable[[list[tuple[str, bool, int]]], list[list[Sample]]] | None = None,
+    *,
+    defer_ranking: bool = False,
+) -> tuple[list[Sample], dict[str, float], list[tuple[int, Group, list[Sample]]]]:
+    """:func:`build_training_batch`, and with ``defer_ranking`` the rankable groups left unranked for the learner
+    (ranking_deferred.py): their members enter the batch whole, whatever their advantages turn out to be, with
+    placeholder rewards and zero advantages, and are left out of the zero-advantage counts. The third element
+    lists them as (first row in the batch, group, members: its own samples then its replayed ones)."""
     fresh = [g for g in groups if not g.is_reflection]
     metrics: dict[str, float] = {
         "groups": float(len(groups)),
@@ -167,18 +189,26 @@ def build_training_batch(
     if settings.replay and fetch_replay is not None:
         replayed = _fetch_replayed(groups, fresh, settings.replay_k, fetch_replay, metrics)
     ranked: dict[int, np.ndarray] = {}  # id(group) -> its fresh samples' ranking rewards
+    later = {id(g) for g in groups if settings.ranking and defer_ranking and rankable(g)}
     if settings.ranking:
         for g in groups:
-            if rankable(g):
+            if rankable(g) and id(g) not in later:
                 ranked[id(g)] = ranking_rewards(g, p=settings.ranking_p, r_max=settings.ranking_r_max)
-    metrics["ranked_groups"] = float(len(ranked))
+    metrics["ranked_groups"] = float(len(ranked) + len(later))
     metrics["ranked_reward_spread"] = float(np.mean([np.ptp(r) for r in ranked.values()])) if ranked else 0.0
     scored = _score_groups(groups, ranked, replayed, settings)
 
     batch: list[Sample] = []
     zero_after = []
     kept_zero = 0
+    deferred: list[tuple[int, Group, list[Sample]]] = []
     for g, members, rewards, advantages in scored:
+        if id(g) in later:
+            deferred.append((len(batch), g, members))
+            batch.extend(
+                replace(s, reward=float(r), advantage=0.0) for s, r in zip(members, rewards, strict=True)
+            )
+            continue
         # The estimator's output, not the rewards: mixed groups (fresh + replayed) are judged after mixing.
         degenerate = not np.any(advantages)
         if not g.is_reflection:
@@ -202,7 +232,9 @@ def build_training_batch(
     metrics["train_zero_adv_samples"] = float(kept_zero)
     metrics["train_replayed"] = float(sum(s.is_replay for s in batch))
     metrics["train_reflected"] = float(sum(s.is_reflection for s in batch))
-    return batch, metrics
+    metrics["unranked_zero_groups"] = float(sum(zero_after))  # the deferred ones are counted after the update
+    metrics["unranked_fresh_groups"] = float(len(zero_after))
+    return batch, metrics, deferred
 
 
 def _fetch_replayed(
@@ -240,6 +272,9 @@ def _score_groups(
     scored = []
     for g in groups:
         own = g.samples
+        if id(g) in ranked and not ADVANTAGE_FNS.sample_inputs.get(settings.advantage_estimator):
+            scored.append(_score_ranked(g, replayed.get(id(g), []), settings))
+            continue
         if id(g) in ranked:
             own = [replace(s, reward=float(r)) for s, r in zip(g.samples, ranked[id(g)], strict=True)]
         members = own + replayed.get(id(g), [])
@@ -263,6 +298,24 @@ def _score_groups(
         bounds = np.cumsum([len(a) for *_, a in scored])[:-1]
         scored = [(g, m, r, a) for (g, m, r, _), a in zip(scored, np.split(flat, bounds), strict=True)]
     return scored
+
+
+def _score_ranked(
+    g: Group, replayed: list[Sample], settings: IterationSettings
+) -> tuple[Group, list[Sample], np.ndarray, np.ndarray]:
+    """:func:`_score_groups`'s entry for a ranked group, through the pure function the learner's deferred ranking
+    calls too (:func:`~r3_rllib.core.ranking.ranked_group_scores`)."""
+    ranking, rewards, advantages = ranked_group_scores(
+        [s.entropies for s in g.samples],
+        shaped_rewards([replace(s, reward=0.0) for s in g.samples], settings.overlong),
+        shaped_rewards(replayed, settings.overlong),
+        p=settings.ranking_p,
+        r_max=settings.ranking_r_max,
+        estimator=settings.advantage_estimator,
+        params=settings.advantage_params,
+    )
+    own = [replace(s, reward=float(r)) for s, r in zip(g.samples, ranking, strict=True)]
+    return g, own + replayed, rewards, advantages
 
 
 #: Rollout totals that combine by taking the larger value (the others add up).

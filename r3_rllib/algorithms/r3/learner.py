@@ -44,11 +44,13 @@ from r3_rllib.algorithms.r3.distributed import (
 )
 from r3_rllib.algorithms.r3.learner_kl import KLTermMixin, RowCache, agg_count, fit_row, kl_weight_ratio
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
+from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingMixin
 from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
 from r3_rllib.algorithms.r3.learner_state import PolicyState, state_method
+from r3_rllib.algorithms.r3.ranking_deferred import RANKING_RESULT
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
-from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chunks, token_budget_chunks
+from r3_rllib.core.batching import entropy_chunks, row_count_chunks, token_budget_chunks
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
@@ -70,7 +72,7 @@ class _StepContext:
     ref_lp: RowCache | None  # reference log-probs likewise
 
 
-class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
+class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearner):
     """Trains the policy on `TrainingBatch`es with advantages (see module docstring)."""
 
     # The policy's state outside the update (learner_state.py; the collective ones: call them on every rank).
@@ -180,7 +182,8 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         `phase` (the method's, `r3_rllib.core.method`): which parameters train and which logits are scored, its KL
         term and rollout correction. The parameters it does not train get no gradient, and AdamW leaves parameters
         without one untouched (moments, weight decay and all), so they stay bit-identical. None: the default phase
-        (every parameter trainable at build, base logits)."""
+        (every parameter trainable at build, base logits). A batch with deferred ranking
+        (learner_ranking.py) also gets its ranked groups' advantages here, returned under ``RANKING_RESULT``."""
         batch = _fetched(batch)
         cfg = self.config
         torch.set_num_threads(phase_start_threads(*self._threads))
@@ -190,9 +193,10 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
         self._reset_proximal_rows()  # the proximal log-probs the sample records read (learner_rows.py)
         self.policy.train()
+        self._start_ranking(batch)
         # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
         # old log-probs it recomputes once cover every sample it trains on.
-        plan = minibatch_plan(len(batch), cfg.num_minibatches, seed)
+        plan = self._update_plan(batch, seed)  # deferred ranked groups whole
         # The proximal ("old") policy is the one at the start of this update. The first minibatch is scored
         # before any optimizer step, so its training forward's detached log-probs are exactly the old ones (kept
         # there for later epochs); only the minibatches after it need a no-grad pass now. With a single optimizer
@@ -217,7 +221,9 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         metrics["optimizer_steps"] = float(steps)
         # Steps skipped for a NaN/inf gradient (_apply_gradients): the health checks stop on them (health_monitor.py).
         metrics["nonfinite_grad_steps"] = float(sum(not np.isfinite(g) for g in grad_norms))
-        return self._finish_update(metrics, trained_tokens, time.perf_counter() - t0)
+        ranking = self._ranking_result()
+        metrics = self._finish_update(metrics, trained_tokens, time.perf_counter() - t0)
+        return metrics if ranking is None else metrics | {RANKING_RESULT: ranking}
 
     def _finish_update(
         self, metrics: dict[str, float], trained_tokens: int, elapsed: float
@@ -239,6 +245,8 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         up), padded with empty chunks where a rank has fewer."""
         local = mb[self._rank :: self._world]
         budget = tokens_per_pass(self.config.micro_batch_max_tokens, self.config.model_path)
+        if batch.ranking is not None:  # its ranked groups stay whole (learner_ranking.py)
+            return self._group_chunks(mb, batch, budget)
         if not budget:
             return row_count_chunks(local, len(mb), self._world, self.config.micro_batch_size)
         chunks = [local[c] for c in token_budget_chunks(batch.lengths[local], budget)]
@@ -258,7 +266,12 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
             for chunk in self._micro_chunks(mb, batch):
                 idx, real = _chunk_or_dummy(chunk)
                 packed = pack_batch(batch, idx, self._pad_id, self._device)
-                lp, _ = self._score(self.policy, packed, rollout=self._phase.scores_rollout_logits)
+                ranks = self._needs_entropy(idx, real)  # deferred groups of a later minibatch: rank them here
+                lp, entropy = self._score(
+                    self.policy, packed, with_entropy=ranks, rollout=self._phase.scores_rollout_logits
+                )
+                if ranks:
+                    self._rank_from_forward(packed, idx, entropy)
                 rlp = self._score(self._reference, packed)[0] if self._uses_reference else None
                 if real:
                     for j, i in enumerate(idx):
@@ -347,10 +360,12 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
             accumulate_metrics(acc, metrics, weight)
         reduced = self._all_reduce_sum(metrics_as_floats(acc))
+        # Deferred ranked groups that came out all zero leave the normaliser and the trained-token count.
+        dropped_tokens = self._drop_zero_groups(batch, mb, step.denom, reduced)
         if step.correction.rejects:  # rejected tokens leave the minibatch's count as they left its loss
             mismatch.rescale_to_kept(self.policy.parameters(), reduced, cfg.loss_agg_mode)
         reduced["grad_norm"] = self._apply_gradients()
-        return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"]
+        return reduced, self._all_reduce_sum({"t": float(local_tokens)})["t"] - dropped_tokens
 
     def _micro_batch_backward(
         self, batch: TrainingBatch, idx: np.ndarray, real: bool, step: _StepContext
@@ -361,13 +376,17 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         packed = pack_batch(batch, idx, self._pad_id, self._device)
         mask = packed["response_mask"]
         kl = step.kl
+        # The first minibatch's deferred groups: rank them from this forward.
+        ranks = self._needs_entropy(idx, real)
         logp, entropy, *base = self._score(
             self.policy,
             packed,
-            with_entropy=cfg.learner_entropy,
+            with_entropy=cfg.learner_entropy or ranks,
             rollout=self._phase.scores_rollout_logits,
             with_base=kl.coef > 0 and kl.target == "base",  # a term toward the current base: same forward
         )
+        if ranks:
+            self._rank_from_forward(packed, idx, entropy)
         old = self._proximal_logprobs(logp, idx, real, step.old_lp)
         self._keep_proximal_rows(idx, real, old, mask)
         local_count = agg_count(batch, idx, cfg.loss_agg_mode) if real else 0
@@ -379,7 +398,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
             logp,
             old,
             packed["behavior_logprobs"],
-            packed["advantages"],
+            self._row_advantages(packed, idx, real),
             mask,
             policy_loss=cfg.policy_loss,
             loss_params=step.loss_params,
@@ -400,7 +419,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, TorchLearner):
         share = mismatch.micro_batch_share(metrics, cfg.loss_agg_mode) if step.correction.rejects else 1.0
         (loss * weight * share * self._world).backward()
         self._maxima.take(metrics, real)
-        metrics = self._pass_metrics(loss, metrics, entropy, mask)
+        metrics = self._pass_metrics(loss, metrics, entropy if cfg.learner_entropy else None, mask)
         mismatch.scale_loss_metrics(metrics, share)  # the reported loss is the objective's value
         return metrics, weight, tokens if real else 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r3_schedule import Schedule, log_late_starts, schedule_for_config
+from r3_rllib.algorithms.r3.ranking_deferred import build_deferred_batch, defers_ranking, finish_deferred
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
 from r3_rllib.algorithms.r3.sample_log import SampleLog
@@ -166,16 +168,14 @@ class R3(R3Console, Algorithm):
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):
                 batch, r3_metrics = self._build_batch(groups, settings.for_batch(cfg))
-            # What this iteration trains, as a digest every run logs (equal digests: the same samples were trained).
-            self.last_trained_stream = stream_keys(batch)
-            self.metrics.log_value(
-                ("rollout", "trained_digest"), stream_digest(batch), reduce="mean", window=1
-            )
             # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
             learner_metrics: dict[str, float] = {}
             if batch:
                 with self._timed("learner_update_s"):
                     learner_metrics = self._update_learners(batch, settings.phase)
+                # The deferred groups' rewards and advantages from the learners (ranking_deferred.py).
+                pending = getattr(self, "_pending_ranking", None)
+                batch = finish_deferred(batch, r3_metrics, pending, learner_metrics)
                 with self._timed("weight_sync_s"):
                     staleness = max_staleness_of(cfg)
                     self.weights.sync(block=staleness == 0, queued_loads=max(staleness, 1))
@@ -188,6 +188,12 @@ class R3(R3Console, Algorithm):
                     )
                 for phase in ("learner_update_s", "weight_sync_s"):
                     self.metrics.log_value(("timers_s", phase), 0.0, reduce="mean", window=1)
+            # What this iteration trained, as a digest every run logs (equal digests: the same samples were
+            # trained): after the update, which may leave out deferred ranked groups that came out all zero.
+            self.last_trained_stream = stream_keys(batch)
+            self.metrics.log_value(
+                ("rollout", "trained_digest"), stream_digest(batch), reduce="mean", window=1
+            )
             self.sample_log.record(groups, batch, settings, self.iteration + 1, self.weights.version)
             # 5. Metrics and held-out evaluation.
             self._log_metrics(rollout, r3_metrics, learner_metrics, settings.phase)
@@ -205,9 +211,13 @@ class R3(R3Console, Algorithm):
     ) -> tuple[list[Sample], dict[str, float]]:
         fetch = self._fetch_replay if (settings.replay and self._replay_available) else None
         entropy_metrics = {}
-        if settings.ranking and self.config.ranking_entropies_from_learner:
-            groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
-        batch, r3_metrics = build_training_batch(groups, settings, fetch)
+        self._pending_ranking = None  # the groups the learners rank (ranking_deferred.py), if any
+        if defers_ranking(settings, self.config.ranking_entropies_from_learner):
+            batch, r3_metrics, self._pending_ranking = build_deferred_batch(groups, settings, fetch)
+        else:
+            if settings.ranking and self.config.ranking_entropies_from_learner:
+                groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
+            batch, r3_metrics = build_training_batch(groups, settings, fetch)
         r3_metrics.update(entropy_metrics)
         # After the batch is built (a group never replays its own samples). Reflection samples stay out: their
         # prompt is not the query's (see groups.py).
@@ -225,7 +235,9 @@ class R3(R3Console, Algorithm):
 
     def _update_learners(self, batch: list[Sample], phase: TrainingPhase | None = None) -> dict[str, float]:
         """One update of every learner on `batch`, sent to them as one columnar `TrainingBatch`, in `phase`."""
-        ref = ray.put(TrainingBatch.from_samples(batch))
+        pending = getattr(self, "_pending_ranking", None)
+        ranking = pending and pending.description
+        ref = ray.put(replace(TrainingBatch.from_samples(batch), ranking=ranking))
         seed = int(self._rng.integers(2**31))
         results = None
         try:
