@@ -362,12 +362,14 @@ class R3Settings:
     """First dataset epoch (0-based) in which ranking rewards apply."""
     ranking_entropy_source: str = setting("auto", choices=RANKING_ENTROPY_SOURCES)
     """Where the ranking's per-token entropies come from: 'engine' (what the runner's engine reports: exact for
-    'hf', a top-20 lower-bound estimate for 'vllm'), 'learner' (the learners score the fresh samples of all-wrong
-    groups with no gradient at the rollout temperature: the exact full-vocabulary entropy, for one more forward over
-    those samples; with overlap_generation, under the policy one update newer than the sampler) or 'auto' ('learner'
-    with engine 'vllm', 'engine' with 'hf'). On SmolLM2-135M at T = 0.6 the top-20 estimate gave other ranking
-    rewards than the exact entropies in 9 of 16 groups of short answers and 3 of 8 of 48-token ones (BENCHMARKS.md
-    section 16)."""
+    'hf', a top-20 lower-bound estimate for 'vllm'), 'learner' (the exact full-vocabulary entropy at the rollout
+    temperature under the learner's policy before the update: with an estimator whose advantages are per group
+    (no batch step, no per-sample inputs) the learners take them from the forwards their update makes anyway and
+    rank there (algorithms/r3/ranking_deferred.py); otherwise one more no-grad forward over the all-wrong groups'
+    samples before the update; with overlap_generation, under the policy one update newer than the sampler) or
+    'auto' ('learner' with an engine whose entropies are estimates, as vLLM's, 'engine' with 'hf'). On SmolLM2-135M
+    at T = 0.6 the top-20 estimate gave other ranking rewards than the exact entropies in 9 of 16 groups of short
+    answers and 3 of 8 of 48-token ones (BENCHMARKS.md section 16)."""
 
     # --- R^2PO: residual rollout head ------------------------------------------------------------------------
     # A small head adds a learned residual to the policy's logits for training rollouts only; training alternates
