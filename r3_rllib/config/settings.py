@@ -69,7 +69,7 @@ class R3Settings:
     whole machine's cores (shared among the runners, or the learners); with generation overlapped (max_staleness >=
     1) the runners keep their reservation and the learners share the cores left; each phase starts with no more
     threads than the cores nothing else is running on (OpenMP threads on busy cores make an update several times
-    slower). Faster on an idle machine (1.2x on the tiny model, 1.4x with 128-token vLLM rollouts: BENCHMARKS.md
+    slower). Faster on an idle machine (1.2x on the tiny model, 1.3-1.4x with 128-token vLLM rollouts: BENCHMARKS.md
     section 28), but the thread count then follows the machine's load and float sums its order: runs are not
     bit-identical. A learner on a GPU always keeps its reservation."""
     sleep_between_rollouts: bool = False

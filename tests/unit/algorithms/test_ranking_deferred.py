@@ -66,9 +66,12 @@ def _fetch(replayed):
     return lambda requests: [replayed.get(q, []) if want else [] for q, want, _ in requests]
 
 
-@pytest.mark.parametrize("num_minibatches", [1, 2])
-def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num_minibatches):
-    training = dict(num_minibatches=num_minibatches, num_epochs=2, micro_batch_size=2)
+# T = 0.6 too: the entropies (training forward, proximal pass, separate pass) are all of the tempered distribution.
+@pytest.mark.parametrize(("num_minibatches", "temperature"), [(1, 1.0), (2, 1.0), (2, 0.6)])
+def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num_minibatches, temperature):
+    training = dict(
+        num_minibatches=num_minibatches, num_epochs=2, micro_batch_size=2, temperature=temperature
+    )
     groups, replayed = _groups()
 
     # Deferred: the learner ranks groups a and c (micro_batch_size 2 < their 4 and 5 rows: they stay whole).
