@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import string
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import gymnasium as gym
@@ -193,9 +194,29 @@ class ToolUseEnv(Protocol):
         its gold answer (R^3's reflection prompts), as the ``user_content`` reset option does."""
 
 
+@runtime_checkable
+class AgentEnv(Protocol):
+    """An agent env: each rollout is an agent program that calls the policy through an OpenAI-compatible client
+    (the EnvRunner's rollout gateway, :mod:`r3_rllib.gateway`); trajectories are assembled from the calls the
+    gateway recorded, token for token."""
+
+    def agent_task(self, query_id: str) -> dict[str, Any]:
+        """The task the agent program gets for query ``query_id`` (JSON-like: what its dataset row holds)."""
+
+    async def run_agent(self, client: Any, model: str, task: dict[str, Any]) -> float | Mapping[str, Any]:
+        """Run one episode on ``task`` with ``client`` (an ``openai.AsyncOpenAI`` bound to one gateway session) and
+        model name ``model``; return its reward, or a mapping with ``reward`` and optionally ``correct`` and more
+        info."""
+
+
 def supports_episodes(env: Any) -> bool:
     """Whether ``env`` is a :class:`MultiStepEnv` (it defines a callable ``episode``)."""
     return isinstance(env, MultiStepEnv) and callable(env.episode)
+
+
+def supports_agent_runs(env: Any) -> bool:
+    """Whether ``env`` is an :class:`AgentEnv` (it defines a callable ``run_agent``)."""
+    return isinstance(env, AgentEnv) and callable(env.run_agent)
 
 
 def supports_tool_episodes(env: Any) -> bool:
