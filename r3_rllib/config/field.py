@@ -290,5 +290,23 @@ def renamed_keys(values: Mapping[str, Any], renames: Mapping[str, str], where: s
         out[new] = out.pop(old)
         if old not in _WARNED_RENAMES:
             _WARNED_RENAMES.add(old)
-            warnings.warn(f"{where}: {old!r} is now called {new!r}; the old name will go", FutureWarning, 3)
+            warnings.warn(
+                f"{where}: {old!r} is now called {new!r}; the old name will go",
+                FutureWarning,
+                stacklevel=_user_stacklevel(),
+            )
     return out
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of :func:`warnings.warn` that points at the first caller outside this package and Ray (the
+    user's script or test line that gave the old name), not at the config code between them."""
+    import sys
+
+    ours = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+    ray = sys.modules.get("ray")
+    skip = ours + ((os.path.dirname(os.path.abspath(ray.__file__)),) if ray and ray.__file__ else ())
+    frame, level = sys._getframe(1), 1  # level 1: renamed_keys, the function that warns
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level

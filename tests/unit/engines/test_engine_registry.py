@@ -97,6 +97,8 @@ def test_unknown_engine_errors_list_the_registered_engines(clean_registry):
         EngineOptions(kind="sglang", model_path=None)
     message = setting_error("engine", "sglang")
     assert message is not None and "['hf', 'vllm', 'plain']" in message
+    # Where another package's engine comes from:
+    assert "entry point in the group 'r3_rllib.engines'" in message
 
 
 def test_an_entry_point_declares_an_engine(clean_registry, tmp_path, monkeypatch):
