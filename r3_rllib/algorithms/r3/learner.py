@@ -10,8 +10,10 @@ by *global* token/sequence counts so any number of learners computes the same gr
 
 This module holds the update loop; the pieces it drives live beside it: the RLModule and batch packing
 (`rl_module.py`), scoring (`r3_rllib.core.logprobs`), micro-batch planning (`r3_rllib.core.batching`), memory
-diagnostics (`learner_memory.py`), collectives (`distributed.py`), the KL term and its reference model
-(`learner_kl.py`) and the policy's weights, export and DCP checkpoints (`learner_state.py`, held as `policy_state`).
+diagnostics (`learner_memory.py`), collectives (`distributed.py`), and objects the learner holds: the KL term's
+reference model (`learner_kl.py`, `KLReference`), the proximal log-probs kept for the sample records
+(`learner_rows.py`, `ProximalRows`), each update's deferred ranking (`learner_ranking.py`, `DeferredRankingUpdate`)
+and the policy's weights, export and DCP checkpoints (`learner_state.py`, `PolicyState`, held as `policy_state`).
 
 What a training method changes (`r3_rllib.core.method`) reaches the update through two objects: the method's
 `LearnerExtras`, built once (optimizer parameter groups, scoring arguments, extra metrics), and the `TrainingPhase`
@@ -20,6 +22,7 @@ each update is given (which parameters train, which logits are scored, the KL te
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,15 +45,15 @@ from r3_rllib.algorithms.r3.distributed import (
     metrics_as_floats,
     shard_policy,
 )
-from r3_rllib.algorithms.r3.learner_kl import KLTermMixin, RowCache, agg_count, fit_row, kl_weight_ratio
+from r3_rllib.algorithms.r3.learner_kl import KLReference, RowCache, agg_count, kl_weight_ratio
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
-from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingMixin
-from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
+from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingUpdate, score_entropies
+from r3_rllib.algorithms.r3.learner_rows import ProximalRows, proximal_logprobs
 from r3_rllib.algorithms.r3.learner_state import PolicyState, state_method
 from r3_rllib.algorithms.r3.ranking_deferred import RANKING_RESULT
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
-from r3_rllib.core.batching import entropy_chunks, row_count_chunks, token_budget_chunks
+from r3_rllib.core.batching import row_count_chunks, token_budget_chunks
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
@@ -72,7 +75,7 @@ class _StepContext:
     ref_lp: RowCache | None  # reference log-probs likewise
 
 
-class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearner):
+class R3Learner(TorchLearner):
     """Trains the policy on `TrainingBatch`es with advantages (see module docstring)."""
 
     # The policy's state outside the update (learner_state.py; the collective ones: call them on every rank).
@@ -121,7 +124,14 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         self._optimizer = torch.optim.AdamW(
             self._extras.param_groups(policy), lr=self.config.lr, weight_decay=self.config.weight_decay
         )
-        self._reference = self._load_reference()  # None unless a KL term compares with it (learner_kl.py)
+        # The KL term's reference model (none held unless a term compares with it: learner_kl.py).
+        self._reference = KLReference.load(
+            self._method, self.config, self._lora, self._dtype, self._device, self._score
+        )
+        self._proximal_rows = ProximalRows()  # what the sample records read (learner_rows.py)
+        self._ranked = DeferredRankingUpdate(
+            self.config, rank=self._rank, world=self._world, device=self._device
+        )
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
         self.policy_state = PolicyState(
             policy, self._optimizer, rank=self._rank, world=self._world, config=self.config, lora=self._lora
@@ -186,17 +196,11 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         (learner_ranking.py) also gets its ranked groups' advantages here, returned under ``RANKING_RESULT``."""
         batch = _fetched(batch)
         cfg = self.config
-        torch.set_num_threads(phase_start_threads(*self._threads))
-        self._set_phase(phase or DEFAULT_PHASE)
         t0 = time.perf_counter()
-        self._peak_memory.reset()
-        self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
-        self._reset_proximal_rows()  # the proximal log-probs the sample records read (learner_rows.py)
-        self.policy.train()
-        self._start_ranking(batch)
+        self._start_update(batch, phase or DEFAULT_PHASE)
         # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
         # old log-probs it recomputes once cover every sample it trains on.
-        plan = self._update_plan(batch, seed)  # deferred ranked groups whole
+        plan = self._ranked.plan(batch, seed)  # deferred ranked groups whole
         # The proximal ("old") policy is the one at the start of this update. The first minibatch is scored
         # before any optimizer step, so its training forward's detached log-probs are exactly the old ones (kept
         # there for later epochs); only the minibatches after it need a no-grad pass now. With a single optimizer
@@ -221,9 +225,22 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         metrics["optimizer_steps"] = float(steps)
         # Steps skipped for a NaN/inf gradient (_apply_gradients): the health checks stop on them (health_monitor.py).
         metrics["nonfinite_grad_steps"] = float(sum(not np.isfinite(g) for g in grad_norms))
-        ranking = self._ranking_result()
+        ranking = self._ranked.result()
         metrics = self._finish_update(metrics, trained_tokens, time.perf_counter() - t0)
         return metrics if ranking is None else metrics | {RANKING_RESULT: ranking}
+
+    def _start_update(self, batch: TrainingBatch, phase: TrainingPhase) -> None:
+        """Set an update up: threads, `phase`, per-update diagnostics, the proximal rows kept, deferred ranking."""
+        torch.set_num_threads(phase_start_threads(*self._threads))
+        self._set_phase(phase)
+        self._peak_memory.reset()
+        self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
+        self._proximal_rows.reset(enabled=float(self.config.sample_log_fraction or 0.0) > 0)
+        self.policy.train()
+        # Deferred ranked groups (learner_ranking.py), scored by a pass of their own when this phase's forwards do
+        # not score the logits the runners sample from.
+        separate = phase.scores_rollout_logits != self._extras.has_rollout_logits
+        self._ranked.start(batch, score_now=self.score_entropies if separate else None)
 
     def _finish_update(
         self, metrics: dict[str, float], trained_tokens: int, elapsed: float
@@ -246,7 +263,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         local = mb[self._rank :: self._world]
         budget = tokens_per_pass(self.config.micro_batch_max_tokens, self.config.model_path)
         if batch.ranking is not None:  # its ranked groups stay whole (learner_ranking.py)
-            return self._group_chunks(mb, batch, budget)
+            return self._ranked.chunks(mb, batch, budget)
         if not budget:
             return row_count_chunks(local, len(mb), self._world, self.config.micro_batch_size)
         chunks = [local[c] for c in token_budget_chunks(batch.lengths[local], budget)]
@@ -266,13 +283,16 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
             for chunk in self._micro_chunks(mb, batch):
                 idx, real = _chunk_or_dummy(chunk)
                 packed = pack_batch(batch, idx, self._pad_id, self._device)
-                ranks = self._needs_entropy(idx, real)  # deferred groups of a later minibatch: rank them here
+                ranks = self._ranked.needs_entropy(
+                    idx, real
+                )  # deferred groups of a later minibatch: rank here
                 lp, entropy = self._score(
                     self.policy, packed, with_entropy=ranks, rollout=self._phase.scores_rollout_logits
                 )
                 if ranks:
-                    self._rank_from_forward(packed, idx, entropy)
-                rlp = self._score(self._reference, packed)[0] if self._uses_reference else None
+                    self._ranked.rank_from_forward(packed, idx, entropy)
+                uses_reference = self._reference.used_by(self._phase.kl_term(self.config))
+                rlp = self._reference.logprobs(packed) if uses_reference else None
                 if real:
                     for j, i in enumerate(idx):
                         old[int(i)] = lp[j]
@@ -280,30 +300,19 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
                             ref[int(i)] = rlp[j]
         return old, ref
 
-    @torch.no_grad()
+    def proximal_logprobs(self, rows: Any) -> dict[int, np.ndarray]:
+        """Batch row -> the proximal log-probs of its trained tokens, for the ``rows`` this rank trained in the last
+        update (learner_rows.py; the driver's sample records read them)."""
+        return self._proximal_rows.logprobs(rows)
+
     def score_entropies(self, batch: Any) -> list[np.ndarray]:
-        """Exact entropies (nats, full vocabulary) of the next-token distributions of each row's response tokens
-        under the current policy at the rollout temperature: R^3's ranking entropies with
-        ranking_entropy_source='learner'. `batch`: as for `update_from_samples`. Every rank scores every row
-        (FSDP's collectives need the same passes on all ranks); the rollout logits are scored, the distribution
-        the runners sample from."""
-        batch = _fetched(batch)
-        budget = tokens_per_pass(self.config.micro_batch_max_tokens, self.config.model_path)
-        out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(batch)
-        for chunk in entropy_chunks(batch.lengths, budget, self.config.micro_batch_size):
-            if not len(chunk):
-                continue
-            packed = pack_batch(batch, chunk, self._pad_id, self._device)
-            entropy = self._score(
-                self.policy, packed, with_entropy=True, rollout=self._extras.has_rollout_logits
-            )[1]
-            mask = packed["response_mask"]
-            flat = entropy[mask].float().cpu().numpy()  # row-major: each row's response positions in order
-            for i, row in zip(
-                chunk, np.split(flat, np.cumsum(batch.trained_tokens[chunk])[:-1]), strict=True
-            ):
-                out[int(i)] = row
-        return out
+        """Exact entropies of each row's response tokens under the current policy at the rollout temperature:
+        R^3's ranking entropies with ranking_entropy_source='learner' (`learner_ranking.score_entropies`). `batch`:
+        as for `update_from_samples`; every rank scores every row (FSDP's collectives need the same passes)."""
+        score = functools.partial(
+            self._score, self.policy, with_entropy=True, rollout=self._extras.has_rollout_logits
+        )
+        return score_entropies(score, _fetched(batch), self._pad_id, self._device, self.config)
 
     def _score(
         self, model, packed, *, with_entropy: bool = False, rollout: bool = False, with_base: bool = False
@@ -341,7 +350,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         cfg = self.config
         self._optimizer.zero_grad(set_to_none=True)
         # Global normalisers: the loss of a minibatch must not depend on how it is split over ranks/chunks.
-        kl = self._kl_term
+        kl = self._phase.kl_term(cfg)
         step = _StepContext(
             denom=agg_count(batch, mb, cfg.loss_agg_mode),  # tool output (loss_mask False) is not trained on
             loss_params=LOSS_FNS.params_from(cfg.policy_loss, cfg),
@@ -361,7 +370,9 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
             accumulate_metrics(acc, metrics, weight)
         reduced = self._all_reduce_sum(metrics_as_floats(acc))
         # Deferred ranked groups that came out all zero leave the normaliser and the trained-token count.
-        dropped_tokens = self._drop_zero_groups(batch, mb, step.denom, reduced)
+        dropped_tokens = self._ranked.drop_zero_groups(
+            batch, mb, step.denom, reduced, self.policy.parameters(), self._all_reduce_sum
+        )
         if step.correction.rejects:  # rejected tokens leave the minibatch's count as they left its loss
             mismatch.rescale_to_kept(self.policy.parameters(), reduced, cfg.loss_agg_mode)
         reduced["grad_norm"] = self._apply_gradients()
@@ -377,7 +388,7 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         mask = packed["response_mask"]
         kl = step.kl
         # The first minibatch's deferred groups: rank them from this forward.
-        ranks = self._needs_entropy(idx, real)
+        ranks = self._ranked.needs_entropy(idx, real)
         logp, entropy, *base = self._score(
             self.policy,
             packed,
@@ -386,9 +397,9 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
             with_base=kl.coef > 0 and kl.target == "base",  # a term toward the current base: same forward
         )
         if ranks:
-            self._rank_from_forward(packed, idx, entropy)
-        old = self._proximal_logprobs(logp, idx, real, step.old_lp)
-        self._keep_proximal_rows(idx, real, old, mask)
+            self._ranked.rank_from_forward(packed, idx, entropy)
+        old = proximal_logprobs(logp, idx, real, step.old_lp)
+        self._proximal_rows.keep(idx, real, old, mask)
         local_count = agg_count(batch, idx, cfg.loss_agg_mode) if real else 0
         # The KL term is aggregated over this micro-batch in its own mode: weigh it by its own count.
         ratio = kl_weight_ratio(
@@ -398,12 +409,12 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
             logp,
             old,
             packed["behavior_logprobs"],
-            self._row_advantages(packed, idx, real),
+            self._ranked.row_advantages(packed, idx, real),
             mask,
             policy_loss=cfg.policy_loss,
             loss_params=step.loss_params,
             correction=step.correction,
-            ref_logprobs=self._kl_target_logprobs(packed, logp, base, idx, real, step.ref_lp),
+            ref_logprobs=self._reference.target_logprobs(kl, packed, logp, base, idx, real, step.ref_lp),
             kl_coef=kl.coef * ratio,
             kl_type=kl.kind,
             agg_mode=cfg.loss_agg_mode,
@@ -422,19 +433,6 @@ class R3Learner(KLTermMixin, ProximalRowsMixin, DeferredRankingMixin, TorchLearn
         metrics = self._pass_metrics(loss, metrics, entropy if cfg.learner_entropy else None, mask)
         mismatch.scale_loss_metrics(metrics, share)  # the reported loss is the objective's value
         return metrics, weight, tokens if real else 0
-
-    def _proximal_logprobs(
-        self, logp: torch.Tensor, idx: np.ndarray, real: bool, old_lp: RowCache | None
-    ) -> torch.Tensor:
-        """The proximal ("old") log-probs of rows `idx`: recorded before the update's first step, or, while no step
-        has been taken yet (or for a padding pass), the current ones, recorded for later epochs."""
-        width = logp.shape[1]
-        if old_lp is not None and real and int(idx[0]) in old_lp:
-            return torch.stack([fit_row(old_lp[int(i)], width) for i in idx])
-        old = logp.detach()
-        if old_lp is not None and real:
-            old_lp.update({int(i): old[j] for j, i in enumerate(idx)})
-        return old
 
     def _pass_metrics(
         self, loss: torch.Tensor, metrics: dict[str, torch.Tensor], entropy, mask: torch.Tensor

@@ -1,5 +1,5 @@
-"""The learner's KL term (a mixin of `R3Learner`): the frozen reference model, loaded only when a term compares with
-it, and the target log-probs each micro-batch's term is taken against.
+"""The learner's KL term (`KLReference`, held by `R3Learner`): the frozen reference model, loaded only when a term
+compares with it, and the target log-probs each micro-batch's term is taken against.
 
 Which term an update has is its training phase's (:meth:`r3_rllib.core.method.TrainingPhase.kl_term`): by default
 ``kl_coef`` toward the reference model (the policy as loaded from ``model_path``); a method's phase may compare with
@@ -11,10 +11,13 @@ micro-batching.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 
-from r3_rllib.core.method import KLTerm
+from r3_rllib.core.method import KLTerm, Method
 from r3_rllib.models.hub import policy_path
 from r3_rllib.models.lora import AdapterOff
 from r3_rllib.types import TrainingBatch
@@ -42,62 +45,71 @@ def kl_weight_ratio(local: tuple[int, int], denom: tuple[int, int]) -> float:
     return (local[1] / denom[1]) / (local[0] / denom[0])
 
 
-class KLTermMixin:
-    """The reference model and the KL term's target log-probs (see module docstring)."""
+class KLReference:
+    """The frozen reference model of an ``R3Learner`` (None when no KL term of the method compares with it) and the
+    target log-probs each micro-batch's KL term is taken against. ``score(model, packed)`` is the learner's scoring
+    (at the rollout temperature; its first element: per-position log-probs)."""
 
-    def _load_reference(self) -> torch.nn.Module | None:
-        """The frozen reference model when a KL term of some phase of the method needs it (None otherwise: no memory spent):
-        loaded from the policy's own checkpoint, i.e. the policy as it starts; with LoRA the policy with its
-        adapter off (no second model)."""
-        if not self._method.needs_reference_model(self.config):
-            return None
-        if self._lora is not None:
-            return AdapterOff(self._lora)
+    def __init__(self, model: torch.nn.Module | None, score: Callable[..., tuple]) -> None:
+        self.model = model
+        self._score = score
+
+    @classmethod
+    def load(
+        cls,
+        method: Method,
+        config: Any,
+        lora: Any,
+        dtype: torch.dtype,
+        device: Any,
+        score: Callable[..., tuple],
+    ) -> KLReference:
+        """The reference when a KL term of some phase of ``method`` needs it (no model otherwise: no memory
+        spent): loaded from the policy's own checkpoint, i.e. the policy as it starts; with LoRA (``lora``, the peft
+        policy) the policy with its adapter off (no second model)."""
+        if not method.needs_reference_model(config):
+            return cls(None, score)
+        if lora is not None:
+            return cls(AdapterOff(lora), score)
         from transformers import AutoModelForCausalLM
 
-        path = policy_path(self.config.model_path)
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=self._dtype).to(self._device)
+        path = policy_path(config.model_path)
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         ref.eval().requires_grad_(False)
-        return ref
+        return cls(ref, score)
 
-    @property
-    def _kl_term(self) -> KLTerm:
-        """The KL term of the update in progress (its phase's)."""
-        return self._phase.kl_term(self.config)
+    def used_by(self, term: KLTerm) -> bool:
+        """Whether ``term`` compares with this reference model (and one is loaded)."""
+        return self.model is not None and term.coef > 0 and term.target == "reference"
 
-    @property
-    def _uses_reference(self) -> bool:
-        term = self._kl_term
-        return self._reference is not None and term.coef > 0 and term.target == "reference"
+    def logprobs(self, packed: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The reference model's per-position log-probs of the packed rows."""
+        return self._score(self.model, packed)[0]
 
-    def _kl_target_logprobs(
+    def target_logprobs(
         self,
+        term: KLTerm,
         packed: dict[str, torch.Tensor],
         logp: torch.Tensor,
         base: list,
         idx: np.ndarray,
         real: bool,
-        ref_lp,
+        ref_lp: RowCache | None,
     ) -> torch.Tensor | None:
-        """The log-probs the KL term of rows `idx` compares `logp` with (None without a term): the current base's
-        from the training forward (`base`, a term toward the current base), else the reference model's."""
+        """The log-probs the KL ``term`` of rows ``idx`` compares ``logp`` with (None without a term): the current
+        base's from the training forward (``base``, a term toward the current base), else the reference model's:
+        recorded ones (``ref_lp``), else scored now (and recorded); a padding pass with recorded rows takes the
+        policy's own (weight 0 anyway)."""
         if base:
             return base[0]
-        return self._reference_logprobs(packed, logp, idx, real, ref_lp)
-
-    def _reference_logprobs(
-        self, packed: dict[str, torch.Tensor], logp: torch.Tensor, idx: np.ndarray, real: bool, ref_lp
-    ) -> torch.Tensor | None:
-        """The reference model's log-probs of rows `idx` (None without a term toward it): recorded ones, else
-        scored now (and recorded); a padding pass with recorded rows takes the policy's own (weight 0 anyway)."""
-        if not self._uses_reference:
+        if not self.used_by(term):
             return None
         if ref_lp is not None and real and int(idx[0]) in ref_lp:
             return torch.stack([fit_row(ref_lp[int(i)], logp.shape[1]) for i in idx])
         if not real and ref_lp is not None:
             return logp.detach()
         with torch.no_grad():
-            ref, _ = self._score(self._reference, packed)
+            ref = self.logprobs(packed)
         if ref_lp is not None:
             ref_lp.update({int(i): ref[j] for j, i in enumerate(idx)})
         return ref

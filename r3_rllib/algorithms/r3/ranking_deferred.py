@@ -26,7 +26,7 @@ from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.types import DeferredRanking, Group, Sample
 
-#: The update result's key for the deferred groups' results (learner_ranking.py's ``_ranking_result``).
+#: The update result's key for the deferred groups' results (learner_ranking.py's ``DeferredRankingUpdate.result``).
 RANKING_RESULT = "deferred_ranking"
 
 

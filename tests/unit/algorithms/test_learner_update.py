@@ -113,7 +113,7 @@ def test_r2po_stage_a_loss_is_the_policy_term_plus_beta_k3_to_the_current_base_a
         is_cap=2.0,
         off_policy_correction=True,
     )
-    assert learner._reference is None  # no KL term toward a reference model: no second model held
+    assert learner._reference.model is None  # no KL term toward a reference model: no second model held
     _perturb_head(learner)
     samples = _samples(6)
     packed = pack_samples(samples, learner._pad_id, "cpu")
@@ -175,7 +175,7 @@ def test_r2po_stage_a_kl_is_k3_to_the_initial_model_seq_mean_token_mean_by_defau
     # Defaults: rollout_head_kl_target='initial', rollout_head_kl_agg_mode='seq-mean-token-mean' (the reference
     # code's), here beside a token-mean policy term split over two micro-batches of 3 rows.
     learner = _learner(tiny_random_model, rollout_head=True, num_minibatches=1, num_epochs=1)
-    assert learner.config.loss_agg_mode == "token-mean" and learner._reference is not None
+    assert learner.config.loss_agg_mode == "token-mean" and learner._reference.model is not None
     _perturb_head(learner)
     samples = _samples(6)
     learner.update_from_samples(

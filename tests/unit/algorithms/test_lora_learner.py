@@ -105,13 +105,13 @@ def test_adapter_init_is_seeded_and_leaves_the_global_rng_alone(tiny_random_mode
 
 def test_kl_reference_is_the_base_with_the_adapter_off(tiny_random_model):
     learner = _learner(tiny_random_model, kl_coef=0.1)
-    assert learner._reference.config is learner.policy.config  # the policy's memory, no second model
+    assert learner._reference.model.config is learner.policy.config  # the policy's memory, no second model
     learner.update_from_samples(
         TrainingBatch.from_samples(_samples()), seed=0
     )  # a trained adapter: policy and base now differ
     packed = pack_samples(_samples(), learner._pad_id, "cpu")
     with torch.no_grad():
-        ref = learner._score(learner._reference, packed)[0]
+        ref = learner._reference.logprobs(packed)
         policy = learner._score(learner.policy, packed)[0]
     base = _base_logprobs(tiny_random_model, packed)
     # the adapter switched off vs a plain model: x W + 0 against x W, same kernels, but peft's extra (zero) term

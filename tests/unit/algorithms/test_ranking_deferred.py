@@ -81,8 +81,8 @@ def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num
     scored = []
     ours.score_entropies = lambda batch: scored.append(batch) or []
     plans = []
-    plan_of = ours._update_plan
-    ours._update_plan = lambda batch, seed: plans.append(plan_of(batch, seed)) or plans[-1]
+    plan_of = ours._ranked.plan
+    ours._ranked.plan = lambda batch, seed: plans.append(plan_of(batch, seed)) or plans[-1]
     batch, metrics, pending = build_deferred_batch(groups, settings, _fetch(replayed))
     assert pending is not None and len(pending.description.groups) == 2
     learner_metrics = ours.update_from_samples(
@@ -113,7 +113,7 @@ def test_deferred_ranking_matches_a_separate_scoring_pass(tiny_random_model, num
     ref_batch, ref_metrics = build_training_batch(rescored, settings, _fetch(replayed))
     ref_metrics |= entropy_metrics
     ref_plan = [np.array([new_index[int(i)] for i in mb if int(i) in new_index]) for mb in plans[0]]
-    ref._update_plan = lambda batch, seed: [mb for mb in ref_plan if len(mb)]
+    ref._ranked.plan = lambda batch, seed: [mb for mb in ref_plan if len(mb)]
     ref_learner = ref.update_from_samples(TrainingBatch.from_samples(ref_batch), seed=5)
 
     assert stream_keys(batch) == stream_keys(ref_batch)

@@ -16,7 +16,7 @@ import torch
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.groups import build_training_batch
-from r3_rllib.algorithms.r3.learner_rows import ProximalRowsMixin
+from r3_rllib.algorithms.r3.learner_rows import ProximalRows
 from r3_rllib.algorithms.r3.sample_log import (
     SampleLog,
     SampleRowsCallback,
@@ -248,35 +248,30 @@ def test_learner_logprobs_come_from_every_learner(tmp_path):
     assert [r.learner_logprobs is not None for r in records][:2] == [True, True]
 
 
-class _Rows(ProximalRowsMixin):
-    def __init__(self, fraction=1.0):
-        self.config = SimpleNamespace(sample_log_fraction=fraction)
-
-
 def test_the_learner_keeps_the_proximal_logprobs_of_its_trained_tokens():
     samples = [_sample("a", 1.0, n=2), _sample("a", 0.0, n=3), _sample("b", 0.0, n=1)]
     samples[1] = replace(samples[1], loss_mask=np.array([True, False, True]))
     batch = TrainingBatch.from_samples(samples)
-    learner = _Rows()
-    learner._reset_proximal_rows()
+    learner = ProximalRows()
+    learner.reset(enabled=True)
     for idx in (np.array([0, 1]), np.array([2])):
         packed = batch.padded(idx, 0)
         old = torch.arange(packed["response_mask"].size, dtype=torch.float32).reshape(
             packed["response_mask"].shape
         )
         mask = torch.from_numpy(packed["response_mask"])
-        learner._keep_proximal_rows(idx, True, -old, mask)
-        learner._keep_proximal_rows(idx, True, old, mask)  # a later epoch: the first one is kept
-    got = learner.proximal_logprobs([0, 1, 2, 9])
+        learner.keep(idx, True, -old, mask)
+        learner.keep(idx, True, old, mask)  # a later epoch: the first one is kept
+    got = learner.logprobs([0, 1, 2, 9])
     # Width 5 (2 prompt + 3 response tokens): row 0's response at positions 1, 2; row 1's trained at 5 + 1, 5 + 3.
     assert set(got) == {0, 1, 2}
     np.testing.assert_array_equal(got[0], [-1.0, -2.0])
     np.testing.assert_array_equal(got[1], [-5.0, -7.0])
     np.testing.assert_array_equal(got[2], [-1.0])
-    off = _Rows(fraction=0.0)
-    off._reset_proximal_rows()
-    off._keep_proximal_rows(np.array([2]), True, torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
-    assert off.proximal_logprobs([2]) == {}
+    off = ProximalRows()
+    off.reset(enabled=False)  # sample_log_fraction 0: nothing is kept
+    off.keep(np.array([2]), True, torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
+    assert off.logprobs([2]) == {}
 
 
 def test_the_tune_callback_prints_the_trials_rows(tmp_path):
