@@ -279,6 +279,12 @@ class R3Settings:
     max_trajectory_tokens: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
     """Multi-turn tool envs: response tokens per trajectory, model and tool output together (None: max_tool_turns
     x max_new_tokens); each model turn gets at most max_new_tokens of what remains."""
+    agent_episode_timeout_s: float = setting(600.0, range="> 0", finite=True)
+    """Agent envs (``run_agent``, e.g. 'agent'): seconds one episode (one run of the agent program) may take; one
+    still running then stops the rollout with an error naming its query and env."""
+    gateway_host: str = "127.0.0.1"
+    """Agent envs: the address each EnvRunner's rollout gateway (the OpenAI-compatible endpoint agent programs call)
+    binds; loopback by default. Name a cluster-internal address only for programs on other hosts."""
     step_gamma: float = setting(0.95, range="[0, 1]")
     """Discount of step rewards into step returns (multi-step envs; read by the 'hgpo' estimator)."""
     hgpo_setting: str = setting("hgpo", choices=HGPO_SETTINGS)

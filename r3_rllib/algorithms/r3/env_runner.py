@@ -35,6 +35,7 @@ from r3_rllib.algorithms.r3.runner_setup import (
     model_context,
     runner_env_config,
     runner_seed,
+    start_gateway,
 )
 from r3_rllib.algorithms.r3.weight_sync import LoraAdapterWeights, named_tensors, unpack_weights
 from r3_rllib.config.settings import default_values
@@ -43,7 +44,7 @@ from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.core.threads import phase_start_threads
 from r3_rllib.engines import build_engine
 from r3_rllib.engines.base import SamplingParams
-from r3_rllib.envs.base import TextEnv
+from r3_rllib.envs.base import TextEnv, supports_agent_runs
 from r3_rllib.models.hub import policy_path
 from r3_rllib.rollout.kinds import kind_for_env
 from r3_rllib.rollout.kinds.context import RolloutContext, hard_wrong_answers
@@ -95,6 +96,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         self._replay = None  # replay actor handle, set by the algorithm when reflection is on
         self._context: RolloutContext | None = None  # the current (or last) rollout's
         self._stop_ids = tuple(i for i in [self.tokenizer.eos_token_id] if i is not None)
+        self._gateway = None  # an agent env's rollout gateway, started on first use (_rollout_gateway)
 
     # -- RLlib EnvRunner API ------------------------------------------------------------------------------------
     @override(EnvRunner)
@@ -112,6 +114,9 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def stop(self):
+        if getattr(self, "_gateway", None) is not None:
+            self._gateway.stop()
+            self._gateway = None
         if getattr(self, "engine", None) is not None:
             self.engine.shutdown()
             self.engine = None
@@ -184,7 +189,17 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             past_wrong_answers=self._past_wrong_answers if self._replay is not None else None,
             check_info=self._check_info,
             model_context=self._model_context,
+            gateway=self._rollout_gateway(),
         )
+
+    def _rollout_gateway(self):
+        """The rollout gateway agent programs call (an agent env's runner only: None otherwise), started on first
+        use; each rollout sets its sampling defaults (the rollout kind does)."""
+        if self._gateway is None and supports_agent_runs(self.env):
+            # The training sampler's own seed: starting the gateway draws no seed of its sequence.
+            defaults = self.sampling_params(seed=self._sample_seed)
+            self._gateway = start_gateway(self.config, self.engine, self.tokenizer, defaults)
+        return self._gateway
 
     def _past_wrong_answers(
         self, query_ids: list[str], settings: ReflectionSettings

@@ -122,6 +122,24 @@ def eval_env_config(config) -> dict:
     return {**model_context_config(config), **dict(config.env_config), **dict(config.eval_env_config)}
 
 
+def start_gateway(config, engine, tokenizer, defaults):
+    """An agent env's rollout gateway (:mod:`r3_rllib.gateway`): ``engine`` behind an OpenAI-compatible endpoint on
+    ``config.gateway_host`` (loopback by default; a free port), sampling with ``defaults`` where a call sets
+    nothing else, calls bounded by the model's context; started."""
+    from r3_rllib.gateway import Gateway
+
+    gateway = Gateway(
+        engine,
+        tokenizer,
+        model_name="policy",
+        defaults=defaults,
+        max_context=model_context(config).get("model_max_positions"),
+        host=config.gateway_host,
+    )
+    gateway.start()
+    return gateway
+
+
 def load_policy_tokenizer(config):
     """The policy's tokenizer (``tokenizer_path``, else the model's folder)."""
     from r3_rllib.models.tiny import load_tokenizer

@@ -88,7 +88,8 @@ class RolloutContext:
     actor, no reflection prompts) the hard queries' past wrong answers; ``check_info(env name, info)`` may refuse
     the info of a ``step``; ``model_context`` is the bound a generated reflection prompt is held to
     (``envs.context.drop_long_prompts``). ``query_id`` is the query being graded (a runner's error names it) and
-    ``reflection_dropped`` the reflection prompts left out of this call for being too long."""
+    ``reflection_dropped`` the reflection prompts left out of this call for being too long. ``gateway`` is the
+    runner's rollout gateway (:mod:`r3_rllib.gateway`, started) for an agent env, None for other envs."""
 
     env: TextEnv
     engine: GenerationEngine
@@ -100,6 +101,7 @@ class RolloutContext:
     model_context: Mapping[str, Any] = field(default_factory=dict)
     query_id: str | None = None
     reflection_dropped: int = 0
+    gateway: Any = None
 
     @property
     def env_name(self) -> str:
