@@ -1,0 +1,188 @@
+"""The served gateway through the OpenAI SDK on the HF engine (tiny untrained model, T = 0.6): token ids in the
+responses equal the records and the engine's own completions, chat turns extend token for token, 64 concurrent
+sessions batch into fewer engine calls, and two identical runs sample identical tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import openai
+import pytest
+from gateway_helpers import DEFAULTS, TIMEOUT_S
+
+from r3_rllib.gateway import Gateway
+from r3_rllib.gateway.batcher import batch_seed
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="none", timeout=TIMEOUT_S, max_retries=0)
+
+
+def async_client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url, api_key="none", timeout=TIMEOUT_S, max_retries=0)
+
+
+def engine_completion(engine, prompt_ids, record, params=DEFAULTS):
+    """The engine's own completion of ``prompt_ids`` with the seed the gateway gave the record's engine call."""
+    seeded = dataclasses.replace(params, seed=batch_seed(params.seed, record.extra["engine_call"]))
+    ((c,),) = engine.generate([prompt_ids], 1, seeded)
+    return c
+
+
+def test_chat_through_the_sdk_matches_the_record_and_the_engine(gateway, hf_engine):
+    sid = gateway.open_session()
+    try:
+        r = client(gateway.session_base_url(sid)).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "12+34="}], logprobs=True
+        )
+    finally:
+        (record,) = gateway.close_session(sid)
+    choice = r.choices[0]
+    assert record.prompt_ids.tolist() == r.model_extra["prompt_token_ids"]
+    assert record.completion_ids.tolist() == choice.model_extra["token_ids"]
+    assert record.temperature == 0.6 and record.endpoint == "chat" and record.index == 0
+    assert record.messages == [{"role": "user", "content": "12+34="}]
+    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(record.logprobs.tolist(), abs=1e-6)
+    assert record.extra["extended"] is False and record.extra["prompt_source"] == "first_call"
+    assert (record.token_versions == 0).all() and r.usage.completion_tokens == len(record.completion_ids)
+    # Batch of one: the engine called directly with the same prompt and seed samples the same tokens.
+    c = engine_completion(hf_engine, record.prompt_ids.tolist(), record)
+    assert c.token_ids == record.completion_ids.tolist() and c.finish_reason == record.finish_reason
+    np.testing.assert_array_equal(c.logprobs, record.logprobs)
+    np.testing.assert_array_equal(c.entropies, record.entropies)
+
+
+def test_completions_with_text_and_token_prompts(gateway, chat_tokenizer, hf_engine):
+    sid = gateway.open_session()
+    try:
+        sdk = client(gateway.session_base_url(sid))
+        text = sdk.completions.create(model="policy", prompt="7+8=", max_tokens=5, logprobs=0)
+        ids = chat_tokenizer.encode("7+8=", add_special_tokens=False)
+        by_ids = sdk.completions.create(model="policy", prompt=ids, max_tokens=5, seed=3)
+    finally:
+        records = gateway.close_session(sid)
+    assert [r.index for r in records] == [0, 1] and all(r.endpoint == "completions" for r in records)
+    assert text.choices[0].model_extra["prompt_token_ids"] == ids == records[0].prompt_ids.tolist()
+    assert by_ids.choices[0].model_extra["token_ids"] == records[1].completion_ids.tolist()
+    assert len(text.choices[0].logprobs.token_logprobs) == len(records[0].completion_ids)
+    # The request's seed replaces the defaults' as the base of the engine call's seed.
+    c = engine_completion(hf_engine, ids, records[1], dataclasses.replace(DEFAULTS, max_new_tokens=5, seed=3))
+    assert c.token_ids == records[1].completion_ids.tolist()
+
+
+def test_sessionless_calls_are_served_not_recorded(gateway):
+    sid = gateway.open_session()
+    gateway.close_session(sid)  # no session open while the sessionless call waits for its batch
+    r = client(gateway.base_url).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert r.choices[0].model_extra["token_ids"]
+    assert [m.id for m in client(gateway.base_url).models.list().data] == ["policy"]
+
+
+def test_multi_turn_extends_token_for_token_and_a_rewritten_history_does_not(gateway, chat_tokenizer):
+    sid = gateway.open_session()
+    sdk = client(gateway.session_base_url(sid))
+    try:
+        messages = [{"role": "user", "content": "1+1="}]
+        first = sdk.chat.completions.create(model="policy", messages=messages)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content}]
+        messages += [{"role": "user", "content": "and 2+2?"}]
+        second = sdk.chat.completions.create(model="policy", messages=messages)
+        rewritten = [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}, messages[-1]]
+        third = sdk.chat.completions.create(model="policy", messages=rewritten)
+    finally:
+        records = gateway.close_session(sid)
+    p0, c0 = first.model_extra["prompt_token_ids"], first.choices[0].model_extra["token_ids"]
+    p1 = second.model_extra["prompt_token_ids"]
+    assert p1[: len(p0) + len(c0)] == p0 + c0  # the first turn's tokens exactly, never re-tokenized
+    tail = (
+        "<eos>\n" if first.choices[0].finish_reason == "length" else "\n"
+    )  # eos sampled: only the "\n" follows
+    assert p1[len(p0) + len(c0) :] == chat_tokenizer.encode(
+        tail + "<bos>user\nand 2+2?<eos>\n<bos>assistant\n", add_special_tokens=False
+    )
+    assert records[1].extra == {
+        **records[1].extra,
+        "extended": True,
+        "extends_call": 0,
+        "reused_tokens": len(p0 + c0),
+    }
+    fresh = chat_tokenizer.apply_chat_template(rewritten, tokenize=False, add_generation_prompt=True)
+    assert third.model_extra["prompt_token_ids"] == chat_tokenizer.encode(fresh, add_special_tokens=False)
+    assert records[2].extra["extended"] is False and records[2].extra["prompt_source"] == "history_rewritten"
+
+
+async def _agent(gw: Gateway, sid: str, turns: int) -> list[list[int]]:
+    """A plain OpenAI-SDK agent loop: ``turns`` chat calls, each answer appended before the next question."""
+    sdk = async_client(gw.session_base_url(sid))
+    messages, tokens = [{"role": "user", "content": f"task {sid}"}], []
+    try:
+        for t in range(turns):
+            r = await sdk.chat.completions.create(model="policy", messages=messages)
+            tokens.append(r.choices[0].model_extra["token_ids"])
+            messages += [{"role": "assistant", "content": r.choices[0].message.content}]
+            messages += [{"role": "user", "content": f"turn {t}"}]
+    finally:
+        await sdk.close()
+    return tokens
+
+
+def run_sessions(gw: Gateway, sessions: int, turns: int) -> tuple[list[list[list[int]]], dict]:
+    """``sessions`` agents at once (all opened first), and each one's records."""
+    sids = [gw.open_session(f"s{i:03d}") for i in range(sessions)]
+
+    async def all_agents():
+        return await asyncio.gather(*(_agent(gw, sid, turns) for sid in sids))
+
+    try:
+        tokens = asyncio.run(asyncio.wait_for(all_agents(), timeout=240))
+    finally:
+        records = {sid: gw.close_session(sid) for sid in sids}
+    return tokens, records
+
+
+def test_64_concurrent_sessions_batch_and_record_each_call(hf_engine, chat_tokenizer):
+    with Gateway(hf_engine, chat_tokenizer, defaults=DEFAULTS, max_batch_wait_s=10.0) as gw:
+        tokens, records = run_sessions(gw, 64, 2)
+        assert gw.batcher.requests == 128 and gw.batcher.engine_calls == 2  # lockstep: one batch per turn
+    for (sid, recs), toks in zip(records.items(), tokens, strict=True):
+        assert [r.index for r in recs] == [0, 1] and [r.session_id for r in recs] == [sid, sid]
+        assert [r.completion_ids.tolist() for r in recs] == toks
+        assert (
+            recs[1].extra["extended"]
+            and recs[1].prompt_ids[: len(recs[0].prompt_ids)].tolist() == recs[0].prompt_ids.tolist()
+        )
+        assert f"task {sid}" in chat_tokenizer.decode(recs[0].prompt_ids.tolist())
+
+
+def test_two_identical_runs_sample_identical_tokens(hf_engine, chat_tokenizer):
+    runs = []
+    for _ in range(2):
+        with Gateway(hf_engine, chat_tokenizer, defaults=DEFAULTS, max_batch_wait_s=10.0) as gw:
+            runs.append(run_sessions(gw, 8, 3)[0])
+    assert runs[0] == runs[1]
+    assert (
+        len({tuple(map(tuple, s)) for s in runs[0]}) == 8
+    )  # the sessions sampled differently from each other
+
+
+def test_streaming_returns_the_finished_completion_as_events(gateway):
+    sid = gateway.open_session()
+    try:
+        stream = client(gateway.session_base_url(sid)).chat.completions.create(
+            model="policy",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    finally:
+        (record,) = gateway.close_session(sid)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[0].choices[0].model_extra["token_ids"] == record.completion_ids.tolist()
+    assert chunks[-1].usage.completion_tokens == len(record.completion_ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == record.finish_reason
+    assert text == chunks[0].choices[0].delta.content
