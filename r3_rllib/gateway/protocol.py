@@ -20,12 +20,24 @@ from typing import Any, Literal
 
 from r3_rllib.engines.base import SamplingParams
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "generate"]
 
-#: Parameters read by the endpoints themselves (the prompt, the model, the streaming switch).
+#: Parameters read by the endpoints themselves (the prompt, the model, the streaming switch); ``generate`` (vLLM's
+#: token-in/token-out ``/inference/v1/generate``) reads its sampling parameters from ``body["sampling_params"]``.
 _STRUCTURAL = {
     "chat": {"model", "messages", "tools", "tool_choice", "stream"},
     "completions": {"model", "prompt", "stream"},
+    "generate": set(),
+}
+#: The top-level fields of a ``generate`` request.
+GENERATE_FIELDS = {
+    "model",
+    "token_ids",
+    "sampling_params",
+    "request_id",
+    "cache_salt",
+    "priority",
+    "return_token_ids",
 }
 #: Parameters that change nothing the engine samples: accepted and ignored.
 _HARMLESS = {
@@ -39,6 +51,10 @@ _HARMLESS = {
     "skip_special_tokens",
     "chat_template_kwargs",
     "add_generation_prompt",
+    "detokenize",
+    "include_stop_str_in_output",
+    "spaces_between_special_tokens",
+    "routed_experts_prompt_start",
 }
 _SAMPLING = {
     "temperature",
@@ -64,6 +80,7 @@ _NEUTRAL = {
     "echo": (False,),
     "suffix": ("",),
     "best_of": (1,),
+    "ignore_eos": (False,),
 }
 #: The most completions one request may ask for.
 MAX_N = 64
@@ -162,11 +179,13 @@ def stop_token_ids(stop: Any, tokenizer: Any) -> tuple[int, ...]:
 
 def _logprobs(body: dict[str, Any], endpoint: Endpoint) -> bool:
     """Whether the sampled tokens' log-probs are asked for; top log-probs are refused (the engine keeps none)."""
-    if endpoint == "completions":
+    if endpoint != "chat":
+        # vLLM's generate endpoint counts the sampled token in: logprobs=1 asks for it alone.
+        most = 1 if endpoint == "generate" else 0
         k = _number(body, "logprobs", int, None)
-        if k is not None and k > 0:
+        if k is not None and k > most:
             raise unsupported(
-                "logprobs", "top log-probs are not recorded; logprobs=0 returns the sampled tokens'"
+                "logprobs", f"top log-probs are not recorded; logprobs={most} returns the sampled tokens'"
             )
         return k is not None
     top = _number(body, "top_logprobs", int, 0)
@@ -294,6 +313,26 @@ def chat_response(model: str, prompt_ids: list[int], choices: list[dict[str, Any
         "choices": choices,
         "usage": _usage(len(prompt_ids), [len(c["token_ids"]) for c in choices]),
         "prompt_token_ids": list(prompt_ids),
+    }
+
+
+def generate_logprobs(ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    """A generate choice's ``logprobs`` as vLLM writes them with tokens as ids: ``"token_id:<id>"`` per token."""
+    return {
+        "content": [
+            {"token": f"token_id:{t}", "logprob": float(lp)} for t, lp in zip(ids, logprobs, strict=True)
+        ]
+    }
+
+
+def generate_response(prompt_ids: list[int], choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``/inference/v1/generate`` body: ``request_id``, the choices (``token_ids``, ``logprobs``,
+    ``finish_reason``), ``prompt_token_ids`` and ``usage``."""
+    return {
+        "request_id": f"gen-{uuid.uuid4().hex}",
+        "choices": choices,
+        "prompt_token_ids": list(prompt_ids),
+        "usage": _usage(len(prompt_ids), [len(c["token_ids"]) for c in choices]),
     }
 
 

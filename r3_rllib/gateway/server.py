@@ -1,9 +1,10 @@
 """The gateway: an OpenAI-compatible HTTP server (FastAPI, served by uvicorn in a daemon thread) in front of one
 generation engine, with per-session call records.
 
-Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, and the same under
-``/sessions/<session_id>/v1/`` (a session's calls are recorded; calls to the plain ``/v1`` are served, not
-recorded). Every error is an OpenAI-style JSON body ``{"error": {"message", "type", "param", "code"}}`` with its
+Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, vLLM's token-in/token-out
+``/inference/v1/generate`` (what verifiers' training client calls: it renders the chat itself and sends token ids),
+and the same under ``/sessions/<session_id>/`` (a session's calls are recorded; calls outside a session are
+served, not recorded). Every error is an OpenAI-style JSON body ``{"error": {"message", "type", "param", "code"}}`` with its
 HTTP status; an exception inside a handler is a 500 and the server serves on. ``stream: true`` is answered with
 server-sent events carrying the finished completion (one chunk with the whole message and its token ids, one with
 the finish reason, then ``[DONE]``): the engine samples whole completions, so nothing arrives earlier.
@@ -102,6 +103,14 @@ def build_app(service: GatewayService) -> Any:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         return await serve(request, service.completions, None)
+
+    @app.post("/inference/v1/generate")
+    async def generate(request: Request) -> Any:
+        return await serve(request, service.generate, None)
+
+    @app.post("/sessions/{sid}/inference/v1/generate")
+    async def session_generate(sid: str, request: Request) -> Any:
+        return await serve(request, service.generate, sid)
 
     @app.get("/v1/models")
     async def list_models() -> Any:

@@ -25,6 +25,7 @@ from r3_rllib.engines.base import Completion, SamplingParams
 from r3_rllib.gateway.batcher import Batcher, BatchResult, Pending
 from r3_rllib.gateway.chat import checked_messages, encode, parse_tool_calls
 from r3_rllib.gateway.protocol import (
+    GENERATE_FIELDS,
     Endpoint,
     GatewayError,
     SamplingRequest,
@@ -33,11 +34,22 @@ from r3_rllib.gateway.protocol import (
     clamp_to_context,
     completion_logprobs,
     completion_response,
+    generate_logprobs,
+    generate_response,
     invalid,
     sampling_request,
     token_strings,
+    unsupported,
 )
-from r3_rllib.gateway.sessions import ChatPrompt, Reply, Session, SessionStore, Turn, chat_prompt
+from r3_rllib.gateway.sessions import (
+    ChatPrompt,
+    Reply,
+    Session,
+    SessionStore,
+    Turn,
+    chat_prompt,
+    token_prompt,
+)
 from r3_rllib.types.calls import CallRecord
 
 # Calls outside a session sort after every session's calls within a batch.
@@ -149,21 +161,24 @@ class GatewayService:
             choice["token_ids"] = list(c.token_ids)
             choices.append(choice)
             replies.append(Reply(message, list(c.token_ids), c.finish_reason))
-        extra = self._extra(prompt, clamped, result)
-        if session is not None and self.sessions.is_open(session.id):
+        if self._record(session, index, "chat", prompt, result, request, messages, clamped):
             turn = Turn(
                 index, messages, tools, template_kwargs, prompt.prompt_ids, prompt.prompt_text, replies
             )
             session.turns.append(turn)
-            session.records[index] = self._records(
-                session, index, "chat", prompt.prompt_ids, result, request, messages, extra
-            )
         return chat_response(self.model_name, prompt.prompt_ids, choices)
 
     async def completions(self, body: dict[str, Any], session_id: str | None) -> dict[str, Any]:
         """Serve one ``/completions`` request (a text prompt or a token-id list); returns the response body."""
         session, request = self._begin(body, session_id, "completions")
-        prompt_ids = self._prompt_ids(body.get("prompt"))
+        raw = body.get("prompt")
+        prompt_ids = self._prompt_ids(raw)
+        source = (
+            "text"
+            if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], str))
+            else "token_ids"
+        )
+        prompt = token_prompt(session, prompt_ids, source)
         request, clamped = clamp_to_context(request, len(prompt_ids), self.max_context)
         index = session.claim_index() if session is not None else -1
         result = await self._sample(prompt_ids, request, session, index)
@@ -174,15 +189,66 @@ class GatewayService:
             choice["token_ids"] = list(c.token_ids)
             choice["prompt_token_ids"] = list(prompt_ids)
             choices.append(choice)
-        if session is not None and self.sessions.is_open(session.id):
-            extra = {"extended": False, "extends_call": None, "prompt_source": "completions"}
-            extra.update(self._extra(None, clamped, result))
-            session.records[index] = self._records(
-                session, index, "completions", prompt_ids, result, request, None, extra
-            )
+        self._record(session, index, "completions", prompt, result, request, None, clamped)
         return completion_response(self.model_name, prompt_ids, choices)
 
-    def _prompt_ids(self, prompt: Any) -> list[int]:
+    async def generate(self, body: dict[str, Any], session_id: str | None) -> dict[str, Any]:
+        """Serve one ``/inference/v1/generate`` request (vLLM's token-in/token-out endpoint, which verifiers'
+        training client calls): ``token_ids`` in, and per choice the sampled ``token_ids`` with their log-probs
+        as ``{"content": [{"token": "token_id:<id>", "logprob": ...}]}``; returns the response body."""
+        for name in sorted(set(body) - GENERATE_FIELDS):
+            raise unsupported(name, "the gateway does not know this field of a generate request")
+        sampling = body.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise invalid("sampling_params", "expected an object")
+        session = self.sessions.get(session_id) if session_id is not None else None
+        self._check_model(body)
+        request = sampling_request(sampling, "generate", self.defaults, self.tokenizer)
+        prompt = token_prompt(session, self._prompt_ids(body.get("token_ids"), "token_ids"), "token_ids")
+        request, clamped = clamp_to_context(request, len(prompt.prompt_ids), self.max_context)
+        index = session.claim_index() if session is not None else -1
+        result = await self._sample(prompt.prompt_ids, request, session, index)
+        choices = []
+        for i, c in enumerate(result.completions):
+            ids = list(c.token_ids)
+            choice = {"index": i, "text": self._text(c), "token_ids": ids, "finish_reason": c.finish_reason}
+            choice["logprobs"] = generate_logprobs(ids, [float(x) for x in c.logprobs])
+            choices.append(choice)
+        self._record(session, index, "completions", prompt, result, request, None, clamped, api="generate")
+        return generate_response(prompt.prompt_ids, choices)
+
+    def _record(
+        self,
+        session: Session | None,
+        index: int,
+        endpoint: Endpoint,
+        prompt: ChatPrompt,
+        result: BatchResult,
+        request: SamplingRequest,
+        messages: list[dict[str, Any]] | None,
+        clamped: bool,
+        api: str | None = None,
+    ) -> bool:
+        """Keep the call's records and token sequences in ``session``; False when there is none to keep them
+        (a sessionless call, or a session closed while the call ran)."""
+        if session is None or not self.sessions.is_open(session.id):
+            return False
+        extra: dict[str, Any] = {
+            "extended": prompt.source == "extended",
+            "extends_call": prompt.extends_call,
+            "prompt_source": prompt.source,
+            "reused_tokens": prompt.reused_tokens,
+            "max_tokens_clamped": clamped,
+            "engine_call": result.engine_call,
+            "api": api or endpoint,
+        }
+        session.records[index] = self._records(
+            session, index, endpoint, prompt.prompt_ids, result, request, messages, extra
+        )
+        session.sequences += [(index, prompt.prompt_ids + list(c.token_ids)) for c in result.completions]
+        return True
+
+    def _prompt_ids(self, prompt: Any, param: str = "prompt") -> list[int]:
         """A completions prompt as token ids: a string (encoded, no special token added) or a list of token ids;
         a list holding one of these is that one."""
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -193,19 +259,19 @@ class GatewayService:
             ids = list(prompt)
             vocab = len(self.tokenizer)
             if any(not 0 <= t < vocab for t in ids):
-                raise invalid("prompt", f"token ids must be in [0, {vocab})")
+                raise invalid(param, f"token ids must be in [0, {vocab})")
         elif isinstance(prompt, list):
             raise GatewayError(
                 "one prompt per request (a string or a list of token ids)",
-                param="prompt",
+                param=param,
                 code="unsupported_parameter",
             )
         else:
             raise GatewayError(
-                "'prompt' is required: a string or a list of token ids", param="prompt", code="missing_prompt"
+                f"{param!r} is required: a string or a list of token ids", param=param, code="missing_prompt"
             )
         if not ids:
-            raise invalid("prompt", "the prompt is empty")
+            raise invalid(param, "the prompt is empty")
         return ids
 
     def _text(self, c: Completion) -> str:
@@ -218,18 +284,6 @@ class GatewayService:
         if not request.logprobs:
             return None
         return layout(token_strings(self.tokenizer, list(c.token_ids)), [float(x) for x in c.logprobs])
-
-    @staticmethod
-    def _extra(prompt: ChatPrompt | None, clamped: bool, result: BatchResult) -> dict[str, Any]:
-        extra: dict[str, Any] = {"max_tokens_clamped": clamped, "engine_call": result.engine_call}
-        if prompt is not None:
-            extra.update(
-                extended=prompt.source == "extended",
-                extends_call=prompt.extends_call,
-                prompt_source=prompt.source,
-                reused_tokens=prompt.reused_tokens,
-            )
-        return extra
 
     @staticmethod
     def _records(

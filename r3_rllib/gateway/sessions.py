@@ -25,7 +25,9 @@ No earlier turn is re-tokenized: the model sees exactly the tokens it saw and sa
 none (the first call, a rewritten history, a template that is not append-only, a changed tool list) is rendered
 fresh from its messages. ``CallRecord.extra`` says which: ``extended`` (bool), ``extends_call`` (the index of the
 call extended, or None), ``prompt_source`` (``"extended"``, ``"first_call"``, ``"history_rewritten"``,
-``"template_not_append_only"``).
+``"template_not_append_only"``). A prompt given as token ids (``/completions``, ``/inference/v1/generate``) is
+used as given; it extends the latest earlier call whose prompt + completion ids it starts with (``prompt_source``
+``"extended"``, else ``"token_ids"``, or ``"text"`` for a text prompt, which is encoded whole).
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Session:
     next_index: int = 0
     turns: list[Turn] = field(default_factory=list)
     records: dict[int, list[CallRecord]] = field(default_factory=dict)
+    #: Each finished call's (index, prompt + completion ids) per choice: what a token-id prompt may extend.
+    sequences: list[tuple[int, list[int]]] = field(default_factory=list)
 
     def claim_index(self) -> int:
         """The next call's index within the session."""
@@ -164,6 +168,15 @@ def chat_prompt(
         head = turn.prompt_ids + reply.completion_ids
         return ChatPrompt(head + encode(tokenizer, suffix), full, "extended", turn.index, len(head))
     return ChatPrompt(encode(tokenizer, full), full, source)
+
+
+def token_prompt(session: Session | None, prompt_ids: list[int], source: str) -> ChatPrompt:
+    """A prompt given as token ids (or text encoded whole), with the latest earlier call of ``session`` whose
+    prompt + completion ids it starts with (the caller kept them exactly): ``source`` "extended" then."""
+    for index, sequence in reversed(session.sequences if session is not None else []):
+        if len(sequence) <= len(prompt_ids) and prompt_ids[: len(sequence)] == sequence:
+            return ChatPrompt(prompt_ids, "", "extended", index, len(sequence))
+    return ChatPrompt(prompt_ids, "", source)
 
 
 class SessionStore:

@@ -186,3 +186,51 @@ def test_streaming_returns_the_finished_completion_as_events(gateway):
     assert chunks[-1].usage.completion_tokens == len(record.completion_ids)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == record.finish_reason
     assert text == chunks[0].choices[0].delta.content
+
+
+def test_vllm_generate_endpoint_as_verifiers_training_client_calls_it(gateway, chat_tokenizer):
+    """verifiers 0.4.0's training client (through ``renderers.client.generate``) renders the chat itself and posts
+    token ids to ``<root>/inference/v1/generate``, the root being its base URL without ``/v1``; it reads
+    ``choices[0].token_ids``, ``choices[0].logprobs.content[k]`` (``token`` must be ``"token_id:<id>"``) and
+    ``prompt_token_ids``. Its next turn's prompt extends the first's token ids: recorded as extended."""
+    import httpx
+
+    sid = gateway.open_session()
+    root = gateway.session_base_url(sid).removesuffix("/v1")
+    prompt = chat_tokenizer.encode("<bos>user\n2+2=<eos>\n<bos>assistant\n", add_special_tokens=False)
+    sampling = {
+        "temperature": 0.6,
+        "max_tokens": 8,
+        "stop_token_ids": [1],
+        "logprobs": 1,
+        "skip_special_tokens": False,
+    }
+    try:
+        with httpx.Client(timeout=TIMEOUT_S) as http:
+            first = http.post(
+                f"{root}/inference/v1/generate",
+                json={"model": "policy", "token_ids": prompt, "sampling_params": sampling},
+            )
+            ids = first.json()["choices"][0]["token_ids"]
+            nxt = (
+                prompt
+                + ids
+                + chat_tokenizer.encode("\n<bos>user\nok<eos>\n<bos>assistant\n", add_special_tokens=False)
+            )
+            second = http.post(
+                f"{root}/inference/v1/generate",
+                json={"model": "policy", "token_ids": nxt, "sampling_params": sampling},
+            )
+    finally:
+        records = gateway.close_session(sid)
+    assert first.status_code == 200 and second.status_code == 200, second.text
+    body = first.json()
+    choice = body["choices"][0]
+    assert body["prompt_token_ids"] == prompt and choice["finish_reason"] in ("stop", "length")
+    assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{t}" for t in ids]
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx(
+        records[0].logprobs.tolist(), abs=1e-6
+    )
+    assert records[0].completion_ids.tolist() == ids and records[0].extra["api"] == "generate"
+    assert records[1].extra["extended"] and records[1].extra["reused_tokens"] == len(prompt) + len(ids)
+    assert records[1].prompt_ids.tolist() == nxt
