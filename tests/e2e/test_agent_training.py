@@ -1,0 +1,131 @@
+"""An OpenAI-SDK agent program with a calculator tool trains through the EnvRunners' rollout gateways: two runners on
+HF engines, T = 0.6, R^3's replay and ranking on; the samples' tokens are the gateway's records, token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from r3_rllib import R3Config
+
+pytestmark = pytest.mark.slow
+
+# Role initial, colon, content, one message a line (characters the tiny model's vocabulary has).
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
+
+
+def _calculator_agent():
+    """The agent program (built here so it reaches the runners by value): ask, answer the reply's ``a+b`` with a
+    tool message, ask again (a reflection rerun asks its reflection message first); reward 1 for the gold answer
+    in the final reply, plus 0.1 per digit in it (partial credit: groups rarely tie)."""
+    import re
+
+    async def run(client, task, model):
+        messages = [{"role": "user", "content": task.get("reflection") or task["question"]}]
+        reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=5, timeout=60)
+        text = reply.choices[0].message.content or ""
+        call = re.search(r"(\d+)\s*\+\s*(\d+)", text)
+        result = str(int(call.group(1)) + int(call.group(2))) if call else "no call"
+        messages += [{"role": "assistant", "content": text}, {"role": "tool", "content": result}]
+        reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=5, timeout=60)
+        answer = reply.choices[0].message.content or ""
+        return {"reward": float(task["answer"] in answer) + 0.1 * sum(c.isdigit() for c in answer)}
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def chat_tiny_model(tmp_path_factory) -> str:
+    """The shipped tiny model with a chat template (the gateway's chat endpoint renders with it)."""
+    from r3_rllib.models import default_tiny_model_path, load_tiny
+    from r3_rllib.models.tiny import save_tiny
+
+    model, tok = load_tiny(default_tiny_model_path())
+    tok.chat_template = TEMPLATE
+    return str(save_tiny(model, tok, tmp_path_factory.mktemp("chat_tiny")))
+
+
+def _record_keeper():
+    """A function (built here so it reaches the runners by value) that samples once on a runner, keeping the
+    records its gateway's sessions returned: (samples, records)."""
+
+    def keep_records(runner):
+        runner.sample(num_queries=1)  # the gateway starts on the first rollout
+        kept, close = [], runner._gateway.close_session
+
+        def closing(session_id):
+            records = close(session_id)
+            kept.extend(records)
+            return records
+
+        runner._gateway.close_session = closing
+        groups = runner.sample(num_queries=2).groups
+        return [s for g in groups for s in g.samples], kept
+
+    return keep_records
+
+
+def test_an_openai_sdk_agent_trains_through_the_gateways(ray_session, chat_tiny_model):
+    tasks = [{"id": f"q{i}", "question": f"{i}+{i + 1}=", "answer": str(2 * i + 1)} for i in range(8)]
+    config = (
+        R3Config.r3_preset()
+        .environment("agent", env_config={"run": _calculator_agent(), "tasks": tasks, "test_size": 0})
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .r3(replay_start_epoch=0, ranking_start_epoch=0, reflection_start_epoch=0, reflection_tau=1.0)
+        .debugging(seed=3)
+        .training(
+            model_path=chat_tiny_model,
+            group_size=4,
+            queries_per_iteration=4,
+            max_new_tokens=5,
+            temperature=0.6,
+            lr=1e-3,
+            micro_batch_size=32,
+            eval_interval=0,
+        )
+    )
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(3)]
+        checks = algo.env_runner_group.foreach_env_runner(_record_keeper(), local_env_runner=False)
+    finally:
+        algo.stop()
+    rollout = results[-1]["rollout"]
+    assert rollout["agent_calls_mean"] == 2.0 and rollout["agent_steps_mean"] == 1.0
+    assert 0 < rollout["agent_context_token_frac"] < 1
+    # The learner trained on agent samples (an iteration whose groups all tie trains nothing: NaN).
+    assert sum(t for r in results if (t := r["learner"]["trained_tokens"]) == t) > 0
+    # R^3's ranking and reflection ran on agent samples (seeded; replay finds no correct past answer to add).
+    total = {k: sum(r["r3"][k] for r in results) for k in ("ranked_groups", "reflection_prompts")}
+    assert all(v > 0 for v in total.values()), total
+    for samples, records in checks:
+        assert len(samples) == 2 * 4 and len(records) == 2 * len(samples)
+        by_prompt = {}
+        for rec in records:
+            by_prompt.setdefault(tuple(rec.prompt_ids), []).append(rec)
+        for s in samples:
+            full = s.prompt_ids + s.response_ids
+            # The sample is its last call's prompt and completion, token for token; its first call's completion
+            # and both calls' log-probs are where the mask says.
+            last = [r for r in by_prompt.get(tuple(full[: len(full) - r_len(s)]), [])]
+            assert any(list(r.completion_ids) == full[len(r.prompt_ids) :] for r in last)
+            assert s.loss_mask[: r_first(s)].all() and not s.loss_mask.all()
+
+
+def r_len(sample) -> int:
+    """Tokens of the sample's last model turn (the mask's last run of ones)."""
+    mask, n = sample.loss_mask, 0
+    while n < len(mask) and mask[len(mask) - 1 - n]:
+        n += 1
+    return n
+
+
+def r_first(sample) -> int:
+    """Tokens of the sample's first model turn (the mask's first run of ones)."""
+    mask, n = sample.loss_mask, 0
+    while n < len(mask) and mask[n]:
+        n += 1
+    return n
