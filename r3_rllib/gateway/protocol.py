@@ -5,9 +5,14 @@ Parameters are read strictly: each one the engine honours is validated and mappe
 :class:`~r3_rllib.engines.base.SamplingParams`; a parameter that would change sampling in a way the engine cannot
 (penalties, ``logit_bias``, structured output, forced tool choice, multi-token stop strings, top log-probs) is a
 400 error naming it, and so is a parameter the gateway does not know; only parameters that change nothing sampled
-(``user``, ``metadata``, ``stream_options``, ...) are accepted and ignored. Token ids come back as vLLM's OpenAI
-server returns them: ``prompt_token_ids`` on a chat response, ``token_ids`` on each choice, and on completions both
-on each choice.
+(``user``, ``metadata``, ``stream_options``, ...) are accepted and ignored (``chat_template_kwargs`` goes to the
+template). Token ids come back as vLLM's OpenAI server returns them with ``return_token_ids``, whether asked or
+not: ``prompt_token_ids`` on the response, ``token_ids`` on each choice (completions: ``prompt_token_ids`` on each
+choice too). Log-probs are the sampled tokens' only (``logprobs: true`` for chat, ``logprobs: 0`` for completions,
+``logprobs: 1`` for generate, which counts the sampled token in); asking for top alternatives is refused: the
+engines do not keep them. vLLM's ``/inference/v1/generate`` answers ``{"request_id", "choices": [{"index",
+"token_ids", "logprobs": {"content": [{"token": "token_id:<id>", "logprob"}]}, "finish_reason", "text"}],
+"prompt_token_ids", "usage"}``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ _HARMLESS = {
     "return_token_ids",
     "skip_special_tokens",
     "chat_template_kwargs",
-    "add_generation_prompt",
     "detokenize",
     "include_stop_str_in_output",
     "spaces_between_special_tokens",

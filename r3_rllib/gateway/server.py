@@ -57,6 +57,40 @@ async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[str]:
     yield "data: [DONE]\n\n"
 
 
+Handler = Callable[[dict[str, Any], "str | None"], Awaitable[dict[str, Any]]]
+
+
+async def _serve(request: Request, handler: Handler, sid: str | None) -> Any:
+    """Run ``handler`` on the request's JSON body: its response (server-sent events when ``stream`` is set), or
+    the OpenAI-style error; an unexpected exception is a 500 and the server serves on."""
+    try:
+        body = await _read_json(request)
+        response = await handler(body, sid)
+    except GatewayError as e:
+        return _error_response(e)
+    except Exception as e:  # a bug or an unexpected input: a 500, and the server serves on
+        return _error_response(
+            GatewayError(f"{type(e).__name__}: {e}", status=500, type="server_error", code="internal_error")
+        )
+    if body.get("stream"):
+        options = body.get("stream_options") or {}
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return StreamingResponse(_sse(stream_chunks(response, usage)), media_type="text/event-stream")
+    return JSONResponse(response)
+
+
+def _post_routes(handler: Handler) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The sessionless and the per-session route functions of a POST endpoint served by ``handler``."""
+
+    async def plain(request: Request) -> Any:
+        return await _serve(request, handler, None)
+
+    async def in_session(sid: str, request: Request) -> Any:
+        return await _serve(request, handler, sid)
+
+    return plain, in_session
+
+
 def build_app(service: GatewayService) -> Any:
     """The FastAPI app serving ``service`` (routes in the module docstring)."""
     app = FastAPI(title="r3-rllib rollout gateway", docs_url=None, redoc_url=None, openapi_url=None)
@@ -66,67 +100,27 @@ def build_app(service: GatewayService) -> Any:
         code = "not_found" if exc.status_code == 404 else "http_error"
         return _error_response(GatewayError(str(exc.detail), status=exc.status_code, code=code))
 
-    async def serve(
-        request: Request,
-        handler: Callable[[dict[str, Any], str | None], Awaitable[dict[str, Any]]],
-        sid: str | None,
-    ) -> Any:
-        try:
-            body = await _read_json(request)
-            response = await handler(body, sid)
-        except GatewayError as e:
-            return _error_response(e)
-        except Exception as e:  # a bug or an unexpected input: a 500, and the server serves on
-            return _error_response(
-                GatewayError(
-                    f"{type(e).__name__}: {e}", status=500, type="server_error", code="internal_error"
-                )
-            )
-        if body.get("stream"):
-            options = body.get("stream_options") or {}
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return StreamingResponse(_sse(stream_chunks(response, usage)), media_type="text/event-stream")
-        return JSONResponse(response)
-
-    def models(sid: str | None) -> Any:
-        try:
-            if sid is not None:
-                service.sessions.get(sid)
-        except GatewayError as e:
-            return _error_response(e)
-        return JSONResponse(service.models())
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        return await serve(request, service.chat, None)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await serve(request, service.completions, None)
-
-    @app.post("/inference/v1/generate")
-    async def generate(request: Request) -> Any:
-        return await serve(request, service.generate, None)
-
-    @app.post("/sessions/{sid}/inference/v1/generate")
-    async def session_generate(sid: str, request: Request) -> Any:
-        return await serve(request, service.generate, sid)
+    endpoints = {
+        "/v1/chat/completions": service.chat,
+        "/v1/completions": service.completions,
+        "/inference/v1/generate": service.generate,
+    }
+    for path, handler in endpoints.items():
+        plain, in_session = _post_routes(handler)
+        app.add_api_route(path, plain, methods=["POST"])
+        app.add_api_route("/sessions/{sid}" + path, in_session, methods=["POST"])
 
     @app.get("/v1/models")
     async def list_models() -> Any:
-        return models(None)
-
-    @app.post("/sessions/{sid}/v1/chat/completions")
-    async def session_chat(sid: str, request: Request) -> Any:
-        return await serve(request, service.chat, sid)
-
-    @app.post("/sessions/{sid}/v1/completions")
-    async def session_completions(sid: str, request: Request) -> Any:
-        return await serve(request, service.completions, sid)
+        return JSONResponse(service.models())
 
     @app.get("/sessions/{sid}/v1/models")
     async def session_models(sid: str) -> Any:
-        return models(sid)
+        try:
+            service.sessions.get(sid)
+        except GatewayError as e:
+            return _error_response(e)
+        return JSONResponse(service.models())
 
     return app
 
