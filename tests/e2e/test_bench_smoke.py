@@ -164,6 +164,15 @@ def test_kv_cache_smoke(tiny_random_model, capsys):
     assert "| preallocated |" in out and "preallocated / dynamic tokens/s" in out
 
 
+@pytest.mark.bench
+@pytest.mark.slow
+def test_gateway_smoke(capsys):
+    mod = load("bench_gateway")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| hf / tiny |" in out and "| True |" in out  # the direct replay sampled the gateway's tokens
+
+
 def test_learner_entropy_smoke(capsys):
     mod = load("bench_learner_entropy")
     assert mod.main(["--smoke"]) == 0
