@@ -153,6 +153,20 @@ def _calls_key(calls: Any) -> list[tuple[str, Any]] | None:
     return key
 
 
+def _message_key(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as compared across calls: null fields dropped, null content as empty, tool calls by name and
+    parsed arguments (a client that rebuilds its history from SDK objects adds null fields and new call ids)."""
+    key = {k: v for k, v in message.items() if v is not None and k not in ("content", "tool_calls")}
+    key["content"] = message.get("content") or ""
+    key["tool_calls"] = _calls_key(message.get("tool_calls"))
+    return key
+
+
+def same_messages(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two message lists are the same history (:func:`_message_key` equal, message by message)."""
+    return len(a) == len(b) and all(_message_key(x) == _message_key(y) for x, y in zip(a, b, strict=True))
+
+
 def same_reply(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
     """Whether the assistant message a client sent back is the one the gateway returned (same content, empty and
     null alike, and the same tool calls)."""

@@ -1,9 +1,9 @@
 """Sessions: one agent run's calls, recorded, and the token-faithful prompt of each chat call.
 
 **Continuation.** A chat call *extends* an earlier call of its session (the latest one that fits) when its
-messages start with that call's messages followed by an assistant message equal to a reply the gateway returned
-for it (same content, empty and null alike, and the same tool calls by name and arguments), and its ``tools`` and
-template options are the same. Its prompt is then
+messages start with that call's messages (null fields and tool-call ids aside) followed by an assistant message
+equal to a reply the gateway returned for it (same content, empty and null alike, and the same tool calls by name
+and arguments), and its ``tools`` and template options are the same. Its prompt is then
 
     earlier prompt_ids + that reply's completion_ids + encode(suffix)
 
@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from r3_rllib.gateway.chat import encode, render_chat, same_reply
+from r3_rllib.gateway.chat import encode, render_chat, same_messages, same_reply
 from r3_rllib.gateway.protocol import GatewayError
 from r3_rllib.types.calls import CallRecord
 
@@ -138,7 +138,7 @@ def _extended_reply(
     k = len(turn.messages)
     if len(messages) <= k or turn.tools != tools or turn.template_kwargs != template_kwargs:
         return None
-    if messages[:k] != turn.messages:
+    if not same_messages(messages[:k], turn.messages):
         return None
     return next((r for r in turn.replies if same_reply(messages[k], r.message)), None)
 

@@ -97,6 +97,9 @@ def test_continuation_after_the_length_limit_closes_the_turn(chat_tokenizer):
     assert prompt.prompt_ids == turn.prompt_ids + encode(
         tok, "ab<eos>\n<bos>user\ngo on<eos>\n<bos>assistant\n"
     )
+    # A history rebuilt from SDK objects (null fields added) is the same history.
+    rebuilt = [{**user[0], "name": None}, {"role": "assistant", "content": "ab", "refusal": None}, nxt[-1]]
+    assert chat_prompt(tok, session, rebuilt, None, None).prompt_ids == prompt.prompt_ids
     # A different tool list, or other template options: rendered fresh.
     assert chat_prompt(tok, session, nxt, TOOLS, None).source == "history_rewritten"
     assert chat_prompt(tok, session, nxt, None, {"x": 1}).source == "history_rewritten"
