@@ -326,8 +326,7 @@ class R3(R3Console, Algorithm):
         r3 = {k: v for k, v in r3_metrics.items() if k not in ("zero_adv_frac_before", "zero_adv_frac")}
         r3.update(reflection)
         self.metrics.log_dict(r3, key="r3")
-        if learner_metrics:
-            self.metrics.log_dict(learner_metrics, key="learner")
+        log_learner_metrics(self.metrics, learner_metrics)
         self.metrics.log_value(
             "num_env_steps_sampled_lifetime", rollout.totals.get("samples", 0.0), reduce="lifetime_sum"
         )
@@ -487,3 +486,10 @@ def _all_results(results) -> list[Any]:
 
 def _first_result(results) -> Any:
     return _all_results(results)[0]
+
+
+def log_learner_metrics(metrics: Any, learner_metrics: dict[str, float]) -> None:
+    """Log this iteration's learner metrics, and only them, under ``learner`` (RLlib would report an earlier
+    iteration's key this one lacks as NaN). An iteration that trained nothing reports ``trained_tokens`` 0."""
+    metrics.delete("learner", key_error=False)
+    metrics.log_dict(learner_metrics or {"trained_tokens": 0.0}, key="learner")
