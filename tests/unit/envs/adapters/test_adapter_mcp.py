@@ -1,10 +1,9 @@
 """env 'mcp': an MCP stdio server written in the test (mcp_calc_server.py: a calculator tool) as the tools of the
-multi-turn tool loop and of an agent run; the trust flag is required."""
+multi-turn tool loop and of agent runs through a real rollout gateway (the tools sent as the request's ``tools``,
+rendered by the chat template, a call answered with a ``tool`` message); the trust flag is required."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sys
 from pathlib import Path
 
@@ -12,10 +11,10 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from fake_chat_client import FakeChatClient  # noqa: E402
+from gateway_runs import extends_previous, reply_text, run_episodes  # noqa: E402
 
 from r3_rllib.envs import make_text_env  # noqa: E402
-from r3_rllib.envs.adapters.mcp_tools import parse_tool_calls  # noqa: E402
+from r3_rllib.envs.adapters.mcp_tools import grade, parse_tool_calls  # noqa: E402
 from r3_rllib.envs.base import supports_agent_runs, supports_tool_episodes  # noqa: E402
 from r3_rllib.envs.data import MathProblem  # noqa: E402
 
@@ -58,16 +57,46 @@ def test_mcp_tools_serve_the_tool_use_loop(env):
     assert parse_tool_calls("<tool_call>not json</tool_call>") == [("", {"_raw": "not json"})]
 
 
-def test_mcp_agent_run_answers_native_and_text_tool_calls(env):
-    task = env.agent_task("q0")
-    text_call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
-    client = FakeChatClient([[("add", {"a": 2, "b": 3})], text_call, "So \\boxed{5}."])
-    result = asyncio.run(asyncio.wait_for(env.run_agent(client, "policy", task), 20))
-    assert result["reward"] == 1.0 and result["correct"] and result["info"]["tool_calls"] == 2
-    tools = client.calls[0]["tools"]
-    assert [t["function"]["name"] for t in tools] == ["add", "fail"] and tools[0]["type"] == "function"
-    second = client.calls[1]["messages"]
-    assert second[-1] == {"role": "tool", "tool_call_id": "call_0", "content": "5"}
-    assert json.loads(second[-2]["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 3}
-    third = client.calls[2]["messages"]
-    assert third[-1] == {"role": "user", "content": "<tool_response>\n2\n</tool_response>"}
+ADD_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def test_mcp_agent_run_answers_a_native_tool_call(env, scripted_gateway, chat_tokenizer):
+    """A scripted engine behind the gateway writes the Hermes tool call (an untrained model does not): the
+    gateway returns it as ``tool_calls``, the env answers with a ``tool`` message, the next prompt extends the
+    first token for token, and the final answer is graded."""
+    gateway = scripted_gateway([ADD_CALL, "So \\boxed{5}."])
+    (result,), (records,) = run_episodes(gateway, env, ["q0"])
+    assert result["reward"] == 1.0 and result["correct"] and result["info"]["tool_calls"] == 1
+    first, second = (chat_tokenizer.decode(list(r.prompt_ids)) for r in records)
+    assert first.startswith("<bos>system\ntools: add,fail<eos>\n<bos>user\nWhat is 2 + 3?")  # tools rendered
+    (call,) = records[1].messages[-2]["tool_calls"]
+    assert call["function"]["name"] == "add" and records[1].messages[-2]["role"] == "assistant"
+    assert records[1].messages[-1] == {"role": "tool", "tool_call_id": call["id"], "content": "5"}
+    assert extends_previous(records) and second.endswith("<bos>tool\n5<eos>\n<bos>assistant\n")
+
+
+def test_mcp_agent_run_answers_a_tool_call_in_the_text(scripted_gateway, chat_tokenizer):
+    """``openai_tools: false``: no ``tools`` in the request (the prompt's text lists them), so the call stays in the
+    reply's text; it is answered with a user message holding the ``<tool_response>``, and that prompt extends the
+    first one too."""
+    env = make_text_env("mcp", data=DATA, server=SERVER, trust_server=True, openai_tools=False, shuffle=False)
+    try:
+        gateway = scripted_gateway([f"Let me add. {ADD_CALL}", "\\boxed{5}"])
+        (result,), (records,) = run_episodes(gateway, env, ["q0"])
+    finally:
+        env.close()
+    assert result["reward"] == 1.0 and result["info"]["tool_calls"] == 1 and extends_previous(records)
+    assert records[1].messages[-1] == {"role": "user", "content": "<tool_response>\n5\n</tool_response>"}
+    assert chat_tokenizer.decode(list(records[0].prompt_ids)).startswith("<bos>user\nWhat is 2 + 3?")
+
+
+def test_mcp_agent_runs_on_the_tiny_model(env, gateway, chat_tokenizer):
+    """The untrained tiny model with the tools in its prompt: its replies call none, so each run is one call,
+    graded on the reply the gateway returned."""
+    results, records = run_episodes(gateway, env, ["q0", "q0"], concurrent=True)
+    for result, calls in zip(results, records, strict=True):
+        assert len(calls) == 1 and result["info"]["tool_calls"] == 0
+        assert chat_tokenizer.decode(list(calls[0].prompt_ids)).startswith(
+            "<bos>system\ntools: add,fail<eos>"
+        )
+        assert result["reward"] == grade(reply_text(chat_tokenizer, calls[0]), ["5"], 10.0)[0]

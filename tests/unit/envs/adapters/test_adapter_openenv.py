@@ -1,14 +1,13 @@
-"""env 'openenv': an OpenEnv Environment defined in the test, run in-process through chat calls."""
+"""env 'openenv': an OpenEnv Environment defined in the test, run in-process through a real rollout gateway (chat
+calls, one session per episode): the reward is the environment's, on the replies the gateway sampled."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 
 pytest.importorskip("openenv")
 
-from fake_chat_client import FakeChatClient  # noqa: E402
+from gateway_runs import extends_previous, reply_text, run_episodes  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
@@ -47,8 +46,8 @@ class InfEnvironment(GuessEnvironment):
         return GuessObservation(feedback="", done=True, reward=float("inf"))
 
 
-def test_openenv_episode_reward_comes_from_the_environment():
-    env = make_text_env(
+def _guess_env():
+    return make_text_env(
         "openenv",
         environment=GuessEnvironment,
         action=GuessAction,
@@ -56,18 +55,34 @@ def test_openenv_episode_reward_comes_from_the_environment():
         tasks=[{"seed": 4, "hint": "even"}, {"seed": 5}],
         shuffle=False,
     )
-    client = FakeChatClient(["3", "4"])
-    task = env.agent_task("openenv-0")
-    result = asyncio.run(asyncio.wait_for(env.run_agent(client, "policy", task), 10))
+
+
+def test_openenv_episode_reward_comes_from_the_environment(scripted_gateway):
+    """A scripted engine behind the gateway: a wrong guess ("3"), then the right one ("4")."""
+    env = _guess_env()
+    (result,), (records,) = run_episodes(scripted_gateway(["3", "4"]), env, ["openenv-0"])
     assert result["reward"] == 1.0 and result["correct"] and result["info"] == {"turns": 2, "done": True}
-    assert client.calls[0]["messages"] == [{"role": "user", "content": "Guess a number (hint: even)."}]
-    assert client.calls[1]["messages"][1:] == [
+    assert len(records) == 2 and extends_previous(records)
+    assert records[0].messages == [{"role": "user", "content": "Guess a number (hint: even)."}]
+    assert records[1].messages[1:] == [
         {"role": "assistant", "content": "3"},
         {"role": "user", "content": "wrong"},
     ]
 
 
-def test_openenv_errors_are_named():
+def test_openenv_episodes_on_the_tiny_model(gateway, chat_tokenizer):
+    """The untrained tiny model guesses: up to 3 turns, each prompt extending the last; reward 1 exactly when a
+    reply the gateway returned was the number."""
+    env = _guess_env()
+    results, records = run_episodes(gateway, env, env.query_ids)
+    for seed, result, calls in zip((4, 5), results, records, strict=True):
+        replies = [reply_text(chat_tokenizer, r).strip() for r in calls]
+        right = str(seed) in replies
+        assert len(calls) == result["info"]["turns"] == (replies.index(str(seed)) + 1 if right else 3)
+        assert extends_previous(calls) and result["reward"] == float(right)
+
+
+def test_openenv_errors_are_named(gateway):
     with pytest.raises(ValueError, match="no field 'message'"):
         OpenEnvEnv(environment=GuessEnvironment, action=GuessAction)
     with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
@@ -76,6 +91,4 @@ def test_openenv_errors_are_named():
         OpenEnvEnv(environment=dict, action=GuessAction, action_field="guess")
     env = OpenEnvEnv(environment=InfEnvironment, action=GuessAction, action_field="guess", num_tasks=1)
     with pytest.raises(ValueError, match="non-finite reward"):
-        asyncio.run(
-            asyncio.wait_for(env.run_agent(FakeChatClient(["1"]), "policy", env.agent_task("openenv-0")), 10)
-        )
+        run_episodes(gateway, env, ["openenv-0"])
