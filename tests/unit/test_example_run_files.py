@@ -23,3 +23,25 @@ def test_example_run_file_loads_and_validates(path):
 def test_the_env_examples_use_the_envs_users_have():
     envs = {load_run_file(p).config.env for p in RUN_FILES if "shared/data" not in p.read_text()}
     assert {"reasoning_gym", "textworld"} <= envs
+
+
+#: The adapter run files whose env is a user module in examples/ (run with PYTHONPATH=examples), and the extra the
+#: adapter needs.
+ADAPTER_RUN_FILES = {"openenv_sums.yaml": "openenv", "verifiers_sums.yaml": "verifiers.v1"}
+
+
+@pytest.mark.slow  # importing verifiers takes ~6 s
+@pytest.mark.parametrize("name", sorted(ADAPTER_RUN_FILES))
+def test_adapter_example_builds_its_env(name, monkeypatch):
+    """The env of an adapter run file builds from its user module in examples/ (as `PYTHONPATH=examples` gives the
+    runners), with every task in its pool."""
+    pytest.importorskip(ADAPTER_RUN_FILES[name])
+    from r3_rllib.envs import make_text_env
+    from r3_rllib.envs.base import supports_agent_runs
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    config = load_run_file(REPO / "examples" / name).config
+    env = make_text_env(config.env, **config.env_config)
+    assert supports_agent_runs(env) and len(env.query_ids) == 256
+    prompt, info = env.reset(seed=0)
+    assert prompt and info["query_id"] in env.query_ids

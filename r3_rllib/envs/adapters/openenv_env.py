@@ -109,6 +109,11 @@ class OpenEnvEnv(AgentTaskEnv):
             )
         return env
 
+    def task_prompt(self, task: Mapping[str, Any]) -> str:
+        """The text ``reset`` shows: the environment and the task's reset arguments, e.g. ``Sums reset(seed=3)``."""
+        args = ", ".join(f"{k}={v!r}" for k, v in task.items() if k != "id")
+        return f"{getattr(self._factory, '__name__', type(self._factory).__name__)} reset({args})"
+
     async def run_agent(self, client: Any, model: str, task: dict[str, Any]) -> dict[str, Any]:
         """One episode of a fresh environment reset with the task (see the module docstring)."""
         env = self._make()

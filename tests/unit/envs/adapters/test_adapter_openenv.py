@@ -60,6 +60,7 @@ def _guess_env():
 def test_openenv_episode_reward_comes_from_the_environment(scripted_gateway):
     """A scripted engine behind the gateway: a wrong guess ("3"), then the right one ("4")."""
     env = _guess_env()
+    assert env.reset(options={"query_id": "openenv-0"})[0] == "GuessEnvironment reset(seed=4, hint='even')"
     (result,), (records,) = run_episodes(scripted_gateway(["3", "4"]), env, ["openenv-0"])
     assert result["reward"] == 1.0 and result["correct"] and result["info"] == {"turns": 2, "done": True}
     assert len(records) == 2 and extends_previous(records)
