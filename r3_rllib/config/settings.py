@@ -285,6 +285,12 @@ class R3Settings:
     gateway_host: str = "127.0.0.1"
     """Agent envs: the address each EnvRunner's rollout gateway (the OpenAI-compatible endpoint agent programs call)
     binds; loopback by default. Name a cluster-internal address only for programs on other hosts."""
+    gateway_max_batch_wait_s: float = setting(60.0, range=">= 0", finite=True)
+    """Agent envs: the longest a gateway call waits for the other open sessions' calls before its batch goes
+    without them. Batches normally go when every open session has a call waiting (the lockstep kinds' rounds), so
+    seeded runs sample the same tokens; when this fallback fires, the batches depend on timing and the run is not
+    bit-reproducible. The trade: a long wait keeps runs reproducible but lets an episode busy outside the model
+    (a slow tool) hold the other episodes' calls up to this long; a short one keeps the engine busy instead."""
     step_gamma: float = setting(0.95, range="[0, 1]")
     """Discount of step rewards into step returns (multi-step envs; read by the 'hgpo' estimator)."""
     hgpo_setting: str = setting("hgpo", choices=HGPO_SETTINGS)

@@ -67,17 +67,20 @@ def _record_keeper():
     return keep_records
 
 
-def test_an_openai_sdk_agent_trains_through_the_gateways(ray_session, chat_tiny_model):
-    tasks = [{"id": f"q{i}", "question": f"{i}+{i + 1}=", "answer": str(2 * i + 1)} for i in range(8)]
-    config = (
+TASKS = [{"id": f"q{i}", "question": f"{i}+{i + 1}=", "answer": str(2 * i + 1)} for i in range(8)]
+
+
+def _config(model_path: str) -> R3Config:
+    """Two HF runners, T = 0.6, R^3 (replay, ranking, reflection) on from the start, seeded."""
+    return (
         R3Config.r3_preset()
-        .environment("agent", env_config={"run": _calculator_agent(), "tasks": tasks, "test_size": 0})
+        .environment("agent", env_config={"run": _calculator_agent(), "tasks": TASKS, "test_size": 0})
         .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .r3(replay_start_epoch=0, ranking_start_epoch=0, reflection_start_epoch=0, reflection_tau=1.0)
         .debugging(seed=3)
         .training(
-            model_path=chat_tiny_model,
+            model_path=model_path,
             group_size=4,
             queries_per_iteration=4,
             max_new_tokens=5,
@@ -87,7 +90,10 @@ def test_an_openai_sdk_agent_trains_through_the_gateways(ray_session, chat_tiny_
             eval_interval=0,
         )
     )
-    algo = config.build_algo()
+
+
+def test_an_openai_sdk_agent_trains_through_the_gateways(ray_session, chat_tiny_model):
+    algo = _config(chat_tiny_model).build_algo()
     try:
         results = [algo.train() for _ in range(3)]
         checks = algo.env_runner_group.foreach_env_runner(_record_keeper(), local_env_runner=False)
@@ -130,3 +136,73 @@ def r_first(sample) -> int:
     while n < len(mask) and mask[n]:
         n += 1
     return n
+
+
+def _call_keeper():
+    """A function (built here so it reaches the runners by value) that starts the runner's gateway (it draws no
+    seed) and keeps every call its sessions record, in ``runner.kept_calls``."""
+
+    def install(runner):
+        gateway = runner._rollout_gateway()
+        close, runner.kept_calls = gateway.close_session, []
+
+        def closing(session_id):
+            records = close(session_id)
+            runner.kept_calls.extend(records)
+            return records
+
+        gateway.close_session = closing
+
+    return install
+
+
+def _call_reader():
+    """A function (built here so it reaches the runners by value) giving the calls a runner's gateway recorded, as
+    (prompt ids, sampled ids, log-prob bytes), in content order (sessions close in the order their programs end,
+    which timing decides)."""
+
+    def read(runner) -> list[tuple]:
+        calls = [
+            (tuple(c.prompt_ids), tuple(c.completion_ids), c.logprobs.tobytes()) for c in runner.kept_calls
+        ]
+        return sorted(calls)
+
+    return read
+
+
+#: Learner metrics that measure time or memory, not what was trained.
+_MEASURED = ("update_s", "train_tokens_per_s", "peak_")
+
+
+def _seeded_run(model_path: str) -> tuple[list[dict], list[list[tuple]]]:
+    """Two iterations; each iteration's trained-batch digest and learner metrics (timings left out), and every
+    call each runner's gateway recorded."""
+    algo = _config(model_path).build_algo()
+    try:
+        algo.env_runner_group.foreach_env_runner(_call_keeper(), local_env_runner=False)
+        results = [algo.train() for _ in range(2)]
+        calls = algo.env_runner_group.foreach_env_runner(_call_reader(), local_env_runner=False)
+    finally:
+        algo.stop()
+    metrics = [
+        {"trained_digest": r["rollout"]["trained_digest"]}
+        | {k: v for k, v in r["learner"].items() if not k.startswith(_MEASURED)}
+        for r in results
+    ]
+    return metrics, calls
+
+
+def test_seeded_agent_runs_are_reproducible(ray_session, chat_tiny_model):
+    """Batches go when every open session has a call waiting (gateway_max_batch_wait_s is a fallback that does not
+    fire here), so two seeded runs sample the same tokens on every runner and the learner sees the same batches:
+    identical tokens, log-probs and learner metrics, bit for bit."""
+    first, second = _seeded_run(chat_tiny_model), _seeded_run(chat_tiny_model)
+    metrics, calls = first
+    assert [len(c) for c in calls] == [2 * 2 * 4 * 2] * 2  # runners x iterations x G x 2 calls each
+    assert sum(m["trained_tokens"] for m in metrics) > 0
+    assert calls == second[1]
+    differ = {
+        k for mine, theirs in zip(metrics, second[0], strict=True) for k in mine if mine[k] != theirs.get(k)
+    }
+    assert not differ, f"learner metrics that differ between the runs: {sorted(differ)}"
+    assert metrics == second[0]

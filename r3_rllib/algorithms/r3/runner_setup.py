@@ -125,7 +125,8 @@ def eval_env_config(config) -> dict:
 def start_gateway(config, engine, tokenizer, defaults):
     """An agent env's rollout gateway (:mod:`r3_rllib.gateway`): ``engine`` behind an OpenAI-compatible endpoint on
     ``config.gateway_host`` (loopback by default; a free port), sampling with ``defaults`` where a call sets
-    nothing else, calls bounded by the model's context; started."""
+    nothing else, calls bounded by the model's context, batches waiting up to ``config.gateway_max_batch_wait_s``
+    for every open session's call (reproducible batches); started."""
     from r3_rllib.gateway import Gateway
 
     gateway = Gateway(
@@ -135,6 +136,7 @@ def start_gateway(config, engine, tokenizer, defaults):
         defaults=defaults,
         max_context=model_context(config).get("model_max_positions"),
         host=config.gateway_host,
+        max_batch_wait_s=float(config.gateway_max_batch_wait_s),
     )
     gateway.start()
     return gateway
