@@ -234,3 +234,20 @@ def test_vllm_generate_endpoint_as_verifiers_training_client_calls_it(gateway, c
     assert records[0].completion_ids.tolist() == ids and records[0].extra["api"] == "generate"
     assert records[1].extra["extended"] and records[1].extra["reused_tokens"] == len(prompt) + len(ids)
     assert records[1].prompt_ids.tolist() == nxt
+
+
+def test_n_choices_give_one_record_each_and_request_parameters_override_the_defaults(gateway, hf_engine):
+    sid = gateway.open_session()
+    try:
+        r = client(gateway.session_base_url(sid)).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "9+9="}], n=2, temperature=1.0, max_tokens=5
+        )
+    finally:
+        records = gateway.close_session(sid)
+    assert [(x.index, x.choice) for x in records] == [(0, 0), (0, 1)]
+    assert [c.model_extra["token_ids"] for c in r.choices] == [x.completion_ids.tolist() for x in records]
+    assert all(x.temperature == 1.0 and len(x.completion_ids) <= 5 for x in records)
+    params = dataclasses.replace(DEFAULTS, temperature=1.0, max_new_tokens=5)
+    seeded = dataclasses.replace(params, seed=batch_seed(params.seed, records[0].extra["engine_call"]))
+    (pair,) = hf_engine.generate([records[0].prompt_ids.tolist()], 2, seeded)
+    assert [c.token_ids for c in pair] == [x.completion_ids.tolist() for x in records]
