@@ -10,11 +10,13 @@ named by ``taskset.id``, an installed or importable package exporting its ``Task
 pairs with). A rollout is one verifiers episode of the task (``Env.run_episode``): verifiers serves its
 interception endpoint on loopback, the agent's harness talks to it, and verifiers' eval client relays each call,
 unchanged, to the rollout gateway session the ``client`` is bound to (``client.base_url``), where it is recorded
-token for token. The reward is the episode's trace reward (the sum of its task's weighted ``@reward`` values);
-an episode that failed (``episode.ok`` false) raises, naming verifiers' errors.
+token for token. The reward is the episode's trace reward (the sum of its task's weighted ``@reward`` values; the
+info holds each reward and the task's ``@metric`` values); an episode that failed (``episode.ok`` false) raises,
+naming verifiers' errors.
 
 The harness: an env config that pins none runs the in-process chat harness (harness id ``r3_in_process``,
-:mod:`r3_rllib.envs.adapters.verifiers_harness`), which needs no ``uv`` or network; verifiers' own harnesses
+:mod:`r3_rllib.envs.adapters.verifiers_harness`: chat calls with the task's verifiers toolsets as tools), which
+needs no ``uv`` or network; verifiers' own harnesses
 (``bash``, ``null``: programs bootstrapped with ``uv`` in a runtime) run when the config pins them. Needs the
 ``verifiers`` extra (``pip install 'r3-rllib[verifiers]'``).
 """
@@ -132,7 +134,8 @@ class VerifiersEnv(AgentTaskEnv):
         trace = episode.traces[0]
         reward = finite_reward(trace.reward, f"verifiers env {self._vf_env.config.env_id!r}")
         parts = {name: r.value for name, r in trace.rewards.items() if r is not None}
-        return {"reward": reward, "correct": reward > 0, "info": {"rewards": parts}}
+        metrics = {name: value for name, value in trace.metrics.items() if value is not None}
+        return {"reward": reward, "correct": reward > 0, "info": {"rewards": parts, "metrics": metrics}}
 
 
 def _prompt_text(prompt: Any) -> str:

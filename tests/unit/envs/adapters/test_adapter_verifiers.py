@@ -1,9 +1,12 @@
 """env 'verifiers': verifiers 0.4 tasksets defined in the tests (vf_tiny_taskset.py: three prompts, a rubric of two
-weighted rewards; vf_tiny_multiturn.py: an env of two user turns) rolled out by verifiers' own episode machinery,
+weighted rewards; vf_tiny_multiturn.py: an env of two user turns; vf_tiny_tools.py: a taskset with a toolset) rolled out by verifiers' own episode machinery,
 its model calls relayed to a real rollout gateway session over the tiny model (HF engine): the reward is the
 rubric's, the gateway's records hold the calls, and a later turn's prompt extends the earlier one token for token."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,23 @@ def test_a_multi_turn_verifiers_env_extends_its_first_call(gateway, chat_tokeniz
 def test_verifiers_errors_are_named():
     with pytest.raises(ValueError, match="cannot load the env.*no_such_taskset"):
         make_text_env("verifiers", env={"taskset": {"id": "no_such_taskset"}})
+
+
+@pytest.mark.slow  # importing verifiers alone takes ~6 s here; the toolset server starts per rollout (~2 s)
+def test_a_verifiers_toolset_serves_the_in_process_harness(scripted_gateway, chat_tokenizer, monkeypatch):
+    """A verifiers toolset (vf_tiny_tools.py's calculator, served by verifiers as an MCP server in a local
+    subprocess) is the harness's tools: sent as the request's ``tools``, rendered by the template; the call the
+    model writes is answered with a ``tool`` message and the next prompt extends the first. The model is a scripted
+    engine behind the real gateway: an untrained model writes no tool call."""
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    call = '<tool_call>{"name": "calc_add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    gateway = scripted_gateway([call, "It is 5."])
+    env = make_text_env("verifiers", env={"taskset": {"id": "vf_tiny_tools"}}, shuffle=False)
+    (result,), (records,) = run_episodes(gateway, env, ["vf-0"])
+    assert result["reward"] == 1.0 and result["info"]["metrics"] == {"tool_results": 1.0}
+    first, second = (chat_tokenizer.decode(list(r.prompt_ids)) for r in records)
+    assert first.startswith("<bos>system\ntools: calc_add<eos>\n<bos>user\nWhat is 2 + 3?")
+    (tool_call,) = records[1].messages[-2]["tool_calls"]
+    assert records[1].messages[-1] == {"role": "tool", "tool_call_id": tool_call["id"], "content": "5"}
+    assert extends_previous(records) and second.endswith("<bos>tool\n5<eos>\n<bos>assistant\n")
