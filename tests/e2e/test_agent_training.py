@@ -36,15 +36,19 @@ def _calculator_agent():
     return run
 
 
-@pytest.fixture(scope="module")
-def chat_tiny_model(tmp_path_factory) -> str:
-    """The shipped tiny model with a chat template (the gateway's chat endpoint renders with it)."""
+def save_chat_tiny(tmp_path_factory) -> str:
+    """The shipped tiny model with a chat template (the gateway's chat endpoint renders with it), saved."""
     from r3_rllib.models import default_tiny_model_path, load_tiny
     from r3_rllib.models.tiny import save_tiny
 
     model, tok = load_tiny(default_tiny_model_path())
     tok.chat_template = TEMPLATE
     return str(save_tiny(model, tok, tmp_path_factory.mktemp("chat_tiny")))
+
+
+@pytest.fixture(scope="module")
+def chat_tiny_model(tmp_path_factory) -> str:
+    return save_chat_tiny(tmp_path_factory)
 
 
 def _record_keeper():
