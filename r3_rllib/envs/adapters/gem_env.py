@@ -2,6 +2,7 @@
 
     R3Config().environment("gem", env_config={
         "env_id": "game:GuessTheNumber-v0-easy",   # anything gem.make accepts (gem.register makes your own)
+        # "entry_point": "my_envs:MyEnv",           # your own env: registered under env_id in every process
         "num_tasks": 64,                            # tasks = reset seeds 0 .. 63 (or "seeds": [...])
         "max_turns": 8,
     })
@@ -34,6 +35,8 @@ class GemEnv(AgentTaskEnv):
 
     Config:
         env_id: the id ``gem.make`` takes. make_kwargs: its keyword arguments.
+        entry_point: a ``"module:Class"`` to register as ``env_id`` when no env has that id (GEM's registry lives
+            in each process: a run file names the user's env this way, and each EnvRunner registers it).
         num_tasks / seeds: the tasks are reset seeds (``seeds``, else ``range(num_tasks)``).
         max_turns: model replies per episode at most. system_prompt: an optional system message.
         sampling: extra keyword arguments of each chat call (``max_tokens``, ``temperature``, ...).
@@ -44,6 +47,7 @@ class GemEnv(AgentTaskEnv):
         self,
         *,
         env_id: str,
+        entry_point: str | None = None,
         make_kwargs: Mapping[str, Any] | None = None,
         num_tasks: int = 64,
         seeds: Sequence[int] | None = None,
@@ -58,6 +62,8 @@ class GemEnv(AgentTaskEnv):
         if max_turns < 1:
             raise ValueError(f"gem: max_turns must be >= 1, got {max_turns}")
         self.env_id, self.make_kwargs = str(env_id), dict(make_kwargs or {})
+        if entry_point is not None and self.env_id not in self._gem.envs.registration.ENV_REGISTRY:
+            self._gem.register(self.env_id, entry_point=str(entry_point))
         self.max_turns, self.system_prompt = int(max_turns), system_prompt
         self.sampling = dict(sampling or {})
         probe = self._make()  # an unknown id fails here, naming it, not in the first rollout

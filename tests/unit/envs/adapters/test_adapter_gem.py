@@ -78,3 +78,12 @@ def test_gem_errors_are_named(gateway):
     env = GemEnv(env_id="test:Nan-v0", num_tasks=1)
     with pytest.raises(ValueError, match="non-finite reward"):
         run_episodes(gateway, env, ["gem-0"])
+
+
+def test_gem_entry_point_registers_the_users_env():
+    """A run file names its own GEM env by entry point: registered under the id in the process building the env."""
+    env = GemEnv(env_id="test:CountdownByEntryPoint-v0", entry_point=f"{__name__}:CountdownEnv", seeds=[1])
+    assert gem.envs.registration.ENV_REGISTRY["test:CountdownByEntryPoint-v0"].entry_point.endswith(
+        ":CountdownEnv"
+    )
+    assert env.query_ids == ["gem-1"]
