@@ -241,3 +241,53 @@ def test_check_config_refuses_tool_loop_settings():
         kind.check_config(
             SimpleNamespace(env="agent", max_tool_turns=2, max_trajectory_tokens=None), defaults
         )
+
+
+async def branching_agent(client, task):
+    """Two calls, the second on a rewritten history that names only the first reply's first character (so the
+    episodes' second steps share a few prompts: step groups); reward 0.25 per distinct character of the second
+    reply (partial credit: the episodes rarely tie)."""
+    first = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=4, timeout=60
+    )
+    head = (first.choices[0].message.content or "?")[:1]
+    second = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": f"was {head}"}], max_tokens=4, timeout=60
+    )
+    return 0.25 * len(set(second.choices[0].message.content or ""))
+
+
+def test_hgpo_forms_step_groups_over_a_history_rewriting_agents_episodes(setup):
+    """The algorithm's batch builder on an agent rollout with 'hgpo': the episodes' step samples carry their
+    trajectory, step and prompt digest, steps sharing a prompt form step groups, and the advantages are HGPO's on
+    those inputs (the episode's reward on its last step, as the multi-step kind gives it)."""
+    from r3_rllib.algorithms.r3.config import R3Config
+    from r3_rllib.algorithms.r3.groups import build_training_batch
+    from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
+    from r3_rllib.core.hgpo import hgpo_advantages, hgpo_settings
+
+    cfg = R3Config.grpo_preset().training(advantage_estimator="hgpo", step_gamma=0.9, group_size=4)
+    env = AgentTextEnv(run=branching_agent, tasks=TASKS, test_size=0, seed=0)
+    ctx = context(setup, env, advantage_estimator="hgpo", step_gamma=0.9, group_size=8)
+    [group] = AgentKind().sample(ctx, 1, None).groups
+    s = group.samples
+    assert [x.step_index for x in s] == [0, 1] * 8 and len({x.trajectory_id for x in s}) == 8
+    second_keys = [x.obs_key for x in s if x.step_index == 1]
+    # One first-step group (all 8 episodes); the second steps share prompts, in fewer groups than episodes.
+    assert len({x.obs_key for x in s if x.step_index == 0}) == 1 and len(set(second_keys)) < 8
+    assert any(second_keys.count(k) > 1 for k in second_keys)
+    batch, metrics = build_training_batch([group], iteration_settings(cfg, dataset_epoch=0, policy_version=0))
+    expected = hgpo_advantages(
+        obs_keys=[x.obs_key for x in s],
+        traj_ids=[x.trajectory_id for x in s],
+        step_indices=[x.step_index for x in s],
+        step_rewards=[x.reward for x in s],
+        **hgpo_settings("hgpo", gamma=0.9, eps=cfg.adv_eps),
+    )
+    assert np.any(expected != 0) and metrics["train_samples"] == len(batch) > 0
+    trained = {(x.trajectory_id, x.step_index): x.advantage for x in batch}
+    for x, adv in zip(s, expected, strict=True):
+        if (x.trajectory_id, x.step_index) in trained:
+            assert trained[(x.trajectory_id, x.step_index)] == pytest.approx(adv, rel=1e-6, abs=1e-7)
+        else:
+            assert adv == 0  # only zero-advantage steps are left out
