@@ -12,8 +12,8 @@ A run file has one section per builder method of `R3Config` plus `preset`, `stop
     run: {name: tiny, storage_path: runs, checkpoint_frequency: 5, max_failures: 0}
 
 Paths written as relative paths (``./...``, ``../...``) in `training.model_path`, `training.tokenizer_path`,
-`environment.env_config.data`, `.heldout` and `.tokenizer` are resolved against the run file's folder;
-other strings are left as they are (they may be hub names).
+`environment.env_config.data`, `.heldout`, `.tokenizer` and `.tasks` (an agent env's task rows) are resolved
+against the run file's folder; other strings are left as they are (they may be hub names).
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def _resolve_paths(section: str, values: dict, base_dir: Path) -> None:
                 values[key] = fix(values[key])
     if section == "environment" and isinstance(values.get("env_config"), dict):
         env_config = dict(values["env_config"])
-        for key in ("data", "heldout", "tokenizer"):
+        for key in ("data", "heldout", "tokenizer", "tasks"):
             if key in env_config:
                 env_config[key] = fix(env_config[key])
         values["env_config"] = env_config
