@@ -4,7 +4,8 @@ gateway recorded (:mod:`r3_rllib.rollout.trajectories`), token for token.
 
 One rollout takes the next ``num_queries`` queries of an :class:`~r3_rllib.envs.base.AgentEnv` and opens G gateway
 sessions per query (and per reflection task), all before any program starts, so the gateway's batches are
-deterministic (it batches when every open session has a call pending). The programs then run concurrently in one
+deterministic (it batches when every open session has a call pending; its fallback, a call waiting
+``gateway_max_batch_wait_s``, is the one timing-dependent path). The programs then run concurrently in one
 asyncio loop, each with its own ``openai.AsyncOpenAI`` bound to its session (``max_retries=0``: a call is made
 once, so the records are the calls). When a program returns, its session is closed and its records assembled: a
 call extending the conversation so far joins its trajectory (the new context tokens masked out of the loss), any
