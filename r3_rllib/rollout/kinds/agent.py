@@ -14,7 +14,7 @@ other call starts a step sample of its own. Each episode's samples carry its rew
 samples of its G episodes.
 
 - **Rewards** are the program's return (``env.run_agent``): a number, or a mapping with ``reward`` and optionally
-  ``correct`` (default: reward > 0). A program that raises, returns something else, or runs past
+  ``correct`` (default: the env's rule; ``AgentTextEnv``: reward >= its ``correct_threshold``, 1.0 unless set). A program that raises, returns something else, or runs past
   ``agent_episode_timeout_s`` stops the rollout with :class:`AgentRunError` naming the env, the query and the cause:
   an episode is never silently scored 0. So does an episode that made no model call (nothing to train on).
 - **Estimators**: any. Every sample is a step of its episode (``trajectory_id``, ``step_index``, and ``obs_key`` a
