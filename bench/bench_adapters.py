@@ -203,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     adapters = [a.strip() for a in args.adapters.split(",") if a.strip()]
     for a in adapters:
@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(common.markdown_table(["adapter", "accuracy before", "after", "change", "seconds"], rows))
     common.write_json(args.json, {"args": vars(args), "results": results})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
