@@ -127,12 +127,10 @@ class AgentTextEnv(PooledTextEnv):
         split, test_size, heldout, split_seed, hub_config, id_key: the rows and their split, as ``reward_fn``'s.
         correct_threshold: a numeric reward at least this counts as correct (default 1.0).
         seed, shuffle, shard: the per-epoch order and this env's shard of it, as in the other envs.
-        model_max_positions, max_new_tokens: the model's context and the response budget (the EnvRunner fills them
-            in), kept as ``context``: a task's prompts are the program's, so the gateway, not this env, refuses a
-            call that does not fit.
 
     ``reset`` serves the next task (its text as the observation; ``info["task"]`` the task); ``step`` is not used:
-    an episode is the agent program's run (:meth:`run_agent`).
+    an episode is the agent program's run (:meth:`run_agent`). It takes no context options (``model_max_positions``):
+    a task's prompts are the program's, and the rollout gateway refuses a call past the model's context.
     """
 
     def __init__(
@@ -151,8 +149,6 @@ class AgentTextEnv(PooledTextEnv):
         seed: int = 0,
         shuffle: bool = True,
         shard: Shard | dict[str, int] | None = None,
-        model_max_positions: int | None = None,
-        max_new_tokens: int = 0,
     ) -> None:
         super().__init__()
         if isinstance(correct_threshold, bool) or not isinstance(correct_threshold, numbers.Real):
@@ -160,7 +156,6 @@ class AgentTextEnv(PooledTextEnv):
         self.run_fn = resolve_run(run)
         self._pass_model = takes_model(self.run_fn)
         self.correct_threshold = float(correct_threshold)
-        self.context = {"model_max_positions": model_max_positions, "max_new_tokens": int(max_new_tokens)}
         self.split = split
         self.rows: list[Row] = split_rows(
             tasks,
