@@ -373,3 +373,21 @@ def test_profile_iteration_smoke(ray_session, capsys):
     assert mod.main(["--warmup", "1", "--iterations", "1", "--top", "5"]) == 0
     out = capsys.readouterr().out
     assert "s/iteration under cProfile" in out and "training_step" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_adapters_smoke():
+    """bench_adapters.py --smoke (OpenEnv, 2 iterations) in its own process: the bench starts its own Ray with
+    PYTHONPATH set for the user modules, which a shared Ray session would not give its workers."""
+    pytest.importorskip("openenv")
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_adapters.py"), "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and "| openenv |" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
