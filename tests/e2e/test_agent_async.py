@@ -1,0 +1,178 @@
+"""Asynchronous training of an agent env through the EnvRunners' rollout gateways (two HF runners, T = 0.6): the
+one-step overlap (overlap_generation) and streaming with partial rollouts (max_staleness=2). Each trained sample's
+tokens, log-probs and token versions are the gateways' records (CallRecord), the staleness stays within its bound,
+and a version published while the runners decode is pulled between decoding steps by the engine's hook, which runs
+on the gateway's engine thread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_agent_training import TASKS, _calculator_agent, _call_keeper, save_chat_tiny
+
+from r3_rllib import R3Config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def chat_tiny_model(tmp_path_factory) -> str:
+    return save_chat_tiny(tmp_path_factory)
+
+
+def _config(model_path: str, **training) -> R3Config:
+    """The calculator agent (two calls of up to 5 tokens per episode) on two HF runners, T = 0.6, GRPO, seeded."""
+    return (
+        R3Config.grpo_preset()
+        .environment("agent", env_config={"run": _calculator_agent(), "tasks": TASKS, "test_size": 0})
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .debugging(seed=7)
+        .training(
+            model_path=model_path,
+            group_size=4,
+            queries_per_iteration=4,
+            max_new_tokens=5,
+            temperature=0.6,
+            lr=1e-3,
+            micro_batch_size=32,
+            eval_interval=0,
+            **training,
+        )
+    )
+
+
+def _kept_calls():
+    """A function (built here so it reaches the runners by value) giving the calls a runner's gateway recorded."""
+
+    def read(runner) -> list:
+        return list(runner.kept_calls)
+
+    return read
+
+
+def _train(algo, iterations: int) -> tuple[list[dict], list[list], list]:
+    """``iterations`` iterations with every runner's gateway calls kept; the results, the batches the learner
+    trained and every call recorded (the batch still in flight's included)."""
+    batches, update = [], algo._update_learners
+
+    def keep_batch(batch, phase=None):
+        batches.append(list(batch))
+        return update(batch, phase)
+
+    algo._update_learners = keep_batch
+    algo.env_runner_group.foreach_env_runner(_call_keeper(), local_env_runner=False)
+    results = [algo.train() for _ in range(iterations)]
+    algo.coordinator.drain()  # nothing in flight: every session of the requests made is closed and kept
+    calls = algo.env_runner_group.foreach_env_runner(_kept_calls(), local_env_runner=False)
+    return results, batches, [c for runner in calls for c in runner]
+
+
+def _masked_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of trained tokens (loss mask 1) in a response: one per model turn."""
+    runs, start = [], None
+    for i, on in enumerate([*mask.tolist(), False]):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def assert_trained_as_recorded(samples, records) -> None:
+    """Every model turn of every sample is a recorded call, token for token: the context before it is the call's
+    prompt, its tokens are the call's completion, with the call's log-probs and token versions; the sample counts
+    as its oldest token's version."""
+    by_call: dict[tuple, list] = {}
+    for r in records:
+        by_call.setdefault((tuple(r.prompt_ids.tolist()), tuple(r.completion_ids.tolist())), []).append(r)
+    assert samples
+    for s in samples:
+        full, p = list(s.prompt_ids) + list(s.response_ids), len(s.prompt_ids)
+        runs = _masked_runs(np.asarray(s.loss_mask))
+        assert runs
+        for start, end in runs:
+            calls = by_call[(tuple(full[: p + start]), tuple(full[p + start : p + end]))]
+            assert any(
+                np.array_equal(s.token_versions[start:end], r.token_versions)
+                and np.array_equal(np.asarray(s.behavior_logprobs[start:end]), np.asarray(r.logprobs))
+                for r in calls
+            )
+        assert s.policy_version == int(np.asarray(s.token_versions)[np.asarray(s.loss_mask)].min())
+
+
+def test_an_agent_trains_with_overlap_generation(ray_session, chat_tiny_model):
+    """Each batch after the first was requested before the previous update (policy lag 1): its samples carry the
+    version their gateway recorded, one behind the learner."""
+    algo = _config(chat_tiny_model, overlap_generation=True).build_algo()
+    try:
+        results, batches, records = _train(algo, 3)
+    finally:
+        algo.stop()
+    assert [r["rollout"]["policy_lag"] for r in results] == [0.0, 1.0, 1.0]
+    assert all(r["rollout"]["staleness_max"] <= 1 for r in results)
+    assert len(records) == 4 * 4 * 4 * 2  # 4 rollouts (one in flight at the end) x 4 queries x G x 2 calls
+    trained = [s for b in batches for s in b]
+    assert_trained_as_recorded(trained, records)
+    # Rollout k was requested before update k: sampled by version k - 1 (the first two by version 0); a call's
+    # tokens all carry its engine's version (no pull between decoding steps without partial rollouts).
+    assert all(len(set(r.token_versions.tolist())) == 1 for r in records)
+    assert sorted({int(r.token_versions[0]) for r in records}) == [0, 1, 2]
+    assert sum(r["learner"]["trained_tokens"] for r in results) > 0
+
+
+def _sample_after_a_publish(new_version: int, weights_ref):
+    """A function (built here so it reaches the runners by value): one rollout on an idle runner after
+    ``new_version`` was published on the weight board, then the queued load of that version; the engine's version
+    before and after, the rollout's samples, the calls its gateway recorded and the seconds the queued load took."""
+
+    def sample_and_reload(runner):
+        start, seen = runner.engine.version, len(runner.kept_calls)
+        result = runner.sample(num_queries=1)
+        reload_s = runner.update_weights(weights_ref, new_version, only_if_newer=True)
+        samples = [s for g in result.groups for s in g.samples]
+        return start, samples, runner.kept_calls[seen:], reload_s, runner.engine.version
+
+    return sample_and_reload
+
+
+def test_an_agent_streams_with_partial_rollouts(ray_session, chat_tiny_model):
+    """max_staleness=2 with partial rollouts trains within the bound on the recorded tokens; then a version
+    published while the runners are about to decode is pulled by the engine's between-steps hook on the gateway's
+    engine thread: each first call's first 4 tokens carry the runner's version, the rest the new one, as recorded
+    and as trained."""
+    import ray
+
+    algo = _config(chat_tiny_model, max_staleness=2, partial_rollouts=True).build_algo()
+    try:
+        results, batches, records = _train(algo, 3)
+        assert all(r["rollout"]["staleness_max"] <= 2 for r in results)
+        assert all(r["rollout"]["stale_groups_dropped"] == 0 for r in results)
+        assert_trained_as_recorded([s for b in batches for s in b], records)
+
+        starts = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
+        new_version = max(starts) + 5
+        (weights_ref, _), *_ = [
+            r.get() for r in algo.learner_group.foreach_learner(lambda lr: lr.weights_ref())
+        ]
+        ray.get(algo.weights.board.publish.remote(new_version, [weights_ref]))
+        outcomes = algo.env_runner_group.foreach_env_runner(
+            _sample_after_a_publish(new_version, weights_ref), local_env_runner=False
+        )
+    finally:
+        algo.stop()
+    assert len(outcomes) == 2
+    for start, samples, calls, reload_s, version in outcomes:
+        assert version == new_version and reload_s == 0.0  # pulled mid-rollout: the queued load is skipped
+        assert len(calls) == 4 * 2
+        first_calls = [c for c in calls if c.index == 0]
+        for c in first_calls:
+            head = min(4, len(c.completion_ids))  # a reply may end within the first 4 steps
+            assert c.token_versions.tolist()[:4] == [start] * head
+            assert set(c.token_versions.tolist()[4:]) <= {new_version}
+        assert any(len(c.completion_ids) > 4 for c in first_calls)
+        # The second calls come after the pull: all new.
+        assert all(set(c.token_versions.tolist()) <= {new_version} for c in calls if c.index == 1)
+        assert_trained_as_recorded(samples, calls)
+        assert all(s.policy_version == start for s in samples)
