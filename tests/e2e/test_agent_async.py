@@ -6,9 +6,14 @@ on the gateway's engine thread."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from test_agent_training import TASKS, _calculator_agent, _call_keeper, save_chat_tiny
+from test_agent_training import (
+    TASKS,
+    _calculator_agent,
+    assert_trained_as_recorded,
+    save_chat_tiny,
+    train_keeping_calls,
+)
 
 from r3_rllib import R3Config
 
@@ -42,72 +47,12 @@ def _config(model_path: str, **training) -> R3Config:
     )
 
 
-def _kept_calls():
-    """A function (built here so it reaches the runners by value) giving the calls a runner's gateway recorded."""
-
-    def read(runner) -> list:
-        return list(runner.kept_calls)
-
-    return read
-
-
-def _train(algo, iterations: int) -> tuple[list[dict], list[list], list]:
-    """``iterations`` iterations with every runner's gateway calls kept; the results, the batches the learner
-    trained and every call recorded (the batch still in flight's included)."""
-    batches, update = [], algo._update_learners
-
-    def keep_batch(batch, phase=None):
-        batches.append(list(batch))
-        return update(batch, phase)
-
-    algo._update_learners = keep_batch
-    algo.env_runner_group.foreach_env_runner(_call_keeper(), local_env_runner=False)
-    results = [algo.train() for _ in range(iterations)]
-    algo.coordinator.drain()  # nothing in flight: every session of the requests made is closed and kept
-    calls = algo.env_runner_group.foreach_env_runner(_kept_calls(), local_env_runner=False)
-    return results, batches, [c for runner in calls for c in runner]
-
-
-def _masked_runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """(start, end) of each run of trained tokens (loss mask 1) in a response: one per model turn."""
-    runs, start = [], None
-    for i, on in enumerate([*mask.tolist(), False]):
-        if on and start is None:
-            start = i
-        elif not on and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
-def assert_trained_as_recorded(samples, records) -> None:
-    """Every model turn of every sample is a recorded call, token for token: the context before it is the call's
-    prompt, its tokens are the call's completion, with the call's log-probs and token versions; the sample counts
-    as its oldest token's version."""
-    by_call: dict[tuple, list] = {}
-    for r in records:
-        by_call.setdefault((tuple(r.prompt_ids.tolist()), tuple(r.completion_ids.tolist())), []).append(r)
-    assert samples
-    for s in samples:
-        full, p = list(s.prompt_ids) + list(s.response_ids), len(s.prompt_ids)
-        runs = _masked_runs(np.asarray(s.loss_mask))
-        assert runs
-        for start, end in runs:
-            calls = by_call[(tuple(full[: p + start]), tuple(full[p + start : p + end]))]
-            assert any(
-                np.array_equal(s.token_versions[start:end], r.token_versions)
-                and np.array_equal(np.asarray(s.behavior_logprobs[start:end]), np.asarray(r.logprobs))
-                for r in calls
-            )
-        assert s.policy_version == int(np.asarray(s.token_versions)[np.asarray(s.loss_mask)].min())
-
-
 def test_an_agent_trains_with_overlap_generation(ray_session, chat_tiny_model):
     """Each batch after the first was requested before the previous update (policy lag 1): its samples carry the
     version their gateway recorded, one behind the learner."""
     algo = _config(chat_tiny_model, overlap_generation=True).build_algo()
     try:
-        results, batches, records = _train(algo, 3)
+        results, batches, records = train_keeping_calls(algo, 3)
     finally:
         algo.stop()
     assert [r["rollout"]["policy_lag"] for r in results] == [0.0, 1.0, 1.0]
@@ -146,7 +91,7 @@ def test_an_agent_streams_with_partial_rollouts(ray_session, chat_tiny_model):
 
     algo = _config(chat_tiny_model, max_staleness=2, partial_rollouts=True).build_algo()
     try:
-        results, batches, records = _train(algo, 3)
+        results, batches, records = train_keeping_calls(algo, 3)
         assert all(r["rollout"]["staleness_max"] <= 2 for r in results)
         assert all(r["rollout"]["stale_groups_dropped"] == 0 for r in results)
         assert_trained_as_recorded([s for b in batches for s in b], records)

@@ -3,11 +3,22 @@ HF engines, T = 0.6, R^3's replay and ranking on; the samples' tokens are the ga
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from r3_rllib import R3Config
 
 pytestmark = pytest.mark.slow
+
+#: User modules the runners import by name (the verifiers taskset vf_e2e_sums), as a run gets them from PYTHONPATH.
+AGENT_MODULES = str(Path(__file__).parent / "agent_modules")
+# Set while the tests are collected, before the session's Ray starts: its workers (the runners) inherit it.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (AGENT_MODULES, os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, AGENT_MODULES)
 
 # Role initial, colon, content, one message a line (characters the tiny model's vocabulary has).
 TEMPLATE = (
@@ -210,3 +221,108 @@ def test_seeded_agent_runs_are_reproducible(ray_session, chat_tiny_model):
     }
     assert not differ, f"learner metrics that differ between the runs: {sorted(differ)}"
     assert metrics == second[0]
+
+
+def _masked_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of trained tokens (loss mask 1) in a response: one per model turn."""
+    runs, start = [], None
+    for i, on in enumerate([*mask.tolist(), False]):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def assert_trained_as_recorded(samples, records) -> None:
+    """Every model turn of every sample is a recorded call, token for token: the context before it is the call's
+    prompt, its tokens are the call's completion, with the call's log-probs and token versions; the sample counts
+    as its oldest token's version."""
+    by_call: dict[tuple, list] = {}
+    for r in records:
+        by_call.setdefault((tuple(r.prompt_ids.tolist()), tuple(r.completion_ids.tolist())), []).append(r)
+    assert samples
+    for s in samples:
+        full, p = list(s.prompt_ids) + list(s.response_ids), len(s.prompt_ids)
+        runs = _masked_runs(np.asarray(s.loss_mask))
+        assert runs
+        for start, end in runs:
+            calls = by_call[(tuple(full[: p + start]), tuple(full[p + start : p + end]))]
+            assert any(
+                np.array_equal(s.token_versions[start:end], r.token_versions)
+                and np.array_equal(np.asarray(s.behavior_logprobs[start:end]), np.asarray(r.logprobs))
+                for r in calls
+            )
+        assert s.policy_version == int(np.asarray(s.token_versions)[np.asarray(s.loss_mask)].min())
+
+
+def _kept_calls():
+    """A function (built here so it reaches the runners by value) giving the calls a runner's gateway recorded."""
+
+    def read(runner) -> list:
+        return list(runner.kept_calls)
+
+    return read
+
+
+def train_keeping_calls(algo, iterations: int) -> tuple[list[dict], list[list], list]:
+    """``iterations`` iterations with every runner's gateway calls kept; the results, the batches the learner
+    trained and every call recorded (those of a rollout still in flight included)."""
+    batches, update = [], algo._update_learners
+
+    def keep_batch(batch, phase=None):
+        batches.append(list(batch))
+        return update(batch, phase)
+
+    algo._update_learners = keep_batch
+    algo.env_runner_group.foreach_env_runner(_call_keeper(), local_env_runner=False)
+    results = [algo.train() for _ in range(iterations)]
+    algo.coordinator.drain()  # nothing in flight: every session of the requests made is closed and kept
+    calls = algo.env_runner_group.foreach_env_runner(_kept_calls(), local_env_runner=False)
+    return results, batches, [c for runner in calls for c in runner]
+
+
+def verifiers_config(model_path: str, **training) -> R3Config:
+    """The verifiers taskset vf_e2e_sums (agent_modules/) through verifiers' episodes and the in-process chat
+    harness, on two runners at T = 0.6, GRPO, seeded."""
+    return (
+        R3Config.grpo_preset()
+        .environment("verifiers", env_config={"env": {"taskset": {"id": "vf_e2e_sums"}}})
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .debugging(seed=11)
+        .training(
+            model_path=model_path,
+            group_size=4,
+            queries_per_iteration=4,
+            max_new_tokens=5,
+            temperature=0.6,
+            lr=1e-3,
+            micro_batch_size=32,
+            eval_interval=0,
+            **training,
+        )
+    )
+
+
+def check_verifiers_run(results, batches, records) -> None:
+    """Two iterations of 2 queries x G = 4 verifiers episodes per runner, one chat call each at T = 0.6 (what the
+    config sets: the harness sends no sampling parameter of its own); what the learner trained is recorded."""
+    assert len(records) == 2 * 2 * 2 * 4
+    assert all(r.endpoint == "chat" and r.temperature == pytest.approx(0.6) for r in records)
+    rollout = results[-1]["rollout"]
+    assert rollout["agent_calls_mean"] == 1.0 and rollout["agent_steps_mean"] == 1.0
+    assert sum(r["learner"]["trained_tokens"] for r in results) > 0
+    assert_trained_as_recorded([s for b in batches for s in b], records)
+
+
+def test_a_verifiers_env_trains_through_the_gateways(ray_session, chat_tiny_model):
+    """A verifiers taskset defined beside the tests (rubric rewards on the replies the gateways sampled) trains two
+    iterations on two HF runners; every trained token is a recorded one."""
+    pytest.importorskip("verifiers.v1")
+    algo = verifiers_config(chat_tiny_model).build_algo()
+    try:
+        check_verifiers_run(*train_keeping_calls(algo, 2))
+    finally:
+        algo.stop()

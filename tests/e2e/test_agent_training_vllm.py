@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_agent_training import TASKS, _calculator_agent, save_chat_tiny
+from test_agent_training import (
+    TASKS,
+    _calculator_agent,
+    check_verifiers_run,
+    save_chat_tiny,
+    train_keeping_calls,
+    verifiers_config,
+)
 
 from r3_rllib import R3Config
 
@@ -100,6 +107,17 @@ def test_the_agent_trains_through_vllm_runners_gateways(ray_session, chat_tiny_m
     for sample in (s for b in batches for s in b):
         for run in _masked_runs(sample):
             assert run in recorded
+
+
+def test_a_verifiers_env_trains_through_vllm_runners_gateways(ray_session, chat_tiny_model):
+    """The verifiers taskset of the HF test (agent_modules/vf_e2e_sums.py) trains two iterations on two vLLM
+    runners at T = 0.6; every trained token is a recorded one."""
+    pytest.importorskip("verifiers.v1")
+    algo = verifiers_config(chat_tiny_model, engine="vllm").build_algo()
+    try:
+        check_verifiers_run(*train_keeping_calls(algo, 2))
+    finally:
+        algo.stop()
 
 
 def _masked_runs(sample) -> list[tuple[int, ...]]:
