@@ -282,7 +282,7 @@ class R3Settings:
     agent_episode_timeout_s: float = setting(600.0, range="> 0", finite=True)
     """Agent envs (``run_agent``, e.g. 'agent'): seconds one episode (one run of the agent program) may take; one
     still running then stops the rollout with an error naming its query and env."""
-    gateway_host: str = "127.0.0.1"
+    gateway_host: str = setting("127.0.0.1", types=(str,))
     """Agent envs: the address each EnvRunner's rollout gateway (the OpenAI-compatible endpoint agent programs call)
     binds; loopback by default. Name a cluster-internal address only for programs on other hosts."""
     gateway_max_batch_wait_s: float = setting(60.0, range=">= 0", finite=True)
