@@ -24,6 +24,11 @@ thread; calls from any thread or event loop):
   ``tool_calls`` (or ``<tool_call>`` blocks in its text) are answered with the tools' results, until a reply calls
   none; then it is graded.
 
+**Answers.** By default the final answer is the last ``\\boxed{}`` of the model's text (MathEnv's grading).
+``answer_format: "plain"`` takes the final reply itself as the answer instead (the text after the last
+``</tool_call>``, stripped), graded by the same grader as if it stood in ``\\boxed{}`` (so it is read as a
+boxed answer is): for models that answer a bare question (``prompt_template: "{problem}"``) with the answer alone.
+
 Needs the ``mcp`` extra (``pip install 'r3-rllib[mcp]'``).
 """
 
@@ -49,6 +54,7 @@ DEFAULT_MCP_PROMPT = (
     '"arguments": {...}}</tool_call> and end your message; its result will be returned to you. Put the final '
     "answer within \\boxed{}."
 )
+ANSWER_FORMATS = ("boxed", "plain")
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -193,13 +199,25 @@ class McpToolEpisode:
         content = "\n".join(f"<tool_response>\n{out}\n</tool_response>" for out in outputs)
         return tool_message_text(self.tokenizer, content)
 
+    answer_format: str = "boxed"
+
     def finish(self, model_text: str) -> tuple[float, bool, dict[str, Any]]:
-        return grade(model_text, self.answers, self.grading_timeout_s)
+        final = model_text.rsplit("</tool_call>", 1)[-1]
+        return grade(model_text, self.answers, self.grading_timeout_s, self.answer_format, final)
 
 
-def grade(model_text: str, answers: Sequence[str], timeout_s: float) -> tuple[float, bool, dict[str, Any]]:
-    """``(reward, correct, info)`` of a trajectory's model text against the gold ``answers`` (MathEnv's grader)."""
-    result = shared_grader(timeout_s).grade(model_text, tuple(answers), think_in_prompt=False)
+def grade(
+    model_text: str,
+    answers: Sequence[str],
+    timeout_s: float,
+    answer_format: str = "boxed",
+    final_reply: str = "",
+) -> tuple[float, bool, dict[str, Any]]:
+    """``(reward, correct, info)`` of a trajectory against the gold ``answers`` (MathEnv's grader): its model
+    text's last ``\\boxed{}`` (``answer_format="boxed"``), or its ``final_reply``, stripped, as the boxed answer
+    (``"plain"``)."""
+    graded = model_text if answer_format == "boxed" else "\\boxed{" + final_reply.strip() + "}"
+    result = shared_grader(timeout_s).grade(graded, tuple(answers), think_in_prompt=False)
     return (1.0 if result.correct else 0.0), result.correct, {"grade_reason": result.reason}
 
 
@@ -213,6 +231,8 @@ class McpToolEnv(MathEnv):
         max_tool_output_chars: a tool's output shown to the model is cut here.
         max_turns: model turns of an agent run at most. openai_tools: send the tools in agent runs' requests.
         sampling: extra keyword arguments of each chat call of an agent run.
+        answer_format: ``"boxed"`` (default: the last ``\\boxed{}``) or ``"plain"`` (the final reply is the
+            answer; see the module docstring).
     """
 
     def __init__(
@@ -227,6 +247,7 @@ class McpToolEnv(MathEnv):
         max_turns: int = 4,
         openai_tools: bool = True,
         sampling: Mapping[str, Any] | None = None,
+        answer_format: str = "boxed",
         model_max_positions: int | None = None,
         max_new_tokens: int = 0,
         **math_config: Any,
@@ -237,6 +258,8 @@ class McpToolEnv(MathEnv):
                 f"outside r3-rllib's sandbox (it can read and write this user's files and reach the network); set "
                 f"env_config {TRUST_FLAG}: true if you trust that server"
             )
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"mcp: answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
         if max_turns < 1 or max_tool_output_chars < 1:
             raise ValueError(
                 f"mcp: need max_turns and max_tool_output_chars >= 1, got {max_turns}, "
@@ -257,6 +280,7 @@ class McpToolEnv(MathEnv):
             raise
         self.max_tool_output_chars, self.max_turns = int(max_tool_output_chars), int(max_turns)
         self.openai_tools, self.sampling = bool(openai_tools), dict(sampling or {})
+        self.answer_format = answer_format
 
     def close(self) -> None:
         self.connection.close()
@@ -274,6 +298,7 @@ class McpToolEnv(MathEnv):
             tokenizer,
             self.grading_timeout_s,
             self.max_tool_output_chars,
+            self.answer_format,
         )
 
     def agent_task(self, query_id: str) -> dict[str, Any]:
@@ -293,12 +318,15 @@ class McpToolEnv(MathEnv):
             response = await client.chat.completions.create(model=model, messages=messages, **extra)
             message = response.choices[0].message
             model_text += message.content or ""
+            final = message.content or ""
             replies, n_calls = await self._answer_calls(message)
             if not n_calls:
                 break
             calls += n_calls
             messages += replies
-        reward, correct, info = grade(model_text, task["answers"], self.grading_timeout_s)
+        reward, correct, info = grade(
+            model_text, task["answers"], self.grading_timeout_s, self.answer_format, final
+        )
         return {"reward": reward, "correct": correct, "info": info | {"tool_calls": calls}}
 
     async def _answer_calls(self, message: Any) -> tuple[list[dict[str, Any]], int]:

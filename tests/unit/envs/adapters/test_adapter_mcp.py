@@ -100,3 +100,35 @@ def test_mcp_agent_runs_on_the_tiny_model(env, gateway, chat_tokenizer):
             "<bos>system\ntools: add,fail<eos>"
         )
         assert result["reward"] == grade(reply_text(chat_tokenizer, calls[0]), ["5"], 10.0)[0]
+
+
+def test_mcp_plain_answers_grade_the_final_reply(scripted_gateway):
+    """``answer_format: "plain"``: the final reply itself is the answer (no ``\\boxed{}``), in the tool loop (the
+    text after the last tool call) and in agent runs (the last reply); an unknown format is refused."""
+    with pytest.raises(ValueError, match="answer_format"):
+        make_text_env("mcp", data=DATA, server=SERVER, trust_server=True, answer_format="last")
+    env = make_text_env(
+        "mcp",
+        data=DATA,
+        server=SERVER,
+        trust_server=True,
+        prompt_template="{problem}",
+        answer_format="plain",
+        shuffle=False,
+    )
+    try:
+        episode = env.tool_episode("q0")
+        assert episode.prompt == "What is 2 + 3?"
+        assert episode.finish(" 5\n")[:2] == (1.0, True)
+        assert episode.finish(f"5 {ADD_CALL}\n6")[:2] == (0.0, False)  # the reply after the call is graded
+        assert episode.finish(f"{ADD_CALL} 5")[:2] == (1.0, True)
+        (result,), _ = run_episodes(scripted_gateway([ADD_CALL, "5"]), env, ["q0"])
+        assert result["reward"] == 1.0 and result["info"]["tool_calls"] == 1
+        (result,), _ = run_episodes(scripted_gateway(["5", "6"]), env, ["q0"])
+        assert (
+            result["reward"] == 1.0 and result["info"]["tool_calls"] == 0
+        )  # no call: the first reply is final
+        (result,), _ = run_episodes(scripted_gateway(["6"]), env, ["q0"])
+        assert result["reward"] == 0.0 and not result["correct"]
+    finally:
+        env.close()
