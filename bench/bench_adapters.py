@@ -1,7 +1,7 @@
-"""Learning through the env adapters: one short GRPO run per adapter (OpenEnv, GEM, verifiers) on 2-digit sums, each
+"""Learning through the env adapters: one short GRPO run per adapter (OpenEnv, GEM, verifiers, MCP) on 2-digit sums, each
 rollout an agent run through the EnvRunners' rollout gateways, training accuracy before and after.
 
-    python bench/bench_adapters.py                                  # openenv, gem, verifiers, native; 20 iterations each
+    python bench/bench_adapters.py                                  # openenv, gem, verifiers, mcp, native; 20 iterations each
     python bench/bench_adapters.py --adapters gem --iterations 20 --seed 1
     python bench/bench_adapters.py --smoke                          # one adapter, two iterations (CI)
 
@@ -13,10 +13,12 @@ contents alone, so the gateway's chat prompt is the ``"12+7="`` the model knows.
 - ``gem``: :class:`GemSums` below, a GEM env registered on each EnvRunner through ``entry_point``;
 - ``verifiers``: examples/vf_sums.py's verifiers taskset (its rubric's reward), run by verifiers' episode machinery
   with r3-rllib's in-process harness;
+- ``mcp``: the MCP adapter (``env: mcp``, examples/mcp_calculator_server.py's calculator tools in each chat
+  request) on the OpenEnv sums written as MathEnv data, with the bare question as the prompt
+  (``prompt_template: "{problem}"``) and ``answer_format: "plain"`` (the final reply is the answer, graded by
+  MathEnv's grader as if boxed): the tiny model answers without tool calls or ``\\boxed{}``, so each run is one turn;
 - ``native`` (the reference, no adapter and no gateway): the same sums as the ``reward_fn`` text env (plain prompt,
   examples/my_rewards.py's exact match), rolled out by the single-step kind.
-
-(The MCP adapter grades MathEnv's ``\\boxed{}`` answers, which the tiny model does not write: not benched here.)
 
 GRPO, 2 EnvRunners on HF engines and a local learner, G = 8, 32 queries per iteration, T = 1.0, seeded
 (``--seed``: the runs' and the task pools' seed). "before" is the training accuracy of the first ``--window``
@@ -28,11 +30,15 @@ native,openenv,gem,verifiers``, seed 0; accuracy = mean of 3 iterations): native
 openenv 0.322 -> 0.457 (123 s), gem 0.322 -> 0.457 (113 s: the same sums, seeds and samples as openenv, so the same
 tokens), verifiers 0.283 -> 0.388 (278 s; its own 256 sums). The adapters learn as the native env does; an
 adapter's iteration costs more (an HTTP agent run per sample, one engine call per batch of runs in lockstep).
+Later the same day, load average 6-26 (a full test run beside it), ``python bench/bench_adapters.py --adapters
+native,mcp``, seed 0: native 0.286 -> 0.428 again (12 s), mcp 0.292 -> 0.414 (520 s; iterations of 13-42 s under
+that load).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -45,8 +51,9 @@ import common
 REPO = Path(__file__).resolve().parents[1]
 #: A chat template that writes the messages' contents only: the tiny model's prompts are "12+7=".
 CONTENT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-ADAPTERS = ("openenv", "gem", "verifiers", "native")
+ADAPTERS = ("openenv", "gem", "verifiers", "mcp", "native")
 NUM_TASKS = 256
+DEFAULT_OUT = "runs/bench_adapters"
 
 
 def leading_number(text: str) -> str:
@@ -79,8 +86,8 @@ class GemSums(_gem_base()):
         return "", 1.0 if right else 0.0, True, False, {}
 
 
-def adapter_env(adapter: str, seed: int) -> tuple[str, dict[str, Any]]:
-    """The env name and env_config of ``adapter``'s sums task."""
+def adapter_env(adapter: str, seed: int, data_dir: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The env name and env_config of ``adapter``'s sums task (``mcp``: its data file is written to ``data_dir``)."""
     order = {"seed": seed, "shuffle": True}
     if adapter == "openenv":
         return "openenv", {
@@ -102,6 +109,20 @@ def adapter_env(adapter: str, seed: int) -> tuple[str, dict[str, Any]]:
         }
     if adapter == "verifiers":
         return "verifiers", {"env": {"taskset": {"id": "vf_sums"}}, **order}
+    if adapter == "mcp":
+        return "mcp", {
+            "data": str(write_sums_jsonl(data_dir or Path(DEFAULT_OUT))),
+            "problem_key": "question",
+            "prompt_template": "{problem}",
+            "answer_format": "plain",
+            "server": {
+                "command": sys.executable,
+                "args": [str(REPO / "examples" / "mcp_calculator_server.py")],
+            },
+            "trust_server": True,
+            "max_turns": 1,
+            **order,
+        }
     if adapter == "native":
         return "reward_fn", {
             "data": [{"question": q, "answer": a} for q, a in sums_rows()],
@@ -124,6 +145,14 @@ def sums_rows() -> list[tuple[str, str]]:
     return rows
 
 
+def write_sums_jsonl(data_dir: Path) -> Path:
+    """:func:`sums_rows` as a ``{"question", "answer"}`` jsonl file in ``data_dir`` (absolute: the runners read it)."""
+    path = data_dir.resolve() / "mcp_sums.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in sums_rows()))
+    return path
+
+
 def chat_tiny_model(out: Path) -> str:
     """The shipped tiny model saved with :data:`CONTENT_TEMPLATE` (the gateway's chat endpoint renders with it)."""
     from r3_rllib.models import default_tiny_model_path, load_tiny
@@ -137,7 +166,7 @@ def chat_tiny_model(out: Path) -> str:
 def build_config(adapter: str, model_path: str, args: argparse.Namespace) -> Any:
     from r3_rllib import R3Config
 
-    env, env_config = adapter_env(adapter, args.seed)
+    env, env_config = adapter_env(adapter, args.seed, Path(args.out))
     return (
         R3Config.grpo_preset()
         .environment(env, env_config=env_config)
@@ -194,7 +223,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queries", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/bench_adapters")
+    p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--smoke", action="store_true", help="openenv, 2 iterations, G = 2, 2 queries")
     args = p.parse_args(argv)
@@ -207,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     adapters = [a.strip() for a in args.adapters.split(",") if a.strip()]
     for a in adapters:
-        adapter_env(a, 0)  # an unknown adapter fails before Ray starts
+        adapter_env(a, 0, Path(args.out))  # an unknown adapter fails before Ray starts
     common.setup_process()
     # The runners import the user modules (examples/openenv_sums.py, vf_sums.py, this file) from PYTHONPATH.
     paths = [str(REPO / "examples"), str(REPO / "bench"), os.environ.get("PYTHONPATH", "")]
