@@ -15,8 +15,9 @@ contents alone, so the gateway's chat prompt is the ``"12+7="`` the model knows.
   with r3-rllib's in-process harness;
 - ``mcp``: the MCP adapter (``env: mcp``, examples/mcp_calculator_server.py's calculator tools in each chat
   request) on the OpenEnv sums written as MathEnv data, with the bare question as the prompt
-  (``prompt_template: "{problem}"``) and ``answer_format: "plain"`` (the final reply is the answer, graded by
-  MathEnv's grader as if boxed): the tiny model answers without tool calls or ``\\boxed{}``, so each run is one turn;
+  (``prompt_template: "{problem}"``) and ``answer_format: "plain"`` (the final reply, stripped, is the answer,
+  graded by MathEnv's grader as if boxed: the right sum as the whole reply): the tiny model answers without tool
+  calls or ``\\boxed{}``, so each run is one turn;
 - ``native`` (the reference, no adapter and no gateway): the same sums as the ``reward_fn`` text env (plain prompt,
   examples/my_rewards.py's exact match), rolled out by the single-step kind.
 
