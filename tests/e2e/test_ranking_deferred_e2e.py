@@ -73,7 +73,8 @@ def _run(model_path: str, num_learners: int, monkeypatch, **training) -> tuple[l
         out = []
         for _ in range(ITERATIONS):
             r = algo.train()
-            if "learner" not in r:  # nothing trained (R^2PO's stage A on all-zero advantages)
+            # Nothing trained (R^2PO's stage A on all-zero advantages): the learner reports trained_tokens 0.
+            if r["learner"]["trained_tokens"] == 0:
                 continue
             out.append(
                 {k: float(r["learner"][k]) for k in ("loss", "grad_norm", "entropy", "trained_tokens")}
