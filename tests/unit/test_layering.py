@@ -27,7 +27,9 @@ LAYERS: list[set[str]] = [
         "tools",
     },  # graders; tokenizer, tiny model, named models (a name never trains); sandbox
     {"envs", "replay", "engines"},  # text envs; replay buffer and actor; generation engines
-    {"gateway"},  # the OpenAI-compatible rollout gateway in front of an engine
+    # the OpenAI-compatible rollout gateway in front of an engine; reward models, judges and their Ray actor pool;
+    # the on-policy distillation teacher's actors
+    {"gateway", "reward_models", "distill"},
     {"rollout", "r2po"},  # Ray-free rollout loops; R^2PO's rules
     {"config"},  # typed settings and their validation
     {"warmstart"},  # warm-start SFT and the builders of named models made by training

@@ -23,10 +23,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import ray
@@ -34,6 +35,7 @@ import ray
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
 from r3_rllib.algorithms.r3.groups import select_dynamic_groups
 from r3_rllib.algorithms.r3.iteration_settings import max_staleness_of, overlong_shaping
+from r3_rllib.algorithms.r3.rollout_stages import RolloutStage, apply_stages
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, RunnerState, merge_results
 from r3_rllib.algorithms.r3.runner_faults import (
     raise_runner_errors,
@@ -106,6 +108,8 @@ class RolloutCoordinator:
         # Runners restored since the last request was sent: RLlib dropped that request with their old process, so
         # their missing answer is a loss, not a hang (RLlib may restore them between the request and the gather).
         self._restarted: set[int] = set()
+        # Driver-side scoring of each gathered rollout (rollout_stages.py), set by the algorithm; none by default.
+        self.stages: Sequence[RolloutStage] = ()
 
     # -- one iteration's rollout ------------------------------------------------------------------------------
     def rollout(
@@ -120,14 +124,19 @@ class RolloutCoordinator:
         cfg = self.config
         t_wait = time.perf_counter()
         rollout = self._next(cfg.queries_per_iteration, reflection)
+        overlap = max_staleness_of(cfg) == 1
+        if overlap and not cfg.dynamic_sampling:
+            # The runners generate the next batch with the current weights while the learner trains on this one
+            # (and while the rollout stages grade this one); the weights of this update reach them after that
+            # rollout (a runner runs its calls in order).
+            self.request(cfg.queries_per_iteration, next_reflection())
+        rollout = self.score(rollout)
         groups = list(rollout.groups)
         if cfg.dynamic_sampling:
             groups, rollout = self._dynamic_sampling(rollout, reflection)
         # The learner waits for this batch (all of its generation when synchronous, the rest of it with overlap).
         self._log("learner_wait_s", time.perf_counter() - t_wait)
-        if max_staleness_of(cfg) == 1:
-            # The runners generate the next batch with the current weights while the learner trains on this one;
-            # the weights of this update reach them after that rollout (a runner runs its calls in order).
+        if overlap and cfg.dynamic_sampling:  # the filter needed this batch's scores first
             self.request(cfg.queries_per_iteration, next_reflection())
         fresh_versions = [s.policy_version for g in rollout.groups if not g.is_reflection for s in g.samples]
         if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
@@ -135,6 +144,17 @@ class RolloutCoordinator:
             self._log("policy_lag", lag)
             self._log("staleness_max", float(policy_version - min(fresh_versions)))
         return groups, rollout
+
+    def score(self, rollout: Rollout) -> Rollout:
+        """``rollout`` with its groups through the driver's rollout stages (reward server, distillation teacher:
+        rollout_stages.py); the rollout itself when there are none."""
+        if not self.stages or not rollout.groups:
+            return rollout
+        groups = apply_stages(self.stages, rollout.groups, self._log_stage)
+        return dataclasses.replace(rollout, groups=tuple(groups))
+
+    def _log_stage(self, stage: str, name: str, value: float) -> None:
+        self.metrics.log_value((stage, name), float(value), reduce="mean", window=1)
 
     def _dynamic_sampling(
         self, rollout: Rollout, reflection: ReflectionSettings | None
@@ -153,7 +173,7 @@ class RolloutCoordinator:
         groups, passed = select(rollout.groups)
         gen_batches = 1
         while passed < target and another_gen_batch(gen_batches, cfg.max_num_gen_batches):
-            rollout = rollout.merge(self.sample(target, reflection))
+            rollout = rollout.merge(self.score(self.sample(target, reflection)))
             groups, passed = select(rollout.groups)
             gen_batches += 1
         self._log("dynamic_sampling_gen_batches", gen_batches)

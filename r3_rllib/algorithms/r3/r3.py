@@ -43,6 +43,7 @@ from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r3_schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.ranking_deferred import build_deferred_batch, defers_ranking, finish_deferred
+from r3_rllib.algorithms.r3.rollout_stages import build_rollout_stages
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
 from r3_rllib.algorithms.r3.sample_log import SampleLog
@@ -96,6 +97,9 @@ class R3(R3Console, Algorithm):
         board = WeightBoard.remote() if self.config.partial_rollouts else None
         self.weights = PolicyWeights(self.learner_group, self.env_runner_group, board)
         self.coordinator.weights = self.weights  # runner_loss='reask' re-sends a lost request's weights
+        self.coordinator.stages = build_rollout_stages(
+            self.config
+        )  # reward server, teacher (rollout_stages.py)
         # (query id, policy version) of every sample the last iteration trained, in batch order (chaos tests).
         self.last_trained_stream: list[tuple[str, int]] = []
         self.sample_log = SampleLog.for_algorithm(self)  # sampled completions (sample_log.py)

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -123,6 +124,8 @@ class StreamingCoordinator(RolloutCoordinator):
             rollout, self.ready = self.ready.merge(rollout), None
         kept, stale = split_stale_groups(rollout.groups, policy_version, self.max_staleness)
         self._top_up(next_reflection(), policy_version)
+        # Graded by the rollout stages while the runners, just topped up, generate.
+        kept = list(self.score(dataclasses.replace(rollout, groups=tuple(kept))).groups)
         staleness = [
             policy_version - s.policy_version for g in kept if not g.is_reflection for s in g.samples
         ]
