@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from r3_rllib.envs.base import PooledTextEnv
-from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
+from r3_rllib.envs.agent_tasks import AgentTaskPool, finite_reward
+from r3_rllib.envs.data import Shard
 from r3_rllib.envs.registry import load_object
 from r3_rllib.envs.rows import PromptSpec, Row, format_prompt, split_rows, user_text
 
@@ -94,9 +93,7 @@ def episode_outcome(value: Any, correct_threshold: float | None = None) -> dict[
     reward = out["reward"]
     if not isinstance(reward, numbers.Real):
         raise TypeError(f"returned reward {reward!r}, not a number")
-    out["reward"] = float(reward)
-    if not math.isfinite(out["reward"]):
-        raise ValueError(f"returned a reward of {out['reward']}")
+    out["reward"] = finite_reward(reward, "the agent program")
     if "correct" in out:
         out["correct"] = bool(out["correct"])
     else:
@@ -116,7 +113,7 @@ def task_text(row: Row, prompt: PromptSpec | None) -> str:
     return json.dumps(row.values, sort_keys=True, default=str)
 
 
-class AgentTextEnv(PooledTextEnv):
+class AgentTextEnv(AgentTaskPool):
     """Tasks rolled out by an agent program (see the module): an :class:`~r3_rllib.envs.base.AgentEnv`.
 
     Config:
@@ -150,7 +147,6 @@ class AgentTextEnv(PooledTextEnv):
         shuffle: bool = True,
         shard: Shard | dict[str, int] | None = None,
     ) -> None:
-        super().__init__()
         if isinstance(correct_threshold, bool) or not isinstance(correct_threshold, numbers.Real):
             raise ValueError(f"env_config 'correct_threshold' must be a number, got {correct_threshold!r}")
         self.run_fn = resolve_run(run)
@@ -166,14 +162,14 @@ class AgentTextEnv(PooledTextEnv):
             hub_config=hub_config,
             id_key=id_key,
         )
-        self.texts = [task_text(row, prompt) for row in self.rows]
-        self._index = {row.id: i for i, row in enumerate(self.rows)}
-        self._order = QueryOrder(len(self.rows), seed=seed, shuffle=shuffle, shard=shard)
-
-    # -- AgentEnv --------------------------------------------------------------------------------------------
-    def agent_task(self, query_id: str) -> dict[str, Any]:
-        """The task's row (a copy: a program may change it freely)."""
-        return dict(self.rows[self._lookup(query_id)].values)
+        super().__init__(
+            [row.id for row in self.rows],
+            [row.values for row in self.rows],
+            [task_text(row, prompt) for row in self.rows],
+            seed=seed,
+            shuffle=shuffle,
+            shard=shard,
+        )
 
     async def run_agent(self, client: Any, model: str, task: dict[str, Any]) -> dict[str, Any]:
         """One run of the agent program on ``task``; its outcome as :func:`episode_outcome` reads it."""
@@ -182,47 +178,6 @@ class AgentTextEnv(PooledTextEnv):
             value = await value
         return episode_outcome(value, self.correct_threshold)
 
-    # -- TextEnv ---------------------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def query_ids(self) -> list[str]:
-        return [row.id for row in self.rows]
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """The next task of the order (``seed`` restarts the order with it), or ``options["query_id"]``'s; the
-        observation is the task's text. ``user_content`` is refused: reflection reaches a program through the
-        task (:data:`REFLECTION_KEY`)."""
-        super().reset(seed=seed)
-        if seed is not None:
-            self._order.restart(seed)
-        query_id, user_content = parse_reset_options(options)
-        if user_content is not None:
-            raise ValueError(
-                f"{type(self).__name__}: reset option 'user_content' is not supported; an agent program gets "
-                f"a reflection prompt as task[{REFLECTION_KEY!r}]"
-            )
-        index = self._order.next() if query_id is None else self._lookup(query_id)
-        row = self.rows[index]
-        return self.texts[index], {
-            "query_id": row.id,
-            "query_text": self.texts[index],
-            "task": dict(row.values),
-        }
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        raise TypeError(
-            f"{type(self).__name__} is an agent env: an episode is its agent program's run (run_agent), "
-            "rolled out through the rollout gateway, not scored with step()"
-        )
-
-    def _lookup(self, query_id: str) -> int:
-        try:
-            return self._index[query_id]
-        except KeyError:
-            raise ValueError(
-                f"unknown query_id {query_id!r}: not among this env's {len(self)} tasks"
-            ) from None
+    def reset_info(self, index: int) -> dict[str, Any]:
+        """The task itself (``info["task"]``), beside its id and text."""
+        return {"task": dict(self.rows[index].values)}
