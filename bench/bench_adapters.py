@@ -52,7 +52,6 @@ import common
 
 REPO = Path(__file__).resolve().parents[1]
 #: A chat template that writes the messages' contents only: the tiny model's prompts are "12+7=".
-CONTENT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 ADAPTERS = ("openenv", "gem", "verifiers", "mcp", "native")
 NUM_TASKS = 256
 DEFAULT_OUT = "runs/bench_adapters"
@@ -155,38 +154,17 @@ def write_sums_jsonl(data_dir: Path) -> Path:
     return path
 
 
-def chat_tiny_model(out: Path) -> str:
-    """The shipped tiny model saved with :data:`CONTENT_TEMPLATE` (the gateway's chat endpoint renders with it)."""
-    from r3_rllib.models import default_tiny_model_path, load_tiny
-
-    model, tok = load_tiny(default_tiny_model_path())
-    tok.chat_template = CONTENT_TEMPLATE
-    out.mkdir(parents=True, exist_ok=True)
-    return common.save_model_once(model, tok, out / "chat_tiny")
-
-
 def build_config(adapter: str, model_path: str, args: argparse.Namespace) -> Any:
-    from r3_rllib import R3Config
-
     env, env_config = adapter_env(adapter, args.seed, Path(args.out))
-    return (
-        R3Config.grpo_preset()
-        .environment(env, env_config=env_config)
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
-        .learners(num_learners=0)
-        .debugging(seed=args.seed)
-        .training(
-            model_path=model_path,
-            engine="hf",
-            group_size=args.group_size,
-            queries_per_iteration=args.queries,
-            max_new_tokens=4,  # up to 3 digits and the end of sequence
-            temperature=1.0,
-            lr=args.lr,
-            num_minibatches=1,
-            micro_batch_size=args.group_size * args.queries,
-            eval_interval=0,
-        )
+    return common.sums_agent_config(
+        env,
+        env_config,
+        model_path,
+        seed=args.seed,
+        runners=2,
+        group_size=args.group_size,
+        queries=args.queries,
+        lr=args.lr,
     )
 
 
@@ -245,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     sys.path[:0] = paths[:2]
     common.print_header("env adapters: GRPO on 2-digit sums through the rollout gateway", args)
-    model_path = chat_tiny_model(Path(args.out))
+    model_path = common.chat_tiny_model(Path(args.out))
     started = common.start_ray(num_cpus=3)
     try:
         results = {a: run_adapter(a, model_path, args) for a in adapters}

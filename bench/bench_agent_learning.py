@@ -37,7 +37,6 @@ import common
 #: Tasks held out for the greedy evaluation before and after training.
 HELD_OUT = 64
 #: A chat template that writes the messages' contents only: the tiny model's prompts are "12+7=".
-CONTENT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def sums_agent():
@@ -65,43 +64,22 @@ def sums_tasks(n: int, seed: int) -> list[dict[str, Any]]:
     return tasks
 
 
-def chat_tiny_model(out: Path) -> str:
-    """The shipped tiny model saved with :data:`CONTENT_TEMPLATE` (the gateway's chat endpoint renders with it)."""
-    from r3_rllib.models import default_tiny_model_path, load_tiny
-
-    model, tok = load_tiny(default_tiny_model_path())
-    tok.chat_template = CONTENT_TEMPLATE
-    out.mkdir(parents=True, exist_ok=True)
-    return common.save_model_once(model, tok, out / "chat_tiny")
-
-
 def build_config(model_path: str, args: argparse.Namespace) -> Any:
-    from r3_rllib import R3Config
-
     env_config = {
         "run": sums_agent(),
         "tasks": sums_tasks(256 + HELD_OUT, args.seed),
         "test_size": HELD_OUT,
         "seed": args.seed,
     }
-    return (
-        R3Config.grpo_preset()
-        .environment("agent", env_config=env_config)
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
-        .learners(num_learners=0)
-        .debugging(seed=args.seed)
-        .training(
-            model_path=model_path,
-            engine="hf",
-            group_size=args.group_size,
-            queries_per_iteration=args.queries,
-            max_new_tokens=4,  # up to 3 digits and the end of sequence
-            temperature=1.0,
-            lr=args.lr,
-            num_minibatches=1,
-            micro_batch_size=args.group_size * args.queries,
-            eval_interval=0,
-        )
+    return common.sums_agent_config(
+        "agent",
+        env_config,
+        model_path,
+        seed=args.seed,
+        runners=1,
+        group_size=args.group_size,
+        queries=args.queries,
+        lr=args.lr,
     )
 
 
@@ -150,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     common.setup_process()
     common.print_header("agent env: GRPO on 2-digit sums through the rollout gateway", args)
-    model_path = chat_tiny_model(Path(args.out))
+    model_path = common.chat_tiny_model(Path(args.out))
     started = common.start_ray(num_cpus=2)
     try:
         runs = [run_once(model_path, args) for _ in range(args.runs)]

@@ -272,6 +272,58 @@ def grpo_config(
     return config
 
 
+#: A chat template that renders each message's content only: the shipped tiny model's chat form for the agent
+#: benchmarks (the rollout gateway's chat endpoint renders with it; the model saw plain "a+b=" prompts).
+CONTENT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def chat_tiny_model(out: Path) -> str:
+    """The shipped tiny model saved with :data:`CONTENT_TEMPLATE` in ``out`` (once)."""
+    from r3_rllib.models import default_tiny_model_path, load_tiny
+
+    model, tok = load_tiny(default_tiny_model_path())
+    tok.chat_template = CONTENT_TEMPLATE
+    out.mkdir(parents=True, exist_ok=True)
+    return save_model_once(model, tok, out / "chat_tiny")
+
+
+def sums_agent_config(
+    env: str,
+    env_config: dict,
+    model_path: str,
+    *,
+    seed: int,
+    runners: int,
+    group_size: int,
+    queries: int,
+    lr: float,
+):
+    """The GRPO preset on an agent env of 2-digit sums (``env``, ``env_config``) with ``runners`` HF EnvRunners and
+    a local learner: T = 1, 4 new tokens per call (up to 3 digits and the end of sequence), one update per batch,
+    no held-out evaluation during training."""
+    from r3_rllib import R3Config
+
+    return (
+        R3Config.grpo_preset()
+        .environment(env, env_config=env_config)
+        .env_runners(num_env_runners=runners, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .debugging(seed=seed)
+        .training(
+            model_path=model_path,
+            engine="hf",
+            group_size=group_size,
+            queries_per_iteration=queries,
+            max_new_tokens=4,
+            temperature=1.0,
+            lr=lr,
+            num_minibatches=1,
+            micro_batch_size=group_size * queries,
+            eval_interval=0,
+        )
+    )
+
+
 def floor_generate(
     model: Any, tok: Any, enc: Any, group_size: int, max_new_tokens: int
 ) -> tuple[Any, Any, Any, Any]:
