@@ -12,7 +12,8 @@ import numpy as np
 # TrainingBatch: what the driver sends to the learners
 # ----------------------------------------------------------------------------------------------------------------
 #: Format of :class:`TrainingBatch`; a learner refuses a batch of another format.
-TRAINING_BATCH_FORMAT = 3  # 2: optional loss_mask (multi-turn tool use); 3: optional deferred ranking
+TRAINING_BATCH_FORMAT = 4  # 2: optional loss_mask (multi-turn tool use); 3: optional deferred ranking;
+# 4: optional teacher log-probs (on-policy distillation)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class TrainingBatch:
     use), aligned with ``response_ids``: False on tokens a tool wrote, which get no loss and no importance weight;
     None when every response token was sampled by the model. ``ranking``: the groups whose advantages the learner
     computes (their rows' ``advantages`` entries are placeholders); None: every advantage is given.
+    ``teacher_logprobs`` (on-policy distillation), aligned with ``response_ids``: the teacher's log-prob of each
+    response token, NaN where the teacher gave none (a sample it did not score, a tool token); None: no teacher.
     """
 
     prompt_ids: np.ndarray  # int32 [sum of prompt lengths]
@@ -81,6 +84,7 @@ class TrainingBatch:
     policy_versions: np.ndarray  # int64 [n]: the policy that sampled each row
     loss_mask: np.ndarray | None = None  # bool, aligned with response_ids
     ranking: DeferredRanking | None = None  # groups whose advantages the learner computes (None: all given)
+    teacher_logprobs: np.ndarray | None = None  # float32, aligned with response_ids; NaN: none for that token
     format: int = TRAINING_BATCH_FORMAT
 
     def __post_init__(self) -> None:
@@ -101,6 +105,8 @@ class TrainingBatch:
             raise ValueError("behavior_logprobs must hold one entry per response token")
         if self.loss_mask is not None and self.loss_mask.shape != self.response_ids.shape:
             raise ValueError("loss_mask must hold one entry per response token")
+        if self.teacher_logprobs is not None and self.teacher_logprobs.shape != self.response_ids.shape:
+            raise ValueError("teacher_logprobs must hold one entry per response token")
         if self.policy_versions.shape != (n,):
             raise ValueError(f"policy_versions must hold one entry per row ({n})")
         if n and int(self.prompt_lengths.min()) < 1:
@@ -157,6 +163,7 @@ class TrainingBatch:
             advantages=np.asarray([s.advantage for s in samples], dtype=np.float32),
             policy_versions=np.asarray([s.policy_version for s in samples], dtype=np.int64),
             loss_mask=loss_mask,
+            teacher_logprobs=_teacher_column(samples, responses),
         )
 
     @property
@@ -181,13 +188,15 @@ class TrainingBatch:
             advantages=self.advantages[rows],
             policy_versions=self.policy_versions[rows],
             loss_mask=None if self.loss_mask is None else self.loss_mask[response_index],
+            teacher_logprobs=None if self.teacher_logprobs is None else self.teacher_logprobs[response_index],
         )
 
     def padded(self, rows: Sequence[int] | np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
         """Rows `rows` as right-padded prompt+response arrays, the learner's input: ``input_ids`` and
         ``attention_mask`` ``[B, W]`` (int64), ``response_mask`` ``[B, W - 1]`` (bool) and ``behavior_logprobs``
         ``[B, W - 1]`` (float32) aligned with next-token log-probs (position t scores token t + 1), ``advantages``
-        ``[B]`` (float32)."""
+        ``[B]`` (float32); with teacher log-probs also ``teacher_logprobs`` ``[B, W - 1]`` (float32, 0 where none)
+        and ``teacher_mask`` (bool: a trained token the teacher scored)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         prompt_len, response_len = self.prompt_lengths[rows], self.response_lengths[rows]
         width = int((prompt_len + response_len).max())
@@ -206,13 +215,40 @@ class TrainingBatch:
         )
         behaviour = np.zeros((len(rows), width - 1), dtype=np.float32)
         behaviour[response_row, response_col - 1] = self.behavior_logprobs[response_index]
-        return {
+        out = {
             "input_ids": ids,
             "attention_mask": (np.arange(width) < (prompt_len + response_len)[:, None]).astype(np.int64),
             "response_mask": response_mask,
             "behavior_logprobs": behaviour,
             "advantages": self.advantages[rows],
         }
+        if self.teacher_logprobs is not None:
+            teacher = self.teacher_logprobs[response_index]
+            scored = np.isfinite(teacher)
+            out["teacher_logprobs"] = np.zeros((len(rows), width - 1), dtype=np.float32)
+            out["teacher_logprobs"][response_row, response_col - 1] = np.where(scored, teacher, 0.0)
+            out["teacher_mask"] = np.zeros((len(rows), width - 1), dtype=bool)
+            out["teacher_mask"][response_row, response_col - 1] = scored
+            out["teacher_mask"] &= response_mask
+        return out
+
+
+def _teacher_column(samples: Sequence[object], responses: list[np.ndarray]) -> np.ndarray | None:
+    """The samples' teacher log-probs as one column aligned with their responses (NaN for a sample without
+    any), cut to each response's length; None when no sample has any."""
+    given = [getattr(s, "teacher_logprobs", None) for s in samples]
+    if all(t is None for t in given):
+        return None
+    parts = []
+    for t, response in zip(given, responses, strict=True):
+        if t is None:
+            parts.append(np.full(len(response), np.nan, np.float32))
+            continue
+        t = np.asarray(t, dtype=np.float32).reshape(-1)
+        if len(t) < len(response):
+            raise ValueError(f"a sample has {len(response)} response tokens but {len(t)} teacher log-probs")
+        parts.append(t[: len(response)])
+    return _concat(parts, np.float32)
 
 
 def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:

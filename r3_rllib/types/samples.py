@@ -92,6 +92,9 @@ class Sample:
     # What the env said beyond the reward (info's grade_reason, reward_components): kept for the sample records.
     grade_reason: str | None = None
     reward_parts: dict[str, float] | None = None
+    # On-policy distillation (r3_rllib.distill): the teacher's log-prob of each response token (float32, NaN on a
+    # token the teacher did not score: tool output); None: no teacher scored this sample.
+    teacher_logprobs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.env_reward is None:
@@ -138,6 +141,11 @@ class Group:
     samples: list[Sample]
     is_reflection: bool = False
     prompt_text: str = ""  # the prompt as the env rendered it (single-step rollouts; for the sample records)
+    # A group judge's scores of the samples, in order, which R^3's ranking of an all-wrong group reads (set by the
+    # reward server when ranking_source is 'judge' or 'both'; None: ranked by structural entropy alone), and the
+    # judge's share of the ranking rewards (1: the judge's ranking alone, 0.5: the mean with the entropy ranking).
+    judge_scores: list[float] | None = None
+    judge_rank_weight: float = 0.0
 
     @property
     def is_degenerate(self) -> bool:
