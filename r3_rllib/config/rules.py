@@ -19,6 +19,7 @@ from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
 from r3_rllib.engines.registry import EngineCapabilities, engine_capabilities, engines_where
+from r3_rllib.reward_models.specs import RewardModelsError, parse_reward_models
 
 #: A cross-field rule: the config -> the message of what is wrong, or None.
 ConfigRule = Callable[[Any], "str | None"]
@@ -395,6 +396,44 @@ def is_weight_alarm_can_fire(config: Any) -> str | None:
     return None
 
 
+def reward_models_are_terms(config: Any) -> str | None:
+    """Every entry of reward_models is a reward term (reward_models/specs.py names the entry and the field)."""
+    entries = getattr(config, "reward_models", None)
+    if not isinstance(entries, (list, tuple)):
+        return None  # None (off) or a wrong type, which the field's own rule names
+    try:
+        parse_reward_models(entries)
+    except RewardModelsError as e:
+        return str(e)
+    return None
+
+
+def ranking_source_has_a_judge(config: Any) -> str | None:
+    """ranking_source 'judge' or 'both' ranks by a group judge's scores: ranking on, a 'group_judge' term, and for
+    'both' the entropies on the driver (with the learner's entropies the learners rank by entropy alone:
+    algorithms/r3/ranking_deferred.py)."""
+    source = getattr(config, "ranking_source", "entropy")
+    if source == "entropy":
+        return None
+    if not config.ranking:
+        return f"ranking_source {source!r} orders R^3's ranking: it needs ranking=True"
+    entries = config.reward_models if isinstance(config.reward_models, (list, tuple)) else []
+    if not any(isinstance(e, Mapping) and e.get("type") == "group_judge" for e in entries):
+        return f"ranking_source {source!r} needs a reward_models term of type 'group_judge' (its scores rank)"
+    caps = _capabilities(config)
+    exact = caps is not None and caps.exact_entropies
+    entropy_source = config.ranking_entropy_source
+    from_learner = entropy_source == "learner" or (entropy_source == "auto" and not exact)
+    if source == "both" and from_learner:
+        return (
+            "ranking_source 'both' mixes the judge's ranking with the entropy ranking on the driver, but the "
+            "ranking's entropies come from the learners (ranking_entropy_source "
+            f"{entropy_source!r} with engine {config.engine!r}): set ranking_entropy_source 'engine' "
+            "or ranking_source 'judge'"
+        )
+    return None
+
+
 #: Every cross-field rule, in the order their messages are listed.
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
@@ -426,6 +465,8 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     head_kl_aggregation_agrees_under_rejection,
     printed_samples_are_recorded,
     is_weight_alarm_can_fire,
+    reward_models_are_terms,
+    ranking_source_has_a_judge,
 )
 
 

@@ -36,6 +36,8 @@ from r3_rllib.replay.buffer import PRIORITY_FNS, ReplayConfig
 
 #: Values of ``ranking_entropy_source`` (read by :attr:`R3Config.ranking_entropies_from_learner`).
 RANKING_ENTROPY_SOURCES = ("auto", "engine", "learner")
+#: Values of ``ranking_source``: what R^3's ranking of an all-wrong group orders its failures by.
+RANKING_SOURCES = ("entropy", "judge", "both")
 #: Values of ``rollout_head_kl_target`` and ``rollout_head_kl_agg_mode`` (R^2PO stage A's KL term).
 HEAD_KL_TARGETS = ("initial", "current")
 HEAD_KL_AGG_MODES = ("seq-mean-token-mean", "loss_agg_mode")
@@ -386,6 +388,35 @@ class R3Settings:
     'auto' ('learner' with an engine whose entropies are estimates, as vLLM's, 'engine' with 'hf'). On SmolLM2-135M
     at T = 0.6 the top-20 estimate gave other ranking rewards than the exact entropies in 9 of 16 groups of short
     answers and 3 of 8 of 48-token ones (BENCHMARKS.md section 16)."""
+    ranking_source: str = setting("entropy", choices=RANKING_SOURCES)
+    """What ranks the failures of an all-wrong group: 'entropy' (structural entropy, the paper's), 'judge' (the
+    scores of the first 'group_judge' term of reward_models, RULER-style, through the same rank -> reward mapping
+    and tie sharing) or 'both' (the mean of the two rankings' rewards). A group the judge failed on (timeout, an
+    unparsable verdict) is ranked by entropy. Needs ranking on and a group_judge term; 'both' needs the entropies on
+    the driver (ranking_entropy_source 'engine', or 'auto' with an engine of exact entropies such as 'hf')."""
+
+    # --- reward server (r3_rllib/reward_models, core/reward_composition.py) ----------------------------------
+    reward_models: list | None = setting(None, types=(list, tuple), none_ok=True)
+    """Reward terms beside the env's reward, graded on the driver's reward server (a Ray actor pool) while the
+    runners generate: a list of dicts, each a term with 'name', 'type' ('rule' with 'function': "module:name",
+    'scalar' with 'model': a sequence-classification reward model, 'judge' with 'model': a generative judge,
+    'group_judge': a judge of whole groups) and optional 'weight' (1.0), 'gate' (False), 'gate_threshold' (0.5),
+    'gate_reward' (0.0), 'engine' ('hf' or 'vllm'), 'rubric', 'max_new_tokens', 'temperature', 'batch_size',
+    'scorer_class' ("module:Class" of your own). A sample's reward is env_reward_weight * the env's reward + the sum
+    of weight * score over the terms that are not gates; a gate scoring below its threshold makes the reward its
+    gate_reward. A term that fails (timeout, error, unparsable) scores 0, counted in reward_server/failures/<reason>.
+    The accuracy metrics and R^3's replay keep reading the env's verdict. None: the env's reward alone."""
+    env_reward_weight: float = setting(1.0, range=">= 0", finite=True)
+    """Weight of the env's own reward in the composed reward (with reward_models; 0: the terms alone)."""
+    reward_workers: int = setting(1, range=">= 1", integer=True)
+    """Ray actors of the reward server, each holding every term's scorer; a rollout's groups are split among them."""
+    reward_timeout_s: float = setting(120.0, range="> 0", finite=True)
+    """Seconds after a rollout's submission the driver waits for its grades; a batch not graded by then scores 0
+    (reason 'timeout') and its worker is killed and replaced."""
+    reward_num_cpus_per_worker: float = setting(1.0, range=">= 0", finite=True)
+    """CPUs Ray reserves for each reward worker."""
+    reward_num_gpus_per_worker: float = setting(0.0, range=">= 0", finite=True)
+    """GPUs Ray reserves for each reward worker (a judge or reward model on a GPU)."""
 
     # --- R^2PO: residual rollout head ------------------------------------------------------------------------
     # A small head adds a learned residual to the policy's logits for training rollouts only; training alternates
