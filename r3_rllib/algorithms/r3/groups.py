@@ -29,7 +29,7 @@ import numpy as np
 
 from r3_rllib.core.advantages import ADVANTAGE_FNS, apply_batch_step, compute_group_advantages
 from r3_rllib.core.iteration import IterationSettings
-from r3_rllib.core.ranking import ranked_group_scores, structural_entropy_rewards
+from r3_rllib.core.ranking import rank_rewards, ranked_group_scores, structural_entropy_rewards
 from r3_rllib.core.reward_shaping import OverlongShaping, keep_group
 from r3_rllib.rollout.kinds import kind_means
 from r3_rllib.rollout.kinds.base import ratio
@@ -134,8 +134,16 @@ def rescore_ranking_entropies(
 
 
 def ranking_rewards(group: Group, *, p: float, r_max: float) -> np.ndarray:
-    """Graded rewards in [0, r_max] for the (all wrong) fresh samples of ``group``, by entropy structure."""
-    return structural_entropy_rewards([s.entropies for s in group.samples], p=p, r_max=r_max)
+    """Graded rewards in [0, r_max] for the (all wrong) fresh samples of ``group``, by entropy structure; with a
+    group judge's scores on the group (ranking_source 'judge' or 'both'), the rank rewards of the judge's order
+    (the same rank -> reward mapping and tie sharing) weighted by ``judge_rank_weight`` with the entropy ones."""
+    w = group.judge_rank_weight if group.judge_scores is not None else 0.0
+    if w >= 1.0:
+        return rank_rewards(group.judge_scores, r_max)
+    entropy = structural_entropy_rewards([s.entropies for s in group.samples], p=p, r_max=r_max)
+    if w <= 0.0:
+        return entropy
+    return (1.0 - w) * entropy + w * rank_rewards(group.judge_scores, r_max)
 
 
 def build_training_batch(
@@ -189,7 +197,10 @@ def assemble_training_batch(
     if settings.replay and fetch_replay is not None:
         replayed = _fetch_replayed(groups, fresh, settings.replay_k, fetch_replay, metrics)
     ranked: dict[int, np.ndarray] = {}  # id(group) -> its fresh samples' ranking rewards
-    later = {id(g) for g in groups if settings.ranking and defer_ranking and rankable(g)}
+    # A group the judge ranks is ranked here: the learner ranks by its entropies alone.
+    later = {
+        id(g) for g in groups if settings.ranking and defer_ranking and rankable(g) and g.judge_scores is None
+    }
     if settings.ranking:
         for g in groups:
             if rankable(g) and id(g) not in later:
@@ -272,7 +283,11 @@ def _score_groups(
     scored = []
     for g in groups:
         own = g.samples
-        if id(g) in ranked and not ADVANTAGE_FNS.sample_inputs.get(settings.advantage_estimator):
+        if (
+            id(g) in ranked
+            and g.judge_scores is None
+            and not ADVANTAGE_FNS.sample_inputs.get(settings.advantage_estimator)
+        ):
             scored.append(_score_ranked(g, replayed.get(id(g), []), settings))
             continue
         if id(g) in ranked:
