@@ -38,7 +38,7 @@ class RewardModelSpec:
     model: str | None = None
     """The model's path (or a named model) for ``scalar``, ``judge`` and ``group_judge``."""
     function: str | None = None
-    """``"module:name"`` of a ``rule`` term's function."""
+    """A ``rule`` term's function: ``"module:name"``, ``"path/to/file.py:name"``, or ``"math"`` (the math grader)."""
     engine: str = "hf"
     """The judge's generation engine (``hf`` or ``vllm``, as the runners' ``engine`` setting)."""
     rubric: str | None = None
@@ -121,8 +121,9 @@ def parse_reward_model(index: int, entry: Any) -> RewardModelSpec:
         if message is not None:
             raise RewardModelsError(f"{where}: field {key!r} {message}")
     for key in ("function", "scorer_class"):
-        if entry.get(key) is not None and ":" not in entry[key]:
-            raise RewardModelsError(f"{where}: field {key!r} must be 'module:name', got {entry[key]!r}")
+        value = entry.get(key)
+        if value is not None and ":" not in value and not (key == "function" and value == "math"):
+            raise RewardModelsError(f"{where}: field {key!r} must be 'module:name', got {value!r}")
     needed = _NEEDS[entry["type"]]
     if not entry.get(needed) and entry.get("scorer_class") is None:
         raise RewardModelsError(f"{where}: a {entry['type']!r} term needs field {needed!r}")

@@ -73,3 +73,17 @@ class FormatGate:
 def digits_rule(prompt_text: str, response_text: str, gold: str | None) -> float:
     """A rule term: 1.0 when the response is digits only."""
     return 1.0 if response_text.strip().isdigit() else 0.0
+
+
+class HangWhileFlagged:
+    """Scores 1.0, but hangs (60 s) while the file named by the spec's ``rubric`` exists: a judge that hangs for
+    a while."""
+
+    def __init__(self, spec) -> None:
+        self.name = spec.name
+        self.flag = spec.rubric
+
+    def score(self, requests):
+        if self.flag and os.path.exists(self.flag):
+            time.sleep(60)
+        return [RewardScore(1.0) for _ in requests]

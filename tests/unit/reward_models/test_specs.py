@@ -18,6 +18,7 @@ def test_parses_entries_in_order_with_defaults():
     assert [s.name for s in specs] == ["fmt", "j"]
     assert specs[0] == RewardModelSpec(name="fmt", type="rule", function=RULE["function"])
     assert specs[1].weight == 2.0 and isinstance(specs[1].weight, float)
+    assert parse_reward_models([{"name": "m", "type": "rule", "function": "math"}])[0].function == "math"
     assert parse_reward_models(None) == []
     assert parse_reward_models([specs[0]]) == [specs[0]]
 

@@ -1,0 +1,97 @@
+"""The reward server in the real algorithm: the shipped tiny model on 2-digit sums, two EnvRunners, overlap on, a
+rule term (tests/plugins/reward_scorers.py's digits_rule, through the package's RuleScorer) and a "format first"
+gate graded in the server's actor pool. The composed rewards reach the trained batch, the metrics are logged, and a
+term that hangs for one iteration costs that iteration a timeout (its worker replaced), not the run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from r3_rllib import R3Config
+
+pytestmark = pytest.mark.slow
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+# The hanging term's class is imported by name in the reward workers, as a run gets a user's module from
+# PYTHONPATH (set before Ray starts).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGINS), os.environ.get("PYTHONPATH")) if p)
+sys.path.insert(0, str(PLUGINS))
+
+TIMEOUT_S = 4.0
+
+
+def _config(flag: Path) -> R3Config:
+    rule = f"{PLUGINS / 'reward_scorers.py'}:digits_rule"
+    terms = [
+        {"name": "digits", "type": "rule", "function": rule, "weight": 0.5},
+        {"name": "format", "type": "rule", "function": rule, "gate": True, "gate_reward": -1.0},
+        {"name": "slow", "type": "judge", "weight": 0.0, "scorer_class": "reward_scorers:HangWhileFlagged"}
+        | {"rubric": str(flag)},
+    ]
+    return (
+        R3Config.grpo_preset()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 200})
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .learners(num_learners=0)
+        .debugging(seed=3)
+        .training(
+            group_size=4,
+            queries_per_iteration=4,
+            max_new_tokens=4,
+            temperature=1.0,
+            micro_batch_size=32,
+            eval_interval=0,
+            overlap_generation=True,
+            reward_models=terms,
+            reward_workers=1,
+            reward_num_cpus_per_worker=0.5,
+            reward_timeout_s=TIMEOUT_S,
+        )
+    )
+
+
+def _expected(sample) -> float:
+    parts = sample.reward_parts
+    if parts["format"] < 0.5:
+        return -1.0
+    return sample.env_reward + 0.5 * parts["digits"]
+
+
+def test_composed_rewards_reach_the_batch_and_a_hanging_term_costs_a_timeout(ray_session, tmp_path):
+    flag = tmp_path / "hang"
+    algo = _config(flag).build_algo()
+    batches, update = [], algo._update_learners
+
+    def keep_batch(batch, phase=None):
+        batches.append(list(batch))
+        return update(batch, phase)
+
+    algo._update_learners = keep_batch
+    try:
+        results = [algo.train() for _ in range(2)]
+        flag.touch()  # the "slow" term hangs on the next rollout
+        results.append(algo.train())
+        flag.unlink()
+        results.append(algo.train())
+    finally:
+        algo.stop()
+    servers = [r["reward_server"] for r in results]
+    for i in (0, 1, 3):
+        assert servers[i]["failures/timeout"] == 0.0 and servers[i]["slow_mean"] == 1.0
+        assert servers[i]["wait_s"] < TIMEOUT_S
+    # 16 samples x 3 terms timed out; the iteration trained on what it had
+    assert servers[2]["failures/timeout"] == 48.0 and servers[2]["wait_s"] >= TIMEOUT_S - 0.5
+    assert all(0.0 <= s["digits_mean"] <= 1.0 and "reward_mean" in s and "grade_s" in s for s in servers)
+    trained = [s for b in batches for s in b]
+    assert trained, "no iteration trained"
+    graded = [s for s in trained if s.grade_reason is None or ":" not in s.grade_reason]
+    assert graded and all(s.reward == pytest.approx(_expected(s)) for s in graded)
+    assert {"digits", "format", "slow", "correctness"} <= set(trained[0].reward_parts)
+    timed_out = [s for s in trained if s.grade_reason == "digits:timeout"]
+    # the gate's score is 0 when it timed out: its reward
+    assert all(s.reward == -1.0 and s.reward_parts["slow"] == 0.0 for s in timed_out)
+    assert all(r["rollout"]["policy_lag"] <= 1.0 for r in results)
