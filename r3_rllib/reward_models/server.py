@@ -8,7 +8,9 @@ verdict; ``gold`` is None: the runners do not send the env's gold answer to the 
 (a group judge sees each group's requests together), over the ``reward_workers`` actors: one batch per worker per
 rollout, in order. It returns at once; with overlap_generation or streaming the runners are generating the next
 rollout while the workers grade. :meth:`RewardServer.resolve` waits for the batches until ``reward_timeout_s``
-after the submit, then composes (``r3_rllib.core.reward_composition``).
+after the submit, then composes (``r3_rllib.core.reward_composition``). The workers build their scorers (a judge
+loads its model) once, when the server starts, which waits for them: a term that cannot be built stops the run
+before training with the scorer's error. A replacement worker's start is not counted in the timeout.
 
 Failures never stop the run; each scores 0 with a reason, counted in ``reward_server/failures/<reason>``:
 
@@ -60,6 +62,9 @@ Graded = tuple[float, str | None]
 
 #: The server's own failure reasons, always in the metrics (0 when none); a scorer's own reasons appear when seen.
 FAILURE_REASONS = ("timeout", "worker_died", "scorer_error", "bad_output")
+
+#: Seconds a reward worker may take to build its scorers (a judge's model loading) before it counts as dead.
+WORKER_START_TIMEOUT_S = 1800.0
 
 #: ranking_source -> the judge's share of the ranking rewards (``Group.judge_rank_weight``).
 JUDGE_RANK_WEIGHTS = {"entropy": 0.0, "judge": 1.0, "both": 0.5}
@@ -114,6 +119,10 @@ class RewardWorker:
 
         self.names = [s.name for s in specs]
         self.scorers = [build_scorer(s) for s in specs]
+
+    def ready(self) -> bool:
+        """True once the scorers are built (the driver waits on it)."""
+        return True
 
     def grade(self, groups: Sequence[Sequence[RewardRequest]]) -> tuple[list[list[Graded]], float]:
         """(each term's grades of every request of ``groups``, flat in order; the seconds it took)."""
@@ -193,7 +202,11 @@ class RewardServer:
         self._actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker)(
             RewardWorker
         )
-        self.workers = [self._start_worker() for _ in range(max(1, int(workers)))]
+        self.workers = [self._actor_class.remote(self.specs) for _ in range(max(1, int(workers)))]
+        # Built before training: a term that cannot be built (a missing model, a bad function) stops the run here,
+        # with the scorer's own error, rather than scoring 0 every iteration.
+        ray.get([w.ready.remote() for w in self.workers], timeout=WORKER_START_TIMEOUT_S)
+        self._starting: dict[int, Any] = {}  # worker index -> ready() of a replacement still starting
 
     @classmethod
     def from_config(cls, config: Any) -> RewardServer:
@@ -209,16 +222,25 @@ class RewardServer:
             ranking_source=config.ranking_source if config.ranking else "entropy",
         )
 
-    def _start_worker(self) -> Any:
-        return self._actor_class.remote(self.specs)
-
     def _replace_worker(self, index: int) -> None:
         """Kill worker ``index`` (hung or dead) and start a fresh one in its place."""
         try:
             ray.kill(self.workers[index], no_restart=True)
         except Exception:  # already gone
             logger.debug("reward worker %d was already gone", index)
-        self.workers[index] = self._start_worker()
+        self.workers[index] = self._actor_class.remote(self.specs)
+        self._starting[index] = self.workers[index].ready.remote()
+
+    def _await_started(self, indices: Sequence[int]) -> float:
+        """Wait for the replacements among workers ``indices`` that are still building their scorers (a judge
+        loading its model is not grading time); the seconds waited. One that fails to start fails its batch
+        (``worker_died``: :meth:`_collect`)."""
+        start = time.perf_counter()
+        for i in sorted(set(indices)):
+            ref = self._starting.pop(i, None)
+            if ref is not None:
+                ray.wait([ref], timeout=WORKER_START_TIMEOUT_S)
+        return time.perf_counter() - start
 
     def submit(self, groups: Sequence[Group]) -> PendingGrades:
         """Send ``groups``' requests to the workers (one batch of whole groups per worker); no waiting."""
@@ -238,7 +260,8 @@ class RewardServer:
     def _collect(self, pending: PendingGrades) -> tuple[list[list[list[Graded]]], float]:
         """Every batch's grades, per term (failed batches filled with their reason), and the workers' seconds; a
         worker that timed out or died is replaced."""
-        deadline = pending.submitted_at + self.timeout_s
+        starting_s = self._await_started([b.worker for b in pending.batches])
+        deadline = pending.submitted_at + starting_s + self.timeout_s
         refs = [b.ref for b in pending.batches]
         ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.perf_counter()))
         out, grade_s = [], 0.0
@@ -253,11 +276,17 @@ class RewardServer:
                     grade_s += seconds
                 except ray.exceptions.RayActorError:
                     reason = "worker_died"
+                except (
+                    ray.exceptions.RayError
+                ):  # the batch's answer failed (e.g. did not pickle); the worker lives
+                    logger.exception("reward worker %d: a batch of %d requests failed", b.worker, b.size)
+                    reason = "scorer_error"
             if reason is not None:
-                logger.warning(
-                    "reward worker %d: %s on a batch of %d requests; replaced", b.worker, reason, b.size
-                )
-                self._replace_worker(b.worker)
+                if reason != "scorer_error":
+                    logger.warning(
+                        "reward worker %d: %s on a batch of %d requests; replaced", b.worker, reason, b.size
+                    )
+                    self._replace_worker(b.worker)
                 grades = [[(0.0, reason)] * b.size for _ in self.specs]
             out.append(grades)
         return out, grade_s

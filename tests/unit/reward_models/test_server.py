@@ -191,3 +191,9 @@ def test_a_group_judge_sees_whole_groups_and_its_scores_travel_for_ranking(ray_e
     assert metrics["judge_ranked_groups"] == 2.0 and metrics["failures/judge_unparsable"] == 2.0
     # weight 0: the judge only ranks, the reward stays the env's
     assert [s.reward for g in out for s in g.samples] == [0.0] * 7
+
+
+def test_a_term_that_cannot_be_built_stops_the_server_at_start_with_its_error(ray_env):
+    broken = RewardModelSpec(name="broken", type="rule", scorer_class="reward_scorers:NoSuchScorer")
+    with pytest.raises(Exception, match="NoSuchScorer"):
+        RewardServer([broken], num_cpus_per_worker=0.25)
