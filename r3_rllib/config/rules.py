@@ -396,6 +396,13 @@ def is_weight_alarm_can_fire(config: Any) -> str | None:
     return None
 
 
+def distill_settings_need_a_teacher(config: Any) -> str | None:
+    """Training on distillation alone needs a teacher: without one nothing would train."""
+    if not getattr(config, "distill_teacher", None) and getattr(config, "distill_task_reward", True) is False:
+        return "distill_task_reward=False trains on the teacher's signal alone: set distill_teacher (or leave it True)"
+    return None
+
+
 def reward_models_are_terms(config: Any) -> str | None:
     """Every entry of reward_models is a reward term (reward_models/specs.py names the entry and the field)."""
     entries = getattr(config, "reward_models", None)
@@ -467,6 +474,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     is_weight_alarm_can_fire,
     reward_models_are_terms,
     ranking_source_has_a_judge,
+    distill_settings_need_a_teacher,
 )
 
 

@@ -16,6 +16,7 @@ import os
 
 from r3_rllib.config.field import Rule, setting
 from r3_rllib.core.advantages import ADVANTAGE_FNS
+from r3_rllib.core.distill import DISTILL_MODES
 from r3_rllib.core.hgpo import HGPO_BASE_STATS, HGPO_MODES, HGPO_SETTINGS
 from r3_rllib.core.losses import (
     AGG_MODES,
@@ -474,6 +475,33 @@ class R3Settings:
     in stage B, replayed samples included)."""
     rollout_head_eval_with_head: bool = False
     """R^2PO: held-out evaluation samples with the head on (False: the base policy, what is exported and served)."""
+
+    # --- on-policy distillation (r3_rllib/distill, core/distill.py) -------------------------------------------
+    distill_teacher: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
+    """On-policy distillation's teacher: a model folder, a named model or a hub name (None: no distillation). Its
+    own actors (distill_workers) score every response token the policy sampled, at the rollout temperature, while
+    the runners generate; its tokenizer must have the policy's vocabulary (the same token ids), else the run is
+    refused before training, naming both models and the first token that differs."""
+    distill_mode: str = setting("advantage", choices=DISTILL_MODES)
+    """'advantage' (tinker-cookbook's recipe): distill_coef * (teacher - sampler log-prob) of each token is a dense
+    per-token advantage, trained with an importance-sampling loss beside the task's policy loss; 'loss': a loss term
+    distill_coef * mean of 0.5 * (log pi - log teacher)^2 over the tokens (k2: its on-policy gradient is the reverse
+    KL's). Both aggregated with loss_agg_mode (r3_rllib/core/distill.py)."""
+    distill_coef: float = setting(1.0, range="> 0", finite=True)
+    """Weight of the distillation term (tinker-cookbook's kl_penalty_coef; 1.0 there too). > 0."""
+    distill_task_reward: bool = True
+    """Train on the task reward's advantages as well (True); False: on the teacher's signal alone (the task
+    advantages are zeroed; every group with teacher log-probs is trained, whatever its rewards)."""
+    distill_workers: int = setting(1, range=">= 1", integer=True)
+    """Ray actors serving the teacher (each holds a copy; a rollout's samples are split among them)."""
+    distill_num_cpus_per_worker: float = setting(1.0, range=">= 0", finite=True)
+    """CPUs Ray reserves for each teacher actor (its torch threads on CPU: at least 1)."""
+    distill_num_gpus_per_worker: float = setting(0.0, range=">= 0", finite=True)
+    """GPUs Ray reserves for each teacher actor (> 0: the teacher runs on CUDA under bf16 autocast; 0: fp32 on CPU)."""
+    distill_timeout_s: float = setting(300.0, range="> 0", finite=True)
+    """Seconds the driver waits for the teacher's answer on one rollout. Samples whose answer failed (an actor
+    error) or is late get no teacher log-probs, hence no distillation term (counted in distill/unscored_samples and
+    distill/errors); the run goes on. The late actor is restarted."""
 
     # --- console (algorithms/r3/progress.py) -----------------------------------------------------------------
     progress: bool = True

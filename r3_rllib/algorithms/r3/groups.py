@@ -225,7 +225,7 @@ def assemble_training_batch(
         if not g.is_reflection:
             zero_after.append(degenerate)
         if degenerate:
-            if not settings.keep_zero_advantage:
+            if not (settings.keep_zero_advantage or _distilled(members)):
                 continue
             kept_zero += len(members)
         batch.extend(
@@ -246,6 +246,12 @@ def assemble_training_batch(
     metrics["unranked_zero_groups"] = float(sum(zero_after))  # the deferred ones are counted after the update
     metrics["unranked_fresh_groups"] = float(len(zero_after))
     return batch, metrics, deferred
+
+
+def _distilled(members: Sequence[Sample]) -> bool:
+    """Whether a sample of the group has teacher log-probs (on-policy distillation): its tokens then carry the
+    teacher's signal even where the task's advantages are all zero, so the group is kept in the batch."""
+    return any(s.teacher_logprobs is not None for s in members)
 
 
 def _fetch_replayed(

@@ -45,6 +45,7 @@ from r3_rllib.algorithms.r3.distributed import (
     metrics_as_floats,
     shard_policy,
 )
+from r3_rllib.algorithms.r3.learner_distill import DistillTerm
 from r3_rllib.algorithms.r3.learner_kl import KLReference, RowCache, agg_count, kl_weight_ratio
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingUpdate, score_entropies
@@ -129,6 +130,7 @@ class R3Learner(TorchLearner):
             self._method, self.config, self._lora, self._dtype, self._device, self._score
         )
         self._proximal_rows = ProximalRows()  # what the sample records read (learner_rows.py)
+        self._distill = DistillTerm(self.config)  # the teacher's term (learner_distill.py)
         self._ranked = DeferredRankingUpdate(
             self.config, rank=self._rank, world=self._world, device=self._device
         )
@@ -227,6 +229,7 @@ class R3Learner(TorchLearner):
         metrics["nonfinite_grad_steps"] = float(sum(not np.isfinite(g) for g in grad_norms))
         ranking = self._ranked.result()
         metrics = self._finish_update(metrics, trained_tokens, time.perf_counter() - t0)
+        metrics |= self._distill.update_metrics(batch)
         return metrics if ranking is None else metrics | {RANKING_RESULT: ranking}
 
     def _start_update(self, batch: TrainingBatch, phase: TrainingPhase) -> None:
@@ -409,7 +412,7 @@ class R3Learner(TorchLearner):
             logp,
             old,
             packed["behavior_logprobs"],
-            self._ranked.row_advantages(packed, idx, real),
+            self._distill.task_advantages(self._ranked.row_advantages(packed, idx, real)),
             mask,
             policy_loss=cfg.policy_loss,
             loss_params=step.loss_params,
@@ -422,6 +425,7 @@ class R3Learner(TorchLearner):
             norm_len=cfg.max_new_tokens,
         )
         metrics["kl"] = metrics["kl"] * ratio  # the micro-batches' weighted sum is then the minibatch's KL
+        loss = self._distill.add(loss, metrics, packed, logp)  # the teacher's term (learner_distill.py)
         # Counted on the host from the batch's lengths (the mask's sum): no device sync before the backward.
         tokens = int(batch.trained_tokens[idx].sum())
         # The objective divides by the micro-batch's own count (of kept tokens: `share` of it); rescale to the
