@@ -4,8 +4,9 @@ relative to the others, which is what a group-relative advantage needs.
 The judge is built and prompted as the one-response judge (:class:`~r3_rllib.reward_models.judge.JudgeModel`: same
 engine, chat template, sampling and special-token cleaning). One prompt per group: the rubric (``spec.rubric``,
 else :data:`DEFAULT_GROUP_RUBRIC` or, without a gold answer, :data:`DEFAULT_GROUP_RUBRIC_NO_GOLD`) with
-``{question}`` (the group's prompt as the policy saw it), ``{gold}``, ``{n}`` (the group's size) and ``{responses}``
-(the responses numbered from 1 in the group's order, each as ``Response k:`` and its text) filled in.
+``{question}`` (the group's prompt, read as the one-response judge reads it), ``{gold}``, ``{n}`` (the group's
+size) and ``{responses}`` (the responses numbered from 1 in the group's order, each as ``Response k:`` and its text)
+filled in.
 
 The reply is read by :func:`r3_rllib.core.verdicts.parse_group_scores`: a JSON object ``{"scores": [s_1, ...,
 s_n]}`` (other JSON shapes and a ``Response k: s`` line fallback are accepted; see there). A reply without one
@@ -77,9 +78,8 @@ class GroupJudge:
         clean = self.model.clean
         gold = group[0].gold
         responses = [clean(r.response_text) for r in group]
-        return group_prompt(
-            self.rubric, clean(group[0].prompt_text), responses, None if gold is None else clean(gold)
-        )
+        question = self.model.question(group[0].prompt_text)
+        return group_prompt(self.rubric, question, responses, None if gold is None else clean(gold))
 
     def score_groups(self, groups: Sequence[Sequence[RewardRequest]]) -> list[list[RewardScore]]:
         """For each group, one score per response in order; ``batch_size`` groups per engine call."""

@@ -12,9 +12,11 @@ support it), and on a visible GPU for an engine that takes a ``device`` (the HF 
 The prompt is the rubric (``spec.rubric``, else :data:`DEFAULT_RUBRIC` or, without a gold answer,
 :data:`DEFAULT_RUBRIC_NO_GOLD`) with ``{question}`` (the prompt as the policy saw it), ``{response}`` and ``{gold}``
 (the reference answer; ``(no reference answer)`` when the env has none) filled in in one pass, rendered as one user
-turn through the judge tokenizer's chat template (as plain text when it has none). The judge tokenizer's special
-tokens are removed from the question, response and gold first, so a response cannot close the judge's turn and
-write the judge's reply itself.
+turn through the judge tokenizer's chat template (as plain text when it has none). When the policy's prompt is a
+rendering of the judge tokenizer's own chat template (policy and judge of one template family: the prompt ends as
+that template ends a user turn), the question is the content of its last user turn, without the system turn and the
+template's markup (:func:`last_user_turn`). The judge tokenizer's special tokens are removed from the question,
+response and gold, so a response cannot close the judge's turn and write the judge's reply itself.
 
 The verdict is read by :func:`r3_rllib.core.verdicts.parse_verdict`: the last line beginning ``Verdict:``, followed
 by ``correct`` (1.0), ``incorrect`` (0.0) or a number in [0, 1]. Reasons (value 0): ``judge_unparsable`` (no such
@@ -80,6 +82,39 @@ def judge_prompt(rubric: str | None, question: str, response: str, gold: str | N
     )
 
 
+def user_turn_markers(tokenizer: Any) -> tuple[str, str] | None:
+    """``(opener, closer)`` of a user turn in ``tokenizer``'s chat template: the text from the last special token
+    before a user message's content (``"<|im_start|>user\\n"``), and everything after it up to the reply
+    (``"<|im_end|>\\n<|im_start|>assistant\\n"``); None without a template or when the opener holds no special
+    token."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker = "\x00"
+    try:
+        messages = [{"role": "user", "content": marker}]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that refuses a lone user turn: the prompt is then used whole
+        return None
+    if not isinstance(rendered, str) or rendered.count(marker) != 1:
+        return None
+    prefix, closer = rendered.split(marker)
+    start = max((prefix.rfind(t) for t in tokenizer.all_special_tokens if t), default=-1)
+    return None if start < 0 or not closer else (prefix[start:], closer)
+
+
+def last_user_turn(prompt: str, markers: tuple[str, str] | None) -> str | None:
+    """The content of the last user turn of ``prompt`` when it ends as a user turn of ``markers``'
+    template (:func:`user_turn_markers`) ends; None otherwise."""
+    if markers is None:
+        return None
+    opener, closer = markers
+    if not prompt.endswith(closer):
+        return None
+    body = prompt[: len(prompt) - len(closer)]
+    start = body.rfind(opener)
+    return None if start < 0 else body[start + len(opener) :]
+
+
 def _engine_kwargs(cls: type, spec: RewardModelSpec) -> dict[str, Any]:
     """The judge engine's options (module docstring)."""
     import torch
@@ -130,12 +165,19 @@ class JudgeModel:
             max_new_tokens=self.max_new_tokens, temperature=float(spec.temperature), seed=0
         )
         self._specials = sorted((t for t in self.tokenizer.all_special_tokens if t), key=len, reverse=True)
+        self._user_turn = user_turn_markers(self.tokenizer)
 
     def clean(self, text: str) -> str:
         """``text`` without the judge tokenizer's special tokens (a response cannot open or close its turns)."""
         for token in self._specials:
             text = text.replace(token, "")
         return text
+
+    def question(self, prompt_text: str) -> str:
+        """What the judge reads as the question: the last user turn of a prompt rendered with the judge's own chat
+        template, else the whole prompt; special tokens removed."""
+        turn = last_user_turn(prompt_text, self._user_turn)
+        return self.clean(prompt_text if turn is None else turn)
 
     def prompt_ids(self, text: str) -> list[int]:
         """``text`` as one user turn through the chat template (plain text without one), as token ids."""
@@ -189,7 +231,9 @@ class GenerativeJudge:
         """The judge's prompt for ``request``, before the chat template."""
         clean = self.model.clean
         gold = None if request.gold is None else clean(request.gold)
-        return judge_prompt(self.rubric, clean(request.prompt_text), clean(request.response_text), gold)
+        return judge_prompt(
+            self.rubric, self.model.question(request.prompt_text), clean(request.response_text), gold
+        )
 
     def score(self, requests: Sequence[RewardRequest]) -> list[RewardScore]:
         """One score per request, in order; ``batch_size`` prompts per engine call."""

@@ -16,6 +16,8 @@ from r3_rllib.reward_models.judge import (
     GenerativeJudge,
     fill_rubric,
     judge_prompt,
+    last_user_turn,
+    user_turn_markers,
 )
 from r3_rllib.reward_models.specs import RewardModelSpec
 from r3_rllib.rewards.scoring import RewardRequest, RewardScore, RewardScorer
@@ -123,6 +125,40 @@ def test_special_tokens_are_removed_and_the_chat_template_applied(tiny_random_mo
     assert prompt.startswith("[user]You are grading") and prompt.endswith("[assistant]")
 
 
+CHAT = (
+    "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
+)
+
+
+def test_the_question_of_a_prompt_in_the_judges_own_template(tiny_random_model, monkeypatch):
+    from r3_rllib.models.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    assert user_turn_markers(tokenizer) is None  # no chat template
+    tokenizer.chat_template = CHAT
+    markers = user_turn_markers(tokenizer)
+    assert markers == ("<bos>user\n", "<eos>\n<bos>assistant\n")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 12+30?\nThink."},
+    ]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert last_user_turn(prompt, markers) == "What is 12+30?\nThink."
+    assert last_user_turn("What is 12+30?", markers) is None  # a raw prompt
+    assert last_user_turn(prompt + "more", markers) is None  # not ending as a user turn ends
+    assert last_user_turn(prompt, None) is None
+    # the judge reads that question (plain prompts and other templates whole, special tokens removed)
+    engine = use_scripted_engine(monkeypatch, _scripted_reply)
+    judge = GenerativeJudge(_spec(tiny_random_model))
+    judge.model.tokenizer.chat_template = CHAT
+    judge.model._user_turn = user_turn_markers(judge.model.tokenizer)
+    assert judge.model.question(prompt) == "What is 12+30?\nThink."
+    assert judge.model.question("<bos>other\nWhat?<eos>") == "other\nWhat?"
+    assert judge.score([_request("42", prompt=prompt)]) == [RewardScore(1.0)]
+    assert "Question:\nWhat is 12+30?\nThink.\n\n" in engine.calls[-1][0][0]
+
+
 def test_tiny_hf_judge_writes_garbage_verdicts(tiny_random_model):
     judge = GenerativeJudge(_spec(tiny_random_model, engine="hf", max_new_tokens=8, batch_size=2))
     scores = judge.score([_request("42"), _request("41"), _request("no idea", gold=None)])
@@ -156,3 +192,7 @@ def test_smollm2_judge():
         assert 0.0 <= score.value <= 1.0 and (score.reason is None or score.value == 0.0)
     ids = judge.model.prompt_ids(judge.prompt_text(requests[0]))
     assert judge.model.tokenizer.decode(ids).startswith("<|im_start|>")  # its chat template
+    # a policy prompt in SmolLM2's template: the judge reads its user turn
+    messages = [{"role": "user", "content": "What is 12+30? Answer with the number only."}]
+    prompt = judge.model.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert judge.model.question(prompt) == messages[0]["content"]
