@@ -13,6 +13,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+# OpenMP threads that wait at a barrier sleep instead of spinning. Every process the tests start inherits it (Ray's
+# workers, `r3` subprocesses; OpenMP reads it when torch loads, after this line). Tests share 2 cores with other
+# test processes (scripts/test.sh runs three side by side) and a learner or engine with 2 torch threads spins on
+# cores the others need: measured here (load ~5 from other jobs), 6 forward+backward steps of the tiny model with 2
+# threads took 5.3 s of CPU with PASSIVE against 14.6-16.8 s spinning (wall 8-11 s against 18-41 s). The results
+# are the same bits: the policy changes how an idle thread waits, not what any thread computes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from numeric import TORCH_THREADS  # noqa: E402  (tests/ is on sys.path: this conftest's folder)
 from repo_paths import SHARED_DATA  # noqa: E402
