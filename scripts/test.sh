@@ -31,6 +31,9 @@ e2e_long=(
   tests/e2e/test_hgpo_training.py tests/e2e/test_gridworld_warm_start.py tests/e2e/test_cli_train.py
   tests/e2e/test_fault_tolerance.py tests/e2e/test_examples.py tests/e2e/test_startup_errors.py
   tests/e2e/test_smollm2.py tests/e2e/test_overlap.py tests/e2e/test_r3_integration.py tests/e2e/test_r2po_vllm.py
+  # Moved here once OpenMP's threads stopped spinning (OMP_WAIT_POLICY, tests/conftest.py) halved HGPO's learning
+  # test: two learner actors (~1 min) and two `ray start` nodes (~1 min), from the other two processes.
+  tests/e2e/test_plugins.py tests/e2e/test_cluster.py
 )
 # Byte-compile, once and in one process, what every test process and Ray actor imports (RLlib, Tune, pandas,
 # PEFT, vLLM, r3_rllib): setup.sh installs with --no-compile, and processes that start together would each compile
@@ -44,7 +47,6 @@ r3_rllib.engines.vllm_engine, r3_rllib.replay.actor; from vllm import LLM, Sampl
 e2e_faults=(
   tests/e2e/test_chaos.py tests/e2e/test_faults.py tests/e2e/test_checkpoint_integrity.py
   tests/e2e/test_ray_security.py tests/e2e/test_distributed_and_checkpoint.py
-  tests/e2e/test_plugins.py   # two learner actors (~2 min): here, the process that finishes first
   tests/e2e/test_engine_plugin.py   # an engine from a package installed in the test, its own Ray (~50 s)
   tests/e2e/test_agent_training.py tests/e2e/test_agent_training_vllm.py   # agents through the gateway (~2 min)
   tests/e2e/test_agent_async.py   # agents with overlap, streaming and partial rollouts (~50 s)
