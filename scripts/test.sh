@@ -51,6 +51,7 @@ e2e_faults=(
   tests/e2e/test_agent_training.py tests/e2e/test_agent_training_vllm.py   # agents through the gateway (~2 min)
   tests/e2e/test_agent_async.py   # agents with overlap, streaming and partial rollouts (~50 s)
   tests/e2e/test_reward_server.py   # reward terms graded in the reward server's actors, a hanging term (~35 s)
+  tests/e2e/test_distillation.py   # on-policy distillation: the teacher's actors, overlap, a LoRA student (~60 s)
 )
 unit_log="$(mktemp)"
 long_log="$(mktemp)"
