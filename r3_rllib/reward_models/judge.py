@@ -161,8 +161,10 @@ class JudgeModel:
         #: Prompt plus reply tokens the engine serves (None: no known limit).
         self.max_tokens = positions if budget is None else derive_max_model_len(budget, positions)
         self.max_new_tokens = int(spec.max_new_tokens)
+        # Greedy needs no seed; sampling is seeded so that reruns agree.
+        seed = 0 if spec.temperature > 0 else None
         self.params = SamplingParams(
-            max_new_tokens=self.max_new_tokens, temperature=float(spec.temperature), seed=0
+            max_new_tokens=self.max_new_tokens, temperature=float(spec.temperature), seed=seed
         )
         self._specials = sorted((t for t in self.tokenizer.all_special_tokens if t), key=len, reverse=True)
         self._user_turn = user_turn_markers(self.tokenizer)
