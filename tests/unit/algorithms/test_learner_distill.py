@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from numeric import TORCH_THREADS
+from numeric import TORCH_THREADS, f32_tol
 from random_samples import random_samples
 
 from r3_rllib import R3Config
@@ -158,7 +158,9 @@ def test_a_learner_distills_toward_the_teacher(tiny_random_model, tiny_teacher, 
     before = _distance(learner, batch)
     metrics = learner.update_from_samples(batch, seed=0)
     # The reverse KL estimate: the sampler's log-probs minus the teacher's, over every trained token.
-    assert metrics["distill_reverse_kl"] == pytest.approx(float(gaps.mean()), rel=1e-5)
+    # float32 sums of the same numbers in another order: a few ulps of the sum of their magnitudes.
+    tolerance = f32_tol(float(np.abs(gaps).sum()), 4)
+    assert metrics["distill_reverse_kl"] == pytest.approx(float(gaps.mean()), rel=0, abs=tolerance)
     assert metrics["distill_teacher_tokens"] == batch.trained_tokens.sum()
     assert _distance(learner, batch) < 0.5 * before
 
