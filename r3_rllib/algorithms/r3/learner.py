@@ -12,8 +12,9 @@ This module holds the update loop; the pieces it drives live beside it: the RLMo
 (`rl_module.py`), scoring (`r3_rllib.core.logprobs`), micro-batch planning (`r3_rllib.core.batching`), memory
 diagnostics (`learner_memory.py`), collectives (`distributed.py`), and objects the learner holds: the KL term's
 reference model (`learner_kl.py`, `KLReference`), the proximal log-probs kept for the sample records
-(`learner_rows.py`, `ProximalRows`), each update's deferred ranking (`learner_ranking.py`, `DeferredRankingUpdate`)
-and the policy's weights, export and DCP checkpoints (`learner_state.py`, `PolicyState`, held as `policy_state`).
+(`learner_rows.py`, `ProximalRows`), each update's deferred ranking (`learner_ranking.py`, `DeferredRankingUpdate`),
+the on-policy distillation term (`learner_distill.py`, `DistillTerm`) and the policy's weights, export and DCP
+checkpoints (`learner_state.py`, `PolicyState`, held as `policy_state`).
 
 What a training method changes (`r3_rllib.core.method`) reaches the update through two objects: the method's
 `LearnerExtras`, built once (optimizer parameter groups, scoring arguments, extra metrics), and the `TrainingPhase`

@@ -174,3 +174,20 @@ def test_both_modes_take_the_same_first_step_on_policy(tiny_random_model, tiny_t
         for mode in ("loss", "advantage")
     ]
     assert norms[0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-4)
+
+
+def test_zero_advantage_groups_with_teacher_log_probs_stay_in_the_batch():
+    """A group whose rewards are all equal carries no task gradient and leaves the batch, unless the teacher scored
+    its samples: their tokens then carry the teacher's signal (groups.py)."""
+    from r3_rllib.algorithms.r3.groups import build_training_batch
+    from r3_rllib.core.iteration import IterationSettings
+    from r3_rllib.types.samples import Group
+
+    plain = random_samples(4, 0, min_response_len=2)
+    plain = [dataclasses.replace(s, reward=0.0, correct=False) for s in plain]
+    scored = [dataclasses.replace(s, teacher_logprobs=np.full(len(s.response_ids), -1.0)) for s in plain]
+    groups = [Group("plain", plain[:2]), Group("scored", scored[2:])]
+    batch, metrics = build_training_batch(groups, IterationSettings())
+    assert [s.query_id for s in batch] == [s.query_id for s in scored[2:]]
+    assert all(s.advantage == 0.0 and s.teacher_logprobs is not None for s in batch)
+    assert metrics["zero_adv_frac"] == 1.0 and metrics["train_zero_adv_samples"] == 2
