@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from r3_rllib.core.reward_composition import Term, compose_reward, term_value
 from r3_rllib.reward_models.specs import RewardModelSpec, parse_reward_models
@@ -109,6 +110,28 @@ def grade_term(scorer: Any, name: str, groups: Sequence[Sequence[RewardRequest]]
     except Exception:
         logger.exception("reward term %r raised on a batch of %d requests", name, sum(sizes))
         return [(0.0, "scorer_error")] * sum(sizes)
+
+
+def wait_until_started(refs: Sequence[Any], num_cpus: float, num_gpus: float) -> None:
+    """Wait for the workers' ``ready()`` answers (re-raising a worker's start error), saying every 30 s what they
+    wait for (a worker Ray cannot place waits silently for resources); a RuntimeError after
+    ``WORKER_START_TIMEOUT_S``."""
+    start = time.perf_counter()
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=30.0)
+        ray.get(done)
+        waited = time.perf_counter() - start
+        if not pending:
+            return
+        message = (
+            f"{len(pending)} reward worker(s) not started after {waited:.0f} s: building their scorers, or waiting "
+            f"for {num_cpus} CPU / {num_gpus} GPU each (reward_num_cpus_per_worker / reward_num_gpus_per_worker; "
+            f"free now: {ray.available_resources()})"
+        )
+        if waited >= WORKER_START_TIMEOUT_S:
+            raise RuntimeError(message)
+        logger.warning(message)
 
 
 class RewardWorker:
@@ -199,13 +222,17 @@ class RewardServer:
         self.judge_rank_weight = JUDGE_RANK_WEIGHTS[ranking_source]
         judges = [i for i, s in enumerate(self.specs) if s.type == "group_judge"]
         self.ranking_term = judges[0] if judges and self.judge_rank_weight > 0 else None
-        self._actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker)(
-            RewardWorker
-        )
+        # Outside the placement group of a Tune trial, which would capture the workers: its bundles hold the
+        # runners and learners only, and an actor asking for more than they cover waits forever.
+        self._actor_class = ray.remote(
+            num_cpus=num_cpus_per_worker,
+            num_gpus=num_gpus_per_worker,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None),
+        )(RewardWorker)
         self.workers = [self._actor_class.remote(self.specs) for _ in range(max(1, int(workers)))]
         # Built before training: a term that cannot be built (a missing model, a bad function) stops the run here,
         # with the scorer's own error, rather than scoring 0 every iteration.
-        ray.get([w.ready.remote() for w in self.workers], timeout=WORKER_START_TIMEOUT_S)
+        wait_until_started([w.ready.remote() for w in self.workers], num_cpus_per_worker, num_gpus_per_worker)
         self._starting: dict[int, Any] = {}  # worker index -> ready() of a replacement still starting
 
     @classmethod
