@@ -197,10 +197,7 @@ def assemble_training_batch(
     if settings.replay and fetch_replay is not None:
         replayed = _fetch_replayed(groups, fresh, settings.replay_k, fetch_replay, metrics)
     ranked: dict[int, np.ndarray] = {}  # id(group) -> its fresh samples' ranking rewards
-    # A group the judge ranks is ranked here: the learner ranks by its entropies alone.
-    later = {
-        id(g) for g in groups if settings.ranking and defer_ranking and rankable(g) and g.judge_scores is None
-    }
+    later = _left_to_learner(groups, settings) if defer_ranking else set()
     if settings.ranking:
         for g in groups:
             if rankable(g) and id(g) not in later:
@@ -252,6 +249,12 @@ def _distilled(members: Sequence[Sample]) -> bool:
     """Whether a sample of the group has teacher log-probs (on-policy distillation): its tokens then carry the
     teacher's signal even where the task's advantages are all zero, so the group is kept in the batch."""
     return any(s.teacher_logprobs is not None for s in members)
+
+
+def _left_to_learner(groups: Sequence[Group], settings: IterationSettings) -> set[int]:
+    """``id``s of the groups the learner ranks when ranking is deferred: the rankable ones no judge ranked (a
+    group judge's ranking is applied here; the learner ranks by its entropies alone)."""
+    return {id(g) for g in groups if settings.ranking and rankable(g) and g.judge_scores is None}
 
 
 def _fetch_replayed(
