@@ -199,7 +199,7 @@ def _check_schedule(spec) -> bool:
     from r3_rllib.warmstart import build_named_models
 
     try:
-        build_named_models([config.model_path, config.tokenizer_path])  # a name resolves only once built
+        build_named_models(config.model_paths)  # a name resolves only once built
         size = len(build_env(config.env, dict(config.env_config), load_policy_tokenizer(config)))
     except Exception as e:  # the runners will report it with their own error; here it only skips the check
         print(f"r3 train: R^3 schedule not checked here (data size unknown: {e})", file=sys.stderr)

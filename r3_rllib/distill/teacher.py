@@ -30,6 +30,7 @@ import numpy as np
 import ray
 import torch
 
+from r3_rllib.actor_start import remote_outside_trial, wait_until_started
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.models.hub import policy_path
 from r3_rllib.models.tiny import load_tokenizer
@@ -103,6 +104,10 @@ class TeacherScorer:
         self.micro_batch_size = max(1, int(micro_batch_size))
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
 
+    def ready(self) -> bool:
+        """True once the teacher is loaded (the stage waits for it before training)."""
+        return True
+
     @torch.no_grad()
     def score(self, rows: Sequence[Row]) -> list[np.ndarray]:
         """Per row, the teacher's log-prob of each response token (float32; NaN on a token the policy did not
@@ -147,9 +152,19 @@ class TeacherStage:
         self, scorer_args: dict[str, Any], *, workers: int, options: dict[str, Any], timeout_s: float
     ):
         self._args = scorer_args
-        self._options = options
+        self._actor_class = remote_outside_trial(TeacherScorer, **options)
         self._timeout_s = float(timeout_s)
         self._actors = [self._start_actor() for _ in range(int(workers))]
+        # Loaded before training: a teacher that cannot be loaded, or actors Ray cannot place, stop the run here
+        # with what they wait for, rather than leaving every rollout unscored after distill_timeout_s.
+        wait_until_started(
+            [a.ready.remote() for a in self._actors],
+            what="distillation teacher worker(s)",
+            asks=(
+                f"{options['num_cpus']} CPU / {options['num_gpus']} GPU "
+                "(distill_num_cpus_per_worker / distill_num_gpus_per_worker)"
+            ),
+        )
 
     @classmethod
     def from_config(cls, config: Any) -> TeacherStage:
@@ -168,7 +183,7 @@ class TeacherStage:
         return cls(args, workers=config.distill_workers, options=options, timeout_s=config.distill_timeout_s)
 
     def _start_actor(self) -> Any:
-        return ray.remote(TeacherScorer).options(**self._options).remote(**self._args)
+        return self._actor_class.remote(**self._args)
 
     def submit(self, groups: Sequence[Group]) -> _Pending:
         """Send the groups' samples to the actors (contiguous shares, one call each) without waiting."""
@@ -241,7 +256,7 @@ def _with_teacher(group: Group, g: int, found: dict[tuple[int, int], np.ndarray]
 
 def _metrics(groups: Sequence[Group], counts: dict[str, float]) -> dict[str, float]:
     """The stage's metrics: samples scored and not, failed parts, and the reverse KL estimate (mean over the scored
-    sampled tokens of the sampler's log-prob minus the teacher's)."""
+    sampled tokens of the sampler's log-prob minus the teacher's; 0 when none was scored: see ``scored_tokens``)."""
     samples = [s for g in groups for s in g.samples]
     scored = [s for s in samples if s.teacher_logprobs is not None]
     diffs = [
@@ -254,6 +269,6 @@ def _metrics(groups: Sequence[Group], counts: dict[str, float]) -> dict[str, flo
         "scored_samples": float(len(scored)),
         "unscored_samples": float(len(samples) - len(scored)),
         "scored_tokens": float(flat.size),
-        "reverse_kl": float(flat.mean()) if flat.size else float("nan"),
+        "reverse_kl": float(flat.mean()) if flat.size else 0.0,
         **counts,
     }

@@ -26,7 +26,8 @@ LAYERS: list[set[str]] = [
         "models",
         "tools",
     },  # graders; tokenizer, tiny model, named models (a name never trains); sandbox
-    {"envs", "replay", "engines"},  # text envs; replay buffer and actor; generation engines
+    # text envs; replay buffer and actor; generation engines; starting the driver's helper actors
+    {"envs", "replay", "engines", "actor_start"},
     # the OpenAI-compatible rollout gateway in front of an engine; reward models, judges and their Ray actor pool;
     # the on-policy distillation teacher's actors
     {"gateway", "reward_models", "distill"},

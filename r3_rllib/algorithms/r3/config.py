@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -310,6 +310,16 @@ class R3Config(AlgorithmConfig):
         source = self.ranking_entropy_source
         exact = engine_capabilities(self.engine).exact_entropies
         return source == "learner" or (source == "auto" and not exact)
+
+    @property
+    def model_paths(self) -> list[Any]:
+        """Every model the run loads (policy, tokenizer, distillation teacher, the reward terms' models; None where
+        unset): the driver builds the named ones among them before anything loads them."""
+        terms = [
+            entry.get("model") if isinstance(entry, Mapping) else getattr(entry, "model", None)
+            for entry in self.reward_models or ()
+        ]
+        return [self.model_path, self.tokenizer_path, self.distill_teacher, *terms]
 
     @property
     def needs_replay_actor(self) -> bool:

@@ -70,7 +70,9 @@ class R3(R3Console, Algorithm):
     # -- setup ----------------------------------------------------------------------------------------------------
     @override(Algorithm)
     def setup(self, config: R3Config) -> None:
-        _build_named_models(config)
+        from r3_rllib.warmstart import build_named_models
+
+        build_named_models(config.model_paths)  # runners, learners and stages only resolve a name once built
         try:
             with r3_env_runner_group():  # the runners get the config by value (runner_group.py)
                 super().setup(config)
@@ -454,21 +456,17 @@ class R3(R3Console, Algorithm):
         """The replay actor's metrics (size, bytes, hits, misses, evictions); empty without one."""
         return self._replay.client.metrics() if self._replay is not None else {}
 
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        try:  # the reward server's and the teacher's actors (none when setup stopped before them)
+            for stage in getattr(getattr(self, "coordinator", None), "stages", ()):
+                stage.stop()
+        finally:
+            super().cleanup()
+
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
         return _all_results(self.learner_group.foreach_learner(fn))
-
-
-def _build_named_models(config: R3Config) -> None:
-    """Build a named model (``model_path: gridworld-tiny-sft``, ``smollm2-135m``) in the driver before the runners
-    and learners start: they only resolve a name to its cached folder (``models.hub``), and a name whose folder is
-    not built yet is an error there."""
-    from r3_rllib.models.hub import named_models
-    from r3_rllib.warmstart.named import build_model_path
-
-    for path in {config.model_path, config.tokenizer_path}:
-        if isinstance(path, str) and path in named_models():
-            build_model_path(path)
 
 
 def _env_size(env) -> int | None:

@@ -4,6 +4,8 @@ first differing token, and the stage survives an actor that fails or is late (Ra
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -121,12 +123,26 @@ def test_stage_attaches_log_probs_and_survives_failures_and_timeouts(ray_session
         assert all(s.teacher_logprobs is None for g in out for s in g.samples)
     finally:
         stage.stop()
-    # An actor that cannot load its model raises on every call: counted as errors, never a dead run.
-    broken = TeacherStage(
-        {**args, "path": "/nonexistent/teacher"}, workers=1, options=options, timeout_s=60.0
-    )
+    # A teacher that cannot be loaded stops the run at start with its own error (not an unscored run).
+    with pytest.raises(Exception, match="nonexistent"):
+        TeacherStage({**args, "path": "/nonexistent/teacher"}, workers=1, options=options, timeout_s=60.0)
+
+
+@pytest.mark.slow
+def test_a_call_that_raises_leaves_its_samples_unscored(ray_session, tiny_random_model):
+    """Token ids past the teacher's vocabulary make its forward raise: counted as an error, the actor replaced,
+    the next rollout scored."""
+    args = {"path": tiny_random_model, "temperature": 1.0, "micro_batch_size": 4}
+    stage = TeacherStage(args, workers=1, options={"num_cpus": 0.5, "num_gpus": 0.0}, timeout_s=60.0)
+    groups = _groups()
+    bad = [
+        dataclasses.replace(g, samples=[dataclasses.replace(s, prompt_ids=[10**6]) for s in g.samples])
+        for g in groups
+    ]
     try:
-        out, metrics = broken.resolve(broken.submit(groups), groups)
-        assert metrics["errors"] == 1 and metrics["unscored_samples"] == 4
+        out, metrics = stage.resolve(stage.submit(bad), bad)
+        assert metrics["errors"] == 1 and metrics["unscored_samples"] == 4 and metrics["reverse_kl"] == 0.0
+        out, metrics = stage.resolve(stage.submit(groups), groups)
+        assert metrics["errors"] == 0 and metrics["scored_samples"] == 4
     finally:
-        broken.stop()
+        stage.stop()
