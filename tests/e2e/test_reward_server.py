@@ -78,6 +78,10 @@ def test_composed_rewards_reach_the_batch_and_a_hanging_term_costs_a_timeout(ray
         flag.unlink()
         results.append(algo.train())
     finally:
+        for (
+            stage
+        ) in algo.coordinator.stages:  # the reward workers freed here, whatever the algorithm's stop does
+            stage.stop()
         algo.stop()
     servers = [r["reward_server"] for r in results]
     for i in (0, 1, 3):

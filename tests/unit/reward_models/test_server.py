@@ -111,6 +111,7 @@ def ray_env(ray_session):
     return ray_session
 
 
+@pytest.mark.slow  # a Ray actor pool (~5-10 s)
 def test_composes_scores_into_the_samples_in_order_across_workers(ray_env):
     server = RewardServer([LENGTH, GATE], env_reward_weight=2.0, workers=3, num_cpus_per_worker=0.25)
     try:
@@ -137,6 +138,7 @@ def test_composes_scores_into_the_samples_in_order_across_workers(ray_env):
     assert metrics["reward_mean"] == pytest.approx(np.mean([s.reward for g in out for s in g.samples]))
 
 
+@pytest.mark.slow  # a Ray actor pool (~5-10 s)
 def test_a_hanging_scorer_costs_a_timeout_and_a_fresh_worker_grades_the_next_batch(ray_env):
     server = RewardServer([LENGTH], workers=1, timeout_s=3.0, num_cpus_per_worker=0.25)
     try:
@@ -154,6 +156,7 @@ def test_a_hanging_scorer_costs_a_timeout_and_a_fresh_worker_grades_the_next_bat
         server.stop()
 
 
+@pytest.mark.slow  # a Ray actor pool (~5-10 s)
 def test_raising_garbage_and_a_dead_worker_score_zero_with_their_reason(ray_env):
     server = RewardServer([LENGTH], workers=1, timeout_s=30.0, num_cpus_per_worker=0.25)
     try:
@@ -177,6 +180,7 @@ def test_raising_garbage_and_a_dead_worker_score_zero_with_their_reason(ray_env)
         server.stop()
 
 
+@pytest.mark.slow  # a Ray actor pool (~5-10 s)
 def test_a_group_judge_sees_whole_groups_and_its_scores_travel_for_ranking(ray_env):
     server = RewardServer([JUDGE], workers=2, num_cpus_per_worker=0.25, ranking_source="both")
     try:
@@ -193,6 +197,7 @@ def test_a_group_judge_sees_whole_groups_and_its_scores_travel_for_ranking(ray_e
     assert [s.reward for g in out for s in g.samples] == [0.0] * 7
 
 
+@pytest.mark.slow  # a Ray actor pool (~5-10 s)
 def test_a_term_that_cannot_be_built_stops_the_server_at_start_with_its_error(ray_env):
     broken = RewardModelSpec(name="broken", type="rule", scorer_class="reward_scorers:NoSuchScorer")
     with pytest.raises(Exception, match="NoSuchScorer"):
