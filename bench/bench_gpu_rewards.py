@@ -12,6 +12,8 @@ Parts:
   user's target size costs per iteration).
 - ``scalar``: a tiny one-label sequence classifier (``ScalarRewardModel``) on the GPU against the CPU: the largest
   |logit difference| over 64 responses, and responses/s.
+- ``judge``: a generative judge (``GenerativeJudge``, the HF engine on the GPU) on the shipped tiny model: seconds
+  per request (the tiny model writes no verdicts: the path, not the verdicts).
 - ``algo``: a whole run on the GPU: ``grpo_preset()`` on 2-digit arithmetic, 2 EnvRunners (HF engine, 0.2 GPU each),
   one learner (0.4 GPU), overlap_generation, a reward server worker (0.1 GPU) holding a scalar reward model term
   (weight 0.1) beside the env's reward, and a distillation teacher (the shipped tiny model, 0.1 GPU, advantage
@@ -64,13 +66,11 @@ def part_teacher(smoke: bool) -> dict[str, Any]:
     from r3_rllib.distill.teacher import TeacherScorer
 
     rows = _sampled_rows(8 if smoke else 64, 16)
-    gpu = TeacherScorer(common.tiny_model_path(), temperature=1.0, micro_batch_size=16)
-    cpu_scorer = TeacherScorer.__new__(TeacherScorer)  # the same scorer, moved to the CPU in fp32
-    cpu_scorer.__dict__.update(gpu.__dict__)
-    cpu_scorer.model = gpu.model.to("cpu") if _device() == "cuda" else gpu.model
-    cpu_scorer.device = torch.device("cpu")
-    on_device = gpu.score(rows) if _device() == "cuda" else None
-    on_cpu = cpu_scorer.score(rows)
+    scorer = TeacherScorer(common.tiny_model_path(), temperature=1.0, micro_batch_size=16)
+    on_device = scorer.score(rows) if _device() == "cuda" else None
+    scorer.model.to("cpu")  # the same scorer on the CPU in fp32 (autocast is on only for CUDA)
+    scorer.device = torch.device("cpu")
+    on_cpu = scorer.score(rows)
     out: dict[str, Any] = {"rows": len(rows), "tokens": int(sum(len(r[1]) for r in rows))}
     if on_device is not None:
         gap = np.abs(np.concatenate(on_device) - np.concatenate(on_cpu))
@@ -153,6 +153,30 @@ def part_scalar(smoke: bool) -> dict[str, Any]:
     }
 
 
+def part_judge(smoke: bool) -> dict[str, Any]:
+    """A generative judge (HF engine on the GPU) on the shipped tiny model: seconds per request and the reasons
+    (the tiny model writes no verdicts: this measures the path, not the verdicts)."""
+    from collections import Counter
+
+    from r3_rllib.reward_models.judge import GenerativeJudge
+    from r3_rllib.reward_models.specs import RewardModelSpec
+    from r3_rllib.rewards.scoring import RewardRequest
+
+    n = 8 if smoke else 64
+    spec = RewardModelSpec(name="judge", type="judge", model=common.tiny_model_path(), max_new_tokens=32)
+    judge = GenerativeJudge(spec)
+    requests = [RewardRequest(str(i), f"{i}+{i}=", str(2 * i), 0.0, False, gold=str(2 * i)) for i in range(n)]
+    judge.score(requests[:2])  # warm-up
+    start = time.perf_counter()
+    scores = judge.score(requests)
+    seconds = time.perf_counter() - start
+    return {
+        "requests": n,
+        "seconds_per_request": seconds / n,
+        "reasons": dict(Counter(str(s.reason) for s in scores)),
+    }
+
+
 def part_algo(smoke: bool) -> dict[str, Any]:
     import r3_rllib  # noqa: F401  (registers R3)
 
@@ -203,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--parts", default="teacher,scalar,algo")
+    parser.add_argument("--parts", default="teacher,scalar,judge,algo")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on any device")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -212,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
-    parts = {"teacher": part_teacher, "scalar": part_scalar, "algo": part_algo}
+    parts = {"teacher": part_teacher, "scalar": part_scalar, "judge": part_judge, "algo": part_algo}
     failed = 0
     for name in args.parts.split(","):
         start = time.perf_counter()
