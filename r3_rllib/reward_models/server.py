@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from r3_rllib.actor_start import START_TIMEOUT_S, remote_outside_trial, wait_until_started
 from r3_rllib.core.reward_composition import Term, compose_reward, term_value
 from r3_rllib.reward_models.specs import RewardModelSpec, parse_reward_models
 from r3_rllib.rewards.scoring import RewardRequest, RewardScore
@@ -63,9 +63,6 @@ Graded = tuple[float, str | None]
 
 #: The server's own failure reasons, always in the metrics (0 when none); a scorer's own reasons appear when seen.
 FAILURE_REASONS = ("timeout", "worker_died", "scorer_error", "bad_output")
-
-#: Seconds a reward worker may take to build its scorers (a judge's model loading) before it counts as dead.
-WORKER_START_TIMEOUT_S = 1800.0
 
 #: ranking_source -> the judge's share of the ranking rewards (``Group.judge_rank_weight``).
 JUDGE_RANK_WEIGHTS = {"entropy": 0.0, "judge": 1.0, "both": 0.5}
@@ -110,28 +107,6 @@ def grade_term(scorer: Any, name: str, groups: Sequence[Sequence[RewardRequest]]
     except Exception:
         logger.exception("reward term %r raised on a batch of %d requests", name, sum(sizes))
         return [(0.0, "scorer_error")] * sum(sizes)
-
-
-def wait_until_started(refs: Sequence[Any], num_cpus: float, num_gpus: float) -> None:
-    """Wait for the workers' ``ready()`` answers (re-raising a worker's start error), saying every 30 s what they
-    wait for (a worker Ray cannot place waits silently for resources); a RuntimeError after
-    ``WORKER_START_TIMEOUT_S``."""
-    start = time.perf_counter()
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=len(pending), timeout=30.0)
-        ray.get(done)
-        waited = time.perf_counter() - start
-        if not pending:
-            return
-        message = (
-            f"{len(pending)} reward worker(s) not started after {waited:.0f} s: building their scorers, or waiting "
-            f"for {num_cpus} CPU / {num_gpus} GPU each (reward_num_cpus_per_worker / reward_num_gpus_per_worker; "
-            f"free now: {ray.available_resources()})"
-        )
-        if waited >= WORKER_START_TIMEOUT_S:
-            raise RuntimeError(message)
-        logger.warning(message)
 
 
 class RewardWorker:
@@ -179,6 +154,7 @@ def requests_of(group: Group) -> list[RewardRequest]:
             response_text=s.response_text,
             env_reward=float(s.env_reward),
             env_correct=bool(s.correct),
+            gold=group.gold,
         )
         for s in group.samples
     ]
@@ -224,15 +200,20 @@ class RewardServer:
         self.ranking_term = judges[0] if judges and self.judge_rank_weight > 0 else None
         # Outside the placement group of a Tune trial, which would capture the workers: its bundles hold the
         # runners and learners only, and an actor asking for more than they cover waits forever.
-        self._actor_class = ray.remote(
-            num_cpus=num_cpus_per_worker,
-            num_gpus=num_gpus_per_worker,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None),
-        )(RewardWorker)
+        self._actor_class = remote_outside_trial(
+            RewardWorker, num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker
+        )
         self.workers = [self._actor_class.remote(self.specs) for _ in range(max(1, int(workers)))]
         # Built before training: a term that cannot be built (a missing model, a bad function) stops the run here,
         # with the scorer's own error, rather than scoring 0 every iteration.
-        wait_until_started([w.ready.remote() for w in self.workers], num_cpus_per_worker, num_gpus_per_worker)
+        wait_until_started(
+            [w.ready.remote() for w in self.workers],
+            what="reward worker(s)",
+            asks=(
+                f"{num_cpus_per_worker} CPU / {num_gpus_per_worker} GPU "
+                "(reward_num_cpus_per_worker / reward_num_gpus_per_worker)"
+            ),
+        )
         self._starting: dict[int, Any] = {}  # worker index -> ready() of a replacement still starting
 
     @classmethod
@@ -266,7 +247,7 @@ class RewardServer:
         for i in sorted(set(indices)):
             ref = self._starting.pop(i, None)
             if ref is not None:
-                ray.wait([ref], timeout=WORKER_START_TIMEOUT_S)
+                ray.wait([ref], timeout=START_TIMEOUT_S)
         return time.perf_counter() - start
 
     def submit(self, groups: Sequence[Group]) -> PendingGrades:
@@ -355,9 +336,11 @@ class RewardServer:
         failed = [f"{t.name}:{reason}" for t, (_, reason) in zip(self.terms, grades, strict=True) if reason]
         parts = dict(sample.reward_parts or {})
         parts.update({t.name: v for t, v in zip(self.terms, values, strict=True)})
+        composed = compose_reward(sample.env_reward, self.terms, values, self.env_reward_weight)
         return replace(
             sample,
-            reward=compose_reward(sample.env_reward, self.terms, values, self.env_reward_weight),
+            reward=composed,
+            task_reward=composed,  # what the replay buffer keeps (types/samples.py)
             reward_parts=parts,
             grade_reason=failed[0] if failed else sample.grade_reason,
         )

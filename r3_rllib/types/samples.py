@@ -79,6 +79,9 @@ class Sample:
     is_reflection: bool = False
     advantage: float = 0.0
     env_reward: float | None = None  # the env's reward, kept when a ranking reward replaces `reward`
+    # The reward before R^3's ranking: the env's, or the reward server's composition of it with the reward terms
+    # (what the replay buffer keeps, so a replayed sample is on the same scale as the fresh ones of its group).
+    task_reward: float | None = None
     # Identity within a multi-step episode (single-step samples keep the defaults): the trajectory the step belongs
     # to, its index in it, and the observation key that step-level estimators (HGPO) group by.
     trajectory_id: str | None = None
@@ -99,16 +102,18 @@ class Sample:
     def __post_init__(self) -> None:
         if self.env_reward is None:
             self.env_reward = self.reward
+        if self.task_reward is None:
+            self.task_reward = self.env_reward
 
     def to_replay(self) -> ReplaySample:
-        """The replay buffer's compact form (int32/float32 arrays) of this fresh sample, keeping the env's reward,
-        not a ranking reward given within one batch's group."""
+        """The replay buffer's compact form (int32/float32 arrays) of this fresh sample, keeping its task reward
+        (the env's, or the reward server's composition), not a ranking reward given within one batch's group."""
         return ReplaySample(
             query_id=self.query_id,
             prompt_ids=self.prompt_ids,
             response_ids=self.response_ids,
             behavior_logprobs=self.behavior_logprobs,
-            reward=float(self.env_reward),
+            reward=float(self.task_reward),
             correct=bool(self.correct),
             policy_version=int(self.policy_version),
             truncated=bool(self.truncated),
@@ -125,7 +130,9 @@ class Sample:
             response_ids=[int(x) for x in stored.response_ids],
             behavior_logprobs=np.asarray(stored.behavior_logprobs, dtype=np.float32),
             entropies=np.zeros(0, dtype=np.float32),
-            reward=float(stored.reward),  # the env's reward (shaped partial credit included)
+            reward=float(
+                stored.reward
+            ),  # its task reward (the env's, shaped partial credit included, or composed)
             correct=bool(stored.correct),
             truncated=bool(stored.truncated),
             policy_version=int(stored.policy_version),
@@ -146,6 +153,9 @@ class Group:
     # judge's share of the ranking rewards (1: the judge's ranking alone, 0.5: the mean with the entropy ranking).
     judge_scores: list[float] | None = None
     judge_rank_weight: float = 0.0
+    # The query's reference answer as text, when the env gives one (``info["gold"]``, single-step rollouts): what a
+    # judge's rubric or a rule reward term compares with. None: unknown.
+    gold: str | None = None
 
     @property
     def is_degenerate(self) -> bool:

@@ -29,6 +29,15 @@ class PromptResponses:
     prompt_ids: Sequence[int]
     completions: Sequence[Completion]
     scores: Sequence[Score]
+    gold: str | None = None  # the query's reference answer (the env's info["gold"]), for reward terms
+
+
+def gold_text(gold: Any) -> str | None:
+    """An env's ``info["gold"]`` as one reference answer's text: a string as it is, the first of several accepted
+    forms (a list or tuple, as the math env gives), a number as text; None when there is none."""
+    if isinstance(gold, (list, tuple)):
+        gold = gold[0] if gold else None
+    return None if gold is None else str(gold)
 
 
 class SingleStepKind(RolloutKind[PromptResponses]):
@@ -47,10 +56,12 @@ class SingleStepKind(RolloutKind[PromptResponses]):
         graded by the env."""
         prompts: list[tuple[str, str | None, str]] = []  # (query_id, user_content or None, prompt text)
         query_texts: dict[str, str] = {}
+        golds: dict[str, str | None] = {}
         for _ in range(num_queries):
             obs, info = ctx.env.reset()
             prompts.append((info["query_id"], None, obs))
             query_texts[info["query_id"]] = info.get("query_text", obs)
+            golds[info["query_id"]] = gold_text(info.get("gold"))
         prompts += ctx.reflection_prompts([qid for qid, _, _ in prompts], query_texts, reflection)
 
         prompt_ids = [ctx.tokenizer(text, add_special_tokens=False)["input_ids"] for _, _, text in prompts]
@@ -62,7 +73,15 @@ class SingleStepKind(RolloutKind[PromptResponses]):
         t_grade = time.perf_counter()
         version = ctx.engine.version
         records = [
-            PromptResponses(qid, content, text, ids, comps, [ctx.score(qid, content, c.text) for c in comps])
+            PromptResponses(
+                qid,
+                content,
+                text,
+                ids,
+                comps,
+                [ctx.score(qid, content, c.text) for c in comps],
+                golds.get(qid),
+            )
             for (qid, content, text), ids, comps in zip(prompts, prompt_ids, completions, strict=True)
         ]
         groups = self.to_groups(records, version)
@@ -99,7 +118,11 @@ class SingleStepKind(RolloutKind[PromptResponses]):
             ]
             groups.append(
                 Group(
-                    query_id=r.query_id, samples=samples, is_reflection=reflected, prompt_text=r.prompt_text
+                    query_id=r.query_id,
+                    samples=samples,
+                    is_reflection=reflected,
+                    prompt_text=r.prompt_text,
+                    gold=r.gold,
                 )
             )
         return groups

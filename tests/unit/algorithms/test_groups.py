@@ -216,10 +216,12 @@ def test_rollout_totals_merge_over_runners_into_means():
     assert rollout_means({})["accuracy"] == 0.0
 
 
-def test_replay_form_round_trip_keeps_the_env_reward():
+def test_replay_form_round_trip_keeps_the_task_reward():
+    """The replay form keeps the task reward (the env's, or the reward server's composition: types/samples.py),
+    not a ranking reward."""
     s = _sample("q", 1.0, True, entropies=(0.5, 0.5), version=3)
     ranked = Sample(**{**s.__dict__, "reward": 0.4})
-    ranked.env_reward = 0.0
+    ranked.env_reward = ranked.task_reward = 0.0
     stored = ranked.to_replay()
     assert stored.reward == 0.0 and stored.prompt_ids.dtype == np.int32 and stored.policy_version == 3
     back = Sample.from_replay(stored)

@@ -21,7 +21,7 @@ from r3_rllib.envs.python_tool import PythonToolEnv
 from r3_rllib.rollout.kinds import kind_for_env
 from r3_rllib.rollout.kinds.context import NonFiniteRewardError, RolloutContext
 from r3_rllib.rollout.kinds.multi_step import MultiStepKind
-from r3_rllib.rollout.kinds.single_step import SingleStepKind
+from r3_rllib.rollout.kinds.single_step import SingleStepKind, gold_text
 from r3_rllib.rollout.kinds.tool_use import ToolUseKind
 
 
@@ -134,6 +134,13 @@ def test_single_step_groups_reflection_prompts_and_totals():
     assert tokens == 3 * (len(str(gold)) + len("nope")) and gen_s >= 0 and grade_s >= 0
     assert rollout_means(totals)["accuracy"] == 0.25  # the second query's gold is another number
     assert ctx.query_id == first.query_id  # the last graded query: a runner error names it
+    # The env's reference answer reaches the groups (a reflection group keeps its query's), for reward terms.
+    assert first.gold == str(gold) and reflected.gold == str(gold) and groups[1].gold not in (None, str(gold))
+
+
+def test_gold_text_takes_one_reference_answer():
+    assert gold_text("12") == "12" and gold_text(12) == "12" and gold_text(("1/2", "0.5")) == "1/2"
+    assert gold_text(None) is None and gold_text([]) is None
 
 
 def test_single_step_scoring_runs_the_runners_info_check_and_refuses_nan_rewards():
