@@ -117,7 +117,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-overlap", dest="overlap", action="store_false")
     parser.add_argument("--json", default=None, help="write the numbers here")
+    parser.add_argument("--smoke", action="store_true", help="paths none and rule, one iteration, no warm-up")
     args = parser.parse_args()
+    if args.smoke:
+        args.paths, args.iterations, args.warmup = "none,rule", 1, 0
     paths = args.paths.split(",")
     unknown = set(paths) - {"none", "rule", "judge-tiny", "judge-smollm2"}
     if unknown:
