@@ -443,6 +443,23 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def run_parts(parts: dict[str, Any], names: list[str], results: dict[str, Any], out: str | None) -> int:
+    """Run each named part (a callable returning a dict), printing and saving results as they come; a part's
+    failure is a result too (its error and traceback), and the others still run. Exit status 1 if any failed."""
+    failed = 0
+    for name in names:
+        start = time.perf_counter()
+        try:
+            results[name] = parts[name]()
+        except Exception as err:  # one part's failure is a result too: report it and run the others
+            failed += 1
+            results[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        results[name]["part_s"] = time.perf_counter() - start
+        print(f"## {name}\n{results[name]}", flush=True)
+        common.write_json(out, results)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -465,18 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         "algo": lambda: part_algo(sizes),
         "learner_sweep": lambda: part_learner_sweep(sizes, shape),
     }
-    failed = 0
-    for name in args.parts.split(","):
-        start = time.perf_counter()
-        try:
-            results[name] = parts[name]()
-        except Exception as err:  # one part's failure is a result too: report it and run the others
-            failed += 1
-            results[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        results[name]["part_s"] = time.perf_counter() - start
-        print(f"## {name}\n{results[name]}", flush=True)
-        common.write_json(args.out, results)
-    return 1 if failed else 0
+    return run_parts(parts, args.parts.split(","), results, args.out)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ Parts:
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -237,18 +237,12 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     parts = {"teacher": part_teacher, "scalar": part_scalar, "judge": part_judge, "algo": part_algo}
-    failed = 0
-    for name in args.parts.split(","):
-        start = time.perf_counter()
-        try:
-            results[name] = parts[name](args.smoke)
-        except Exception as err:  # one part's failure is a result too: report it and run the others
-            failed += 1
-            results[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        results[name]["part_s"] = time.perf_counter() - start
-        print(f"## {name}\n{results[name]}", flush=True)
-        common.write_json(args.out, results)
-    return 1 if failed else 0
+    return bench_gpu.run_parts(
+        {k: functools.partial(f, args.smoke) for k, f in parts.items()},
+        args.parts.split(","),
+        results,
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -31,3 +31,16 @@ def test_bench_gpu_smoke_runs_every_part_on_the_cpu(tmp_path):
     # fp32 master weights: every weight with a gradient moves; weights cast to bf16: only those within ~1e-4 of 0.
     assert sweep["mbt11264_ckpt"]["moved_fraction_after_steps"] > 0.5
     assert sweep["bf16_weights_mbt11264_ckpt"]["moved_fraction_after_steps"] < 0.1
+
+
+def test_bench_gpu_rewards_smoke_runs_its_model_parts_on_the_cpu(tmp_path):
+    """bench_gpu_rewards.py's teacher, scalar reward model and judge parts at toy sizes ('algo' starts Ray: the
+    reward server and distillation e2e tests cover that path). On the CPU both sides of each comparison are the
+    same fp32 computation: the gaps are 0."""
+    _bench_gpu()  # bench/ on sys.path
+    out = tmp_path / "gpu_rewards.json"
+    bench = importlib.import_module("bench_gpu_rewards")
+    assert bench.main(["--smoke", "--parts", "teacher,scalar,judge", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["scalar"]["max_abs_logit_gap"] == 0.0
+    assert results["judge"]["requests"] == 8 and results["teacher"]["shape_1p5b_micro4"]["tokens_per_s"] > 0
