@@ -285,7 +285,10 @@ def main() -> int:
     ap.add_argument("--engine", default="hf")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="2 questions x 2 answers, 1 group, 8 judge tokens")
     args = ap.parse_args()
+    if args.smoke:
+        args.questions, args.samples, args.groups, args.judge_tokens = 2, 2, 1, 8
     unknown = set(args.rubrics.split(",")) - set(RUBRICS)
     if unknown:
         ap.error(f"unknown rubrics {sorted(unknown)}; known: {', '.join(RUBRICS)}")
