@@ -121,7 +121,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=2, help="identical runs (the second checks reproducibility)")
     p.add_argument("--out", default="runs/bench_agent_learning")
     p.add_argument("--json", default=None, help="write the results here")
-    return p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help="one run of one iteration, 2 queries x 2")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.iterations, args.queries, args.group_size, args.runs, args.window = 1, 2, 2, 1, 1
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
