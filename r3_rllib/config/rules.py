@@ -403,6 +403,18 @@ def distill_settings_need_a_teacher(config: Any) -> str | None:
     return None
 
 
+def distillation_has_no_rejection(config: Any) -> str | None:
+    """The distillation term is aggregated over every response token, while rollout_rs drops rejected tokens from
+    the policy loss and rescales the micro-batch by the share kept: the term would be scaled by that share and
+    still train the rejected tokens. Refused rather than done half-way."""
+    if getattr(config, "distill_teacher", None) and getattr(config, "rollout_rs", None):
+        return (
+            f"distill_teacher with rollout_rs={config.rollout_rs!r} is not supported: the distillation term does "
+            "not follow the rejection (set rollout_rs=None, or drop the teacher)"
+        )
+    return None
+
+
 def reward_models_are_terms(config: Any) -> str | None:
     """Every entry of reward_models is a reward term (reward_models/specs.py names the entry and the field)."""
     entries = getattr(config, "reward_models", None)
@@ -475,6 +487,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     reward_models_are_terms,
     ranking_source_has_a_judge,
     distill_settings_need_a_teacher,
+    distillation_has_no_rejection,
 )
 
 

@@ -7,9 +7,9 @@ dense per-token advantage and importance-sampling loss; 'loss': the k2 loss): ad
 KL term), aggregated with ``loss_agg_mode`` over the micro-batch's trained tokens as the policy loss is, so the
 learner's weighting of micro-batches applies to it unchanged. A token without a teacher log-prob (its sample was
 not scored: a teacher error or timeout, a replayed sample) adds 0. With ``distill_task_reward`` False the task
-advantages are zeroed: the update trains on distillation alone. Tokens the rollout correction rejects
-(``rollout_rs``) leave the policy term only, as the reference has no rejection (its importance ratio is against the
-sampler's log-probs already); that combination is not covered by the tests.
+advantages are zeroed: the update trains on distillation alone. Rejection sampling
+(``rollout_rs``) is refused with a teacher (config rule ``distillation_has_no_rejection``): this term does not
+follow the rejection.
 """
 
 from __future__ import annotations

@@ -191,3 +191,25 @@ def test_zero_advantage_groups_with_teacher_log_probs_stay_in_the_batch():
     assert [s.query_id for s in batch] == [s.query_id for s in scored[2:]]
     assert all(s.advantage == 0.0 and s.teacher_logprobs is not None for s in batch)
     assert metrics["zero_adv_frac"] == 1.0 and metrics["train_zero_adv_samples"] == 2
+
+
+def test_distillation_rules_refuse_what_would_not_train_as_asked():
+    from types import SimpleNamespace
+
+    from r3_rllib import R3Config
+    from r3_rllib.config.rules import distill_settings_need_a_teacher, distillation_has_no_rejection
+
+    alone = SimpleNamespace(distill_teacher=None, distill_task_reward=False)
+    assert "set distill_teacher" in distill_settings_need_a_teacher(alone)
+    assert (
+        distill_settings_need_a_teacher(SimpleNamespace(distill_teacher="t", distill_task_reward=False))
+        is None
+    )
+    rejecting = SimpleNamespace(distill_teacher="t", rollout_rs="token")
+    assert "rollout_rs='token' is not supported" in distillation_has_no_rejection(rejecting)
+    assert distillation_has_no_rejection(SimpleNamespace(distill_teacher="t", rollout_rs=None)) is None
+    assert distillation_has_no_rejection(SimpleNamespace(distill_teacher=None, rollout_rs="token")) is None
+    with pytest.raises(ValueError, match="distill_teacher with rollout_rs='sequence' is not supported"):
+        R3Config().training(
+            distill_teacher="teacher", rollout_rs="sequence", rollout_rs_threshold=2.0
+        ).validate()
