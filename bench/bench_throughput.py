@@ -15,9 +15,10 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss):
 - ``ours-hf-overlap`` / ``ours-vllm-overlap``: the same with ``overlap_generation=True``: the runner generates batch
   k+1 while the learner trains on batch k (one-step off-policy, IS-corrected). Runner and learner each use one
   thread (``cpu_threads='auto'`` splits the cores between the overlapped phases), so this path uses both cores;
-- ``ours-*`` paths run with ``cpu_threads='auto'`` (each phase of the synchronous loop may use both cores);
-  ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with the default ``cpu_threads='reserved'``:
-  one torch thread per reserved CPU;
+- ``ours-*`` paths run with the default ``cpu_threads='auto'`` (each phase of the synchronous loop may use both
+  cores); ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with ``cpu_threads='reserved'``: one
+  torch thread per reserved CPU; ``ours-hf-all`` / ``ours-vllm-all``: ``cpu_threads='all'`` (the runner also takes
+  both cores while it generates);
 - ``trl``: ``trl.GRPOTrainer`` (transformers ``generate``, no vLLM on CPU), one optimizer step per generation batch;
 - ``floor``: a hand-written loop in one process: ``model.generate`` with the same sampling, grading, group
   advantages, one clipped token-mean update. Nothing else: the lowest cost of a GRPO iteration with these libraries.
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -58,6 +60,8 @@ PATHS = (
     "ours-vllm-overlap",
     "ours-hf-reserved",
     "ours-vllm-reserved",
+    "ours-hf-all",
+    "ours-vllm-all",
     "trl",
     "floor",
     "trl-2t",
@@ -87,6 +91,7 @@ class PathResult:
     trained_tokens: list[float]
     phases: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     note: str = ""
+    busy_s: list[float] = dataclasses.field(default_factory=list)  # machine CPU-seconds per timed iteration
 
     def med(self, xs: Sequence[float]) -> float:
         return common.median(xs)
@@ -101,6 +106,11 @@ class PathResult:
             "trained_tokens_per_s": common.median(self.trained_tokens) / t,
             "gen_tokens_per_iter": float(np.mean(self.gen_tokens)),
             "trained_tokens_per_iter": float(np.mean(self.trained_tokens)),
+            # Work per iteration in CPU-seconds (every process on the machine) and the cores it kept busy on average.
+            "cpu_s_per_iter": common.median(self.busy_s) if self.busy_s else float("nan"),
+            "cores_busy": common.median([b / t for b, t in zip(self.busy_s, self.iter_s, strict=True)])
+            if self.busy_s
+            else float("nan"),
         }
 
 
@@ -220,11 +230,12 @@ def run_floor(s: Setting, iterations: int, warmup: int, seed: int, threads: int 
     res = PathResult("floor", [], [], [], [], {k: [] for k in ("generate", "grade", "learner")})
     for i in range(warmup + iterations):
         problems = [next(stream) for _ in range(s.queries)]
-        t0 = time.perf_counter()
+        t0, b0 = time.perf_counter(), common.cpu_busy_s()
         m = floor.step(problems)
         dt = time.perf_counter() - t0
         if i >= warmup:
             res.iter_s.append(dt)
+            res.busy_s.append(common.cpu_busy_s() - b0)
             res.samples.append(m["samples"])
             res.gen_tokens.append(m["gen_tokens"])
             res.trained_tokens.append(m["trained_tokens"])
@@ -271,12 +282,15 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
             self.marks: list[float] = []
+            self.busy: list[float] = []
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.marks.append(time.perf_counter())
+            self.busy.append(common.cpu_busy_s())
 
         def on_step_end(self, args, state, control, **kwargs):
             self.marks.append(time.perf_counter())
+            self.busy.append(common.cpu_busy_s())
 
     torch.manual_seed(seed)
     tok = load_tokenizer(s.model_path)
@@ -338,12 +352,14 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
     torch.set_num_threads(threads)  # accelerate may have reset it
     trainer.train()
     steps = np.diff(clock.marks).tolist()
+    busy = np.diff(clock.busy).tolist()
     b = trainer.bench
     res = PathResult(
         "trl", [], [], [], [], {"generate": [], "grade": [], "rollout_other": [], "learner+trainer": []}
     )
     for i in range(warmup, min(len(steps), len(b["generate"]))):
         res.iter_s.append(steps[i])
+        res.busy_s.append(busy[i])
         res.samples.append(float(s.queries * s.group_size))
         res.gen_tokens.append(b["gen_tokens"][i])
         res.trained_tokens.append(b["gen_tokens"][i])  # every sample is trained on
@@ -383,7 +399,7 @@ def run_ours(
     res = PathResult(
         f"ours-{engine}"
         + ("-overlap" if overlap else "")
-        + ("-reserved" if cpu_threads == "reserved" else ""),
+        + ("" if cpu_threads == "auto" else f"-{cpu_threads}"),
         [],
         [],
         [],
@@ -392,11 +408,12 @@ def run_ours(
     )
     try:
         for i in range(warmup + iterations):
-            t0 = time.perf_counter()
+            t0, b0 = time.perf_counter(), common.cpu_busy_s()
             result = algo.train()
             dt = time.perf_counter() - t0
             if i < warmup:
                 continue
+            res.busy_s.append(common.cpu_busy_s() - b0)
             n = s.queries * s.group_size
             ph = common.phases_from_result(result, n)
             res.iter_s.append(dt)
@@ -433,6 +450,8 @@ def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
                 m["trained_tokens_per_s"],
                 m["gen_tokens_per_iter"],
                 m["trained_tokens_per_iter"],
+                m["cpu_s_per_iter"],
+                m["cores_busy"],
                 len(r.iter_s),
             ]
         )
@@ -447,6 +466,8 @@ def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
                 "trained tok/s",
                 "gen tok/iter",
                 "trained tok/iter",
+                "CPU-s/iter",
+                "cores busy",
                 "iters timed",
             ],
             rows,
@@ -473,6 +494,13 @@ def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
     if ratios:
         print()
         print(common.markdown_table(["ratio (same run)", "value"], [[k, v] for k, v in ratios.items()]))
+    cores = os.cpu_count() or 1
+    print(f"\nthe least time any schedule of a path's work can take on {cores} cores (CPU-s/iter / {cores}):")
+    for k, m in sums.items():
+        bound = m["cpu_s_per_iter"] / cores
+        print(
+            f"- {k}: {bound:.3f} s (measured {m['s_per_iter_median']:.3f} s: at most {m['s_per_iter_median'] / bound:.2f}x to gain)"
+        )
     print("\nper-phase seconds per iteration (median):")
     for k, r in results.items():
         parts = ", ".join(f"{name} {common.median(v):.3f}" for name, v in r.phases.items() if v)
@@ -668,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if path.startswith("ours"):
                     engine = path.split("-")[1]
                     overlap = path.endswith("-overlap")
-                    threads = "reserved" if path.endswith("-reserved") else "auto"
+                    threads = next((t for t in ("reserved", "all") if path.endswith(f"-{t}")), "auto")
                     results[path] = run_ours(
                         s, engine, iters, args.warmup, args.seed, overlap=overlap, cpu_threads=threads
                     )

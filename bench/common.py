@@ -110,6 +110,19 @@ def load_note() -> str:
     return f"load average {load:.2f} on {os.cpu_count()} cores"
 
 
+def cpu_busy_s() -> float:
+    """CPU-seconds the whole machine has spent busy (all processes, all cores) since boot: Linux ``/proc/stat``'s
+    user + nice + system + irq + softirq + steal; NaN elsewhere. The difference over an iteration is the work it
+    cost, whichever processes (driver, Ray actors, OpenMP threads) did it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 # -- Ray ----------------------------------------------------------------------------------------------------------
 def start_ray(num_cpus: int = 2) -> bool:
     """Start a private local Ray instance unless one is running (tests share theirs); True if started here."""

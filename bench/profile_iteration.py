@@ -23,7 +23,7 @@ import common
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-threads", default="reserved", choices=("reserved", "auto"))
+    parser.add_argument("--cpu-threads", default="auto", choices=("auto", "reserved"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--top", type=int, default=45, help="rows of the profile to print")

@@ -69,16 +69,18 @@ class R3Settings:
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
     attn_implementation: str | None = setting(None, types=(str,), none_ok=True)
     """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""
-    cpu_threads: str = setting("reserved", choices=("reserved", "auto"))
-    """Torch threads of the runners and learners on CPU. 'reserved' (default): the CPUs Ray reserves for them
-    (num_cpus_per_env_runner, num_cpus_per_learner; 1 for 'auto'): a seeded run gives the same numbers every time.
-    'auto': per phase (core/threads.py): the synchronous loop alternates generation and the update, so each uses the
-    whole machine's cores (shared among the runners, or the learners); with generation overlapped (max_staleness >=
-    1) the runners keep their reservation and the learners share the cores left; each phase starts with no more
-    threads than the cores nothing else is running on (OpenMP threads on busy cores make an update several times
-    slower). Faster on an idle machine (1.2x on the tiny model, 1.3-1.4x with 128-token vLLM rollouts: BENCHMARKS.md
-    section 28), but the thread count then follows the machine's load and float sums its order: runs are not
-    bit-identical. A learner on a GPU always keeps its reservation."""
+    cpu_threads: str = setting("auto", choices=("auto", "reserved", "all"))
+    """Torch threads of the runners and learners on CPU (core/threads.py). 'auto' (default): each update takes the
+    cores free in its phase: the synchronous loop alternates generation and the update, so the learners share the
+    machine's cores; with generation overlapped (max_staleness >= 1) they share the cores the runners did not
+    reserve; an update starts with no more threads than the cores nothing else is running on (OpenMP threads on busy
+    cores make an update several times slower). The runners keep their reservation. Seeded runs give the same numbers
+    whatever threads an update got (whole-tensor sums are thread-invariant, core/reductions.py). 'all': the runners
+    also take the machine's cores while they generate (faster with the HF engine on an idle machine; its sampled
+    log-probs then differ in the last bit with the thread count, so seeded runs are not bit-identical; vLLM-CPU
+    keeps the threads it was built with). 'reserved': one thread per CPU Ray reserves (num_cpus_per_env_runner,
+    num_cpus_per_learner; 1 for 'auto'), for a machine shared with other jobs. A learner on a GPU always keeps its
+    reservation."""
     sleep_between_rollouts: bool = False
     """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
     learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""

@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 
 from r3_rllib.core.losses import aggregate_loss
+from r3_rllib.core.reductions import invariant_sum
 
 #: Values of ``distill_mode``.
 DISTILL_MODES: tuple[str, ...] = ("advantage", "loss")
@@ -139,7 +140,7 @@ def distill_objective(
     count = m.sum().clamp(min=1).to(torch.float32)
     with torch.no_grad():
         k1 = reverse_kl_k1(behavior_logprobs.float(), teacher_logprobs.float())
-        metrics = {"distill_reverse_kl": torch.where(m, k1, torch.zeros_like(k1)).sum() / count}
+        metrics = {"distill_reverse_kl": invariant_sum(torch.where(m, k1, torch.zeros_like(k1))) / count}
     if mode == "advantage":
         adv = distill_advantages(behavior_logprobs, teacher_logprobs, m, coef)
         term = importance_sampling_loss(
@@ -151,7 +152,7 @@ def distill_objective(
             norm_len=norm_len,
             log_ratio_clamp=log_ratio_clamp,
         )
-        metrics["distill_advantage_mean"] = adv.sum() / count
+        metrics["distill_advantage_mean"] = invariant_sum(adv) / count
     else:
         term = float(coef) * k2_distill_loss(
             logprobs, teacher_logprobs, m, mask, agg_mode=agg_mode, norm_len=norm_len

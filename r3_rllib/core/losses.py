@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from r3_rllib.core.mismatch import PREFIX, RolloutCorrection, rollout_correction
+from r3_rllib.core.reductions import invariant_masked_mean, invariant_sum
 from r3_rllib.core.registry import Registry, entry_point_group
 
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -73,12 +74,12 @@ def aggregate_loss(
     m = mask.to(per_token.dtype)
     masked = per_token * m
     if mode == "token-mean":
-        return masked.sum() / m.sum().clamp(min=1.0)
+        return invariant_sum(masked) / invariant_sum(m).clamp(min=1.0)
     if mode == "seq-mean-token-mean":
         lens = m.sum(dim=-1)
         seq_means = masked.sum(dim=-1) / lens.clamp(min=1.0)
         n_seq = (lens > 0).to(per_token.dtype).sum()
-        return seq_means.sum() / n_seq.clamp(min=1.0)
+        return invariant_sum(seq_means) / n_seq.clamp(min=1.0)
     if mode == "seq-mean-token-sum-norm":
         norm = float(per_token.shape[-1]) if norm_len is None else float(norm_len)
         if not norm > 0:
@@ -88,7 +89,7 @@ def aggregate_loss(
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return (x * m).sum() / m.sum().clamp(min=1.0)
+    return invariant_masked_mean(x, m)
 
 
 def clipped_policy_loss(

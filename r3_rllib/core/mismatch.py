@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
+from r3_rllib.core.reductions import invariant_masked_mean
+
 IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 RS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric", "icepop")
 #: Log-ratios are clamped to +-20 before ``exp`` (e^20 ~ 4.9e8 is finite in fp32 and bf16), as verl bounds them.
@@ -111,7 +113,7 @@ def _seq_sum(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def _mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return (x * m).sum() / m.sum().clamp(min=1.0)
+    return invariant_masked_mean(x, m)
 
 
 @torch.no_grad()

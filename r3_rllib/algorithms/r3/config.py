@@ -345,7 +345,10 @@ class R3Config(AlgorithmConfig):
             learner_cpus=None if self.num_cpus_per_learner == "auto" else reserved.learner,
         )
         on_gpu = bool(self.num_gpus_per_learner)
-        return PhaseThreads(runner=plan.runner, learner=reserved.learner if on_gpu else plan.learner)
+        # 'auto': the runners keep their reservation, so a sampled token never depends on the load (the HF engine's
+        # log-probs differ in the last bit between thread counts; the learner's update does not: core/reductions.py).
+        runner = plan.runner if self.cpu_threads == "all" else reserved.runner
+        return PhaseThreads(runner=runner, learner=reserved.learner if on_gpu else plan.learner)
 
     def engine_options(self) -> EngineOptions:
         """The runners' engine as a typed object. R^2PO: an engine whose model carries the rollout head, sampling

@@ -59,6 +59,7 @@ from r3_rllib.core.batching import row_count_chunks, token_budget_chunks
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
+from r3_rllib.core.reductions import invariant_masked_mean
 from r3_rllib.core.threads import phase_start_threads
 from r3_rllib.models.dtypes import resolve_dtype
 from r3_rllib.types import TrainingBatch
@@ -447,7 +448,7 @@ class R3Learner(TorchLearner):
         metrics["loss"] = loss.detach()
         metrics["clip_frac"] = metrics.pop("clip_frac_low", 0.0) + metrics.pop("clip_frac_high", 0.0)
         if entropy is not None:
-            metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+            metrics["entropy"] = invariant_masked_mean(entropy, mask)
         return metrics
 
     def _apply_gradients(self) -> float:

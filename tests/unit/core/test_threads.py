@@ -46,18 +46,20 @@ def test_config_auto_and_reserved(monkeypatch):
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     monkeypatch.setattr("r3_rllib.algorithms.r3.config.available_cores", lambda: 8)
     config = R3Config().env_runners(num_env_runners=2, num_cpus_per_env_runner=1).learners(num_learners=0)
-    assert config.phase_threads() == PhaseThreads(runner=1, learner=1)  # the default: reproducible runs
-    config.training(cpu_threads="auto")
+    # The default, 'auto': the update takes the machine's cores, the runners keep their reservation.
+    assert config.phase_threads() == PhaseThreads(runner=1, learner=8)
+    config.training(cpu_threads="all")
     assert config.phase_threads() == PhaseThreads(runner=4, learner=8)
+    config.training(cpu_threads="auto")
     config.training(overlap_generation=True)
     assert config.phase_threads() == PhaseThreads(runner=1, learner=6)
     config.training(cpu_threads="reserved")
     assert config.phase_threads() == PhaseThreads(runner=1, learner=1)
     config.training(cpu_threads="auto", overlap_generation=False)
     config.learners(num_learners=1, num_gpus_per_learner=1)
-    assert config.phase_threads() == PhaseThreads(runner=4, learner=1)  # a GPU learner keeps its reservation
+    assert config.phase_threads() == PhaseThreads(runner=1, learner=1)  # a GPU learner keeps its reservation
     with pytest.raises(ValueError, match="cpu_threads"):
-        R3Config().training(cpu_threads="all").validate()
+        R3Config().training(cpu_threads="every").validate()
 
 
 @pytest.mark.parametrize(

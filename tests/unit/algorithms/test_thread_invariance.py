@@ -1,0 +1,83 @@
+"""A learner's update does not depend on the torch thread count: the weights after two epochs, the loss, gradient
+norm and entropy are bit-identical at 1, 2 and 3 threads (matrix products and reductions along a dimension are
+thread-invariant on CPU; whole-tensor sums go through core/reductions.py, tested there). This is what lets ``cpu_threads='auto'`` (the default) give each update the cores that are free when it starts and still
+promise the same numbers for the same seed. (The runners keep their reservation under 'auto': the HF engine's
+sampled log-probs differ in the last bit between 1 and 2 threads.)"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from r3_rllib import R3Config
+from r3_rllib.algorithms.r3.learner import R3Learner
+from r3_rllib.types import TrainingBatch
+from r3_rllib.types.samples import Sample
+
+THREADS = (1, 2, 3)
+RESPONSE_TOKENS = 600
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _samples(n: int) -> list[Sample]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        length = RESPONSE_TOKENS - int(rng.integers(0, 50))
+        out.append(
+            Sample(
+                query_id=f"q{i % 3}",
+                prompt_ids=rng.integers(5, 60, size=6).tolist(),
+                response_ids=rng.integers(5, 60, size=length).tolist(),
+                behavior_logprobs=np.full(length, -3.0, dtype=np.float32),
+                entropies=np.zeros(length, dtype=np.float32),
+                reward=float(i % 2),
+                correct=bool(i % 2),
+                truncated=False,
+                policy_version=0,
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
+    return out
+
+
+def _updated_weights(model_path: str, threads: int, samples: list[Sample]) -> tuple[list[torch.Tensor], dict]:
+    # cpu_threads='reserved': the learner runs exactly num_cpus_per_learner threads in its update.
+    cfg = (
+        R3Config.grpo_preset()
+        .learners(num_learners=0, num_cpus_per_learner=threads)
+        .training(
+            model_path=model_path,
+            cpu_threads="reserved",
+            micro_batch_size=len(samples),
+            num_epochs=2,  # the second epoch's proximal log-probs come from a no-grad pass
+            gradient_checkpointing=False,
+            lr=1e-2,  # large Adam steps: a last-bit difference in one step would show in every weight after
+        )
+    )
+    space = gym.spaces.Text(8)
+    learner: R3Learner = cfg.build_learner(
+        env=None, spaces={"__env__": (space, space), "default_policy": (space, space)}
+    )
+    metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=3)
+    assert torch.get_num_threads() == threads
+    return [p.detach().clone() for p in learner.policy.parameters()], metrics
+
+
+def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model):
+    samples = _samples(12)
+    runs = {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS}
+    weights, metrics = runs[1]
+    assert metrics["grad_norm"] > 0
+    for t in THREADS[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(weights, runs[t][0], strict=True)), f"{t} threads"
+        for key in ("loss", "grad_norm", "entropy"):
+            assert metrics[key] == runs[t][1][key], (key, t)
