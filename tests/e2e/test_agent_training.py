@@ -185,8 +185,8 @@ def _call_reader():
     return read
 
 
-#: Learner metrics that measure time or memory, not what was trained.
-_MEASURED = ("update_s", "train_tokens_per_s", "peak_")
+#: Learner metrics that measure time, memory or the threads an update got, not what was trained.
+_MEASURED = ("update_s", "train_tokens_per_s", "peak_", "torch_threads")
 
 
 def _seeded_run(model_path: str) -> tuple[list[dict], list[list[tuple]]]:

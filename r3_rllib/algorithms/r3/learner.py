@@ -252,6 +252,7 @@ class R3Learner(TorchLearner):
     ) -> dict[str, float]:
         """Add the update's time, throughput and peak memory to `metrics`; count the new policy version."""
         metrics["update_s"] = elapsed
+        metrics["torch_threads"] = float(torch.get_num_threads())  # what cpu_threads gave this update
         metrics["trained_tokens"] = float(trained_tokens)
         metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
         # The largest learner process is the one that meets a memory limit first.
