@@ -92,6 +92,9 @@ class PathResult:
     phases: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     note: str = ""
     busy_s: list[float] = dataclasses.field(default_factory=list)  # machine CPU-seconds per timed iteration
+    learner_threads: list[float] = dataclasses.field(
+        default_factory=list
+    )  # ours: torch threads of each update
 
     def med(self, xs: Sequence[float]) -> float:
         return common.median(xs)
@@ -423,6 +426,8 @@ def run_ours(
             for k in names[:-1]:
                 res.phases[k].append(ph[k])
             res.phases["train_other"].append(dt - ph["iteration"])
+            if "torch_threads" in result.get("learner", {}):
+                res.learner_threads.append(float(result["learner"]["torch_threads"]))
     finally:
         algo.stop()
     return res
@@ -504,7 +509,8 @@ def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
     print("\nper-phase seconds per iteration (median):")
     for k, r in results.items():
         parts = ", ".join(f"{name} {common.median(v):.3f}" for name, v in r.phases.items() if v)
-        print(f"- {k}: {parts}; total {common.median(r.iter_s):.3f}")
+        threads = f" (learner threads per update: {sorted(r.learner_threads)})" if r.learner_threads else ""
+        print(f"- {k}: {parts}; total {common.median(r.iter_s):.3f}{threads}")
     print(f"({common.load_note()} at the end of this setting)", flush=True)
     return {
         "setting": dataclasses.asdict(s),
