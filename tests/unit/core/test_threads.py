@@ -43,6 +43,7 @@ def test_phase_threads(args, expected):
 
 
 def test_config_auto_and_reserved(monkeypatch):
+    monkeypatch.delenv("R3_CPU_THREADS", raising=False)  # the test suite sets it (tests/conftest.py)
     monkeypatch.setattr(threads, "available_cores", lambda: 8)
     monkeypatch.setattr("r3_rllib.algorithms.r3.config.available_cores", lambda: 8)
     config = R3Config().env_runners(num_env_runners=2, num_cpus_per_env_runner=1).learners(num_learners=0)
@@ -60,6 +61,18 @@ def test_config_auto_and_reserved(monkeypatch):
     assert config.phase_threads() == PhaseThreads(runner=1, learner=1)  # a GPU learner keeps its reservation
     with pytest.raises(ValueError, match="cpu_threads"):
         R3Config().training(cpu_threads="every").validate()
+
+
+def test_the_environment_variable_sets_the_default_and_a_bad_value_is_refused(monkeypatch):
+    monkeypatch.setenv("R3_CPU_THREADS", "reserved")
+    assert R3Config().cpu_threads == "reserved"
+    monkeypatch.setenv("R3_CPU_THREADS", "all")
+    assert R3Config().cpu_threads == "all"
+    monkeypatch.delenv("R3_CPU_THREADS")
+    assert R3Config().cpu_threads == "auto"
+    monkeypatch.setenv("R3_CPU_THREADS", "fast")
+    with pytest.raises(ValueError, match="cpu_threads"):
+        R3Config().validate()
 
 
 @pytest.mark.parametrize(
