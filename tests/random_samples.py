@@ -8,14 +8,18 @@ import numpy as np
 from r3_rllib.types.samples import Sample
 
 
-def random_samples(n: int, seed: int = 0, *, min_response_len: int = 1, num_queries: int = 3) -> list[Sample]:
-    """`n` samples of prompts of 4-8 tokens and responses of `min_response_len`-4 tokens (ids 5-59), on
+def random_samples(
+    n: int, seed: int = 0, *, min_response_len: int = 1, max_response_len: int = 4, num_queries: int = 3
+) -> list[Sample]:
+    """`n` samples of prompts of 4-8 tokens and responses of `min_response_len`-`max_response_len` tokens (ids 5-59), on
     `num_queries` query ids in turn."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         prompt = rng.integers(5, 60, size=int(rng.integers(4, 9))).tolist()
-        response = rng.integers(5, 60, size=int(rng.integers(min_response_len, 5))).tolist()
+        response = rng.integers(
+            5, 60, size=int(rng.integers(min_response_len, max_response_len + 1))
+        ).tolist()
         out.append(
             Sample(
                 query_id=f"q{i % num_queries}",

@@ -7,9 +7,9 @@ sampled log-probs differ in the last bit between 1 and 2 threads.)"""
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
+from random_samples import random_samples
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.learner import R3Learner
@@ -25,28 +25,6 @@ def _restore_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
-
-
-def _samples(n: int) -> list[Sample]:
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(n):
-        length = RESPONSE_TOKENS - int(rng.integers(0, 50))
-        out.append(
-            Sample(
-                query_id=f"q{i % 3}",
-                prompt_ids=rng.integers(5, 60, size=6).tolist(),
-                response_ids=rng.integers(5, 60, size=length).tolist(),
-                behavior_logprobs=np.full(length, -3.0, dtype=np.float32),
-                entropies=np.zeros(length, dtype=np.float32),
-                reward=float(i % 2),
-                correct=bool(i % 2),
-                truncated=False,
-                policy_version=0,
-                advantage=1.0 if i % 2 else -1.0,
-            )
-        )
-    return out
 
 
 def _updated_weights(model_path: str, threads: int, samples: list[Sample]) -> tuple[list[torch.Tensor], dict]:
@@ -73,7 +51,7 @@ def _updated_weights(model_path: str, threads: int, samples: list[Sample]) -> tu
 
 
 def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model):
-    samples = _samples(12)
+    samples = random_samples(12, min_response_len=RESPONSE_TOKENS - 50, max_response_len=RESPONSE_TOKENS)
     runs = {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS}
     weights, metrics = runs[1]
     assert metrics["grad_norm"] > 0
