@@ -8,8 +8,8 @@ Most of what a learner computes already is thread-invariant on CPU: matrix produ
 not the sum), element-wise ops, and reductions along a dimension with several outputs (each output is summed by one
 thread in a fixed order). One kind is not: a reduction of a whole tensor to a single number with more than ATen's
 grain size (32,768) elements. ATen then gives each thread a chunk and adds the partial sums, so the order of the
-additions, and the last bits of the result, follow the thread count (a 65,536-element ``sum()`` already differs
-between 1 and 2 threads). A loss's token-mean over a micro-batch of more than 32,768 tokens is such a sum.
+additions, and so the last bits of the result, can follow the thread count (whether they do depends on the data;
+bench/bench_thread_invariance.py). A loss's token-mean over a micro-batch of more than 32,768 tokens is such a sum.
 
 :func:`invariant_sum` sums rows of :data:`ROW` elements along a dimension (thread-invariant) until what is left is
 small enough for one thread, so the result is the same for every thread count; below the grain size it is plain

@@ -13,8 +13,9 @@ are cores with nothing runnable on them (:func:`threads_now`).
 
 Following the load is safe for seeded runs because the numbers do not follow the thread count: matrix products and
 reductions along a dimension are thread-invariant on CPU, and whole-tensor sums go through
-:func:`r3_rllib.core.reductions.invariant_sum` (tests/unit/algorithms/test_thread_invariance.py: a learner update
-over 34,000 tokens and the HF engine's sampling, bit-identical at 1, 2 and 3 threads).
+:func:`r3_rllib.core.reductions.invariant_sum` (tests/unit/algorithms/test_thread_invariance.py: a learner's
+two-epoch update, bit-identical at 1, 2 and 3 threads). The HF engine's sampled log-probs are not (one ulp apart
+between 1 and 2 threads), so under ``cpu_threads='auto'`` the runners keep their reservation.
 """
 
 from __future__ import annotations
