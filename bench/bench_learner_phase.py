@@ -159,6 +159,7 @@ def ab_times(learner, floor, ro: Rollouts, threads: Sequence[int], reps: int, wa
     for k in range(warmup + reps):
         for t in threads:
             torch.set_num_threads(t)
+            pin_threads(learner, t)
             for name in list(sides) if k % 2 == 0 else list(sides)[::-1]:
                 t0 = time.perf_counter()
                 sides[name](k)
@@ -166,6 +167,14 @@ def ab_times(learner, floor, ro: Rollouts, threads: Sequence[int], reps: int, wa
                 if k >= warmup:
                     times[(name, t)].append(dt)
     return times
+
+
+def pin_threads(learner, threads: int) -> None:
+    """Make our learner update on `threads` threads: it otherwise picks its own count at each update
+    (``cpu_threads``, core/threads.py), fewer where the machine looks busy, which would compare unequal threads."""
+    from r3_rllib.algorithms.r3.learner_threads import UpdateThreads
+
+    learner._threads = UpdateThreads(threads, threads)
 
 
 class PartTimers:
@@ -207,6 +216,7 @@ def profile_ours(learner, ro: Rollouts, threads: int, reps: int) -> dict[str, fl
     from r3_rllib.algorithms.r3 import learner as learner_module
 
     torch.set_num_threads(threads)
+    pin_threads(learner, threads)
     timers = PartTimers()
     for attr, label in (("pack_batch", "packing"), ("rl_objective", "loss")):
         timers.wrap(learner_module, attr, label)

@@ -47,11 +47,22 @@ HEAD_KL_AGG_MODES = ("seq-mean-token-mean", "loss_agg_mode")
 #: Environment variable holding ``cpu_threads``' default for the runs started where it is set (a machine shared
 #: with other jobs: ``reserved``); unset: ``auto``.
 CPU_THREADS_ENV = "R3_CPU_THREADS"
+#: Values of ``cpu_threads``.
+CPU_THREADS = ("auto", "reserved", "all")
 
 
 def cpu_threads_default() -> str:
-    """``cpu_threads``' default: :data:`CPU_THREADS_ENV` when set, else ``"auto"`` (checked with the field's rule)."""
-    return os.environ.get(CPU_THREADS_ENV, "auto")
+    """``cpu_threads``' default: :data:`CPU_THREADS_ENV` when set, else ``"auto"``. A value set there that is not
+    one of :data:`CPU_THREADS` is refused naming the variable (the field's own rule could only name the field)."""
+    value = os.environ.get(CPU_THREADS_ENV)
+    if value is None:
+        return "auto"
+    if value not in CPU_THREADS:
+        raise ValueError(
+            f"{CPU_THREADS_ENV}={value!r} in the environment (the default of cpu_threads) is not one of "
+            f"{', '.join(CPU_THREADS)}"
+        )
+    return value
 
 
 @dataclasses.dataclass
@@ -79,7 +90,7 @@ class R3Settings:
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'."""
     attn_implementation: str | None = setting(None, types=(str,), none_ok=True)
     """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""
-    cpu_threads: str = setting(default_factory=cpu_threads_default, choices=("auto", "reserved", "all"))
+    cpu_threads: str = setting(default_factory=cpu_threads_default, choices=CPU_THREADS)
     """Torch threads of the runners and learners on CPU (core/threads.py). 'auto' (default): each update takes the
     cores free in its phase: the synchronous loop alternates generation and the update, so the learners share the
     machine's cores; with generation overlapped (max_staleness >= 1) they share the cores the runners did not

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -80,19 +81,103 @@ def phase_start_threads(planned: int, reserved: int) -> int:
     return threads_now(planned, reserved, available_cores(), runnable_tasks())
 
 
-def runnable_tasks(samples: int = 3, gap_s: float = 0.002) -> int | None:
-    """Tasks runnable on the machine now (the fourth field of Linux's ``/proc/loadavg``, the caller included): the
-    least of ``samples`` reads ``gap_s`` apart, so a task that woke for a moment does not count. None elsewhere."""
+@dataclass
+class FreeCoreFollower:
+    """A phase's threads, re-planned while it runs: :meth:`poll` (called often, e.g. from module hooks) reads the
+    runnable tasks at most every ``interval_s`` and moves to :func:`threads_now`'s count once two readings in a row
+    agree (a task that runs for a moment does not move it).
+
+    Why: under overlap the runners' generation and the update start together, so the update starts on the cores the
+    runners left; when the generation ends first the update goes on alone, and a count fixed at its start leaves a
+    core idle for the rest of it (measured: BENCHMARKS.md section 34). The other way, a job that starts on a core
+    mid-update makes the update give that core back before OpenMP's barriers wait on it. Changing the count
+    mid-update changes no number (module docstring).
+    """
+
+    planned: int
+    reserved: int
+    current: int
+    set_threads: Callable[[int], None]
+    interval_s: float = 0.25
+    read_runnable: Callable[[], int | None] = field(default=lambda: runnable_tasks(samples=1))
+    clock: Callable[[], float] = time.monotonic
+    changes: int = 0
+    _next_read: float = 0.0
+    _seen: int | None = None
+    _since: float = 0.0
+    _thread_seconds: float = 0.0
+    _started: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._started = self._since = self.clock()
+        self._next_read = self._started + self.interval_s
+
+    @property
+    def follows(self) -> bool:
+        """Whether there is anything to follow: a plan above the reservation."""
+        return self.planned > self.reserved
+
+    def poll(self) -> None:
+        now = self.clock()
+        if now < self._next_read:
+            return
+        self._next_read = now + self.interval_s
+        want = threads_now(self.planned, self.reserved, available_cores(), self.read_runnable())
+        if want == self.current or want != self._seen:
+            self._seen = None if want == self.current else want
+            return
+        self._thread_seconds += self.current * (now - self._since)
+        self._since, self.current, self._seen = now, want, None
+        self.changes += 1
+        self.set_threads(want)
+
+    def mean_threads(self) -> float:
+        """The threads the phase ran on so far, averaged over its time."""
+        now = self.clock()
+        elapsed = now - self._started
+        if elapsed <= 0:
+            return float(self.current)
+        return (self._thread_seconds + self.current * (now - self._since)) / elapsed
+
+
+def runnable_tasks(samples: int = 3, gap_s: float = 0.002, loadavg: str = "/proc/loadavg") -> int | None:
+    """Tasks runnable on the machine now, this process counted once (the caller): the fourth field of Linux's
+    ``/proc/loadavg`` less this process's other running threads, the least of ``samples`` reads ``gap_s`` apart (a
+    task that woke for a moment does not count). None elsewhere.
+
+    Why this process's threads are left out: its own OpenMP workers keep spinning for a few milliseconds after each
+    parallel region, and ``/proc/loadavg`` counts them like another job's. Counted, they made our learner start
+    its update on one thread right after its own torch work on two idle cores (BENCHMARKS.md section 34).
+    """
     counts = []
     for i in range(samples):
         try:
-            with open("/proc/loadavg") as f:
-                counts.append(int(f.read().split()[3].split("/")[0]))
+            with open(loadavg) as f:
+                machine = int(f.read().split()[3].split("/")[0])
         except (OSError, ValueError, IndexError):
             return None
+        counts.append(max(1, machine - own_running_threads() + 1))
         if i + 1 < samples:
             time.sleep(gap_s)
     return min(counts)
+
+
+def own_running_threads(task_dir: str = "/proc/self/task") -> int:
+    """This process's threads that are running or runnable (state ``R`` in ``task_dir/<tid>/stat``), the caller
+    included; 1 where they cannot be read."""
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return 1
+    running = 0
+    for tid in tids:
+        try:
+            with open(os.path.join(task_dir, tid, "stat")) as f:
+                # "pid (comm) state ...": comm may hold spaces and parentheses, the state follows the last ")".
+                running += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue  # the thread ended while we read
+    return max(1, running)
 
 
 def available_cores() -> int:

@@ -52,6 +52,7 @@ from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, u
 from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingUpdate, score_entropies
 from r3_rllib.algorithms.r3.learner_rows import ProximalRows, proximal_logprobs
 from r3_rllib.algorithms.r3.learner_state import PolicyState, state_method
+from r3_rllib.algorithms.r3.learner_threads import UpdateThreads
 from r3_rllib.algorithms.r3.ranking_deferred import RANKING_RESULT
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
@@ -60,7 +61,6 @@ from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
 from r3_rllib.core.reductions import invariant_masked_mean
-from r3_rllib.core.threads import phase_start_threads
 from r3_rllib.models.dtypes import resolve_dtype
 from r3_rllib.types import TrainingBatch
 
@@ -99,8 +99,10 @@ class R3Learner(TorchLearner):
         if self._is_built:
             return
         # Torch threads (cpu_threads, core/threads.py): the reservation, up to the plan while updating or scoring.
-        self._threads = (self.config.phase_threads().learner, self.config.reserved_threads().learner)
-        torch.set_num_threads(self._threads[1])
+        self._threads = UpdateThreads(
+            self.config.phase_threads().learner, self.config.reserved_threads().learner
+        )
+        torch.set_num_threads(self._threads.reserved)
         self._device = get_device(self.config, self.config.num_gpus_per_learner)
         self._module = self._make_module()
         self._lora = lora_policy(self._module[DEFAULT_MODULE_ID].model, self.config)  # peft wrapper, or None
@@ -236,7 +238,7 @@ class R3Learner(TorchLearner):
 
     def _start_update(self, batch: TrainingBatch, phase: TrainingPhase) -> None:
         """Set an update up: threads, `phase`, per-update diagnostics, the proximal rows kept, deferred ranking."""
-        torch.set_num_threads(phase_start_threads(*self._threads))
+        self._threads.start(self.policy)
         self._set_phase(phase)
         self._peak_memory.reset()
         self._maxima = mismatch.RunningMax()  # per-update maxima (is_weight_max): max, not mean
@@ -252,7 +254,9 @@ class R3Learner(TorchLearner):
     ) -> dict[str, float]:
         """Add the update's time, throughput and peak memory to `metrics`; count the new policy version."""
         metrics["update_s"] = elapsed
-        metrics["torch_threads"] = float(torch.get_num_threads())  # what cpu_threads gave this update
+        metrics["torch_threads"] = (
+            self._threads.stop()
+        )  # what cpu_threads gave this update (time-weighted mean)
         metrics["trained_tokens"] = float(trained_tokens)
         metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
         # The largest learner process is the one that meets a memory limit first.

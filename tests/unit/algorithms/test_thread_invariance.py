@@ -6,13 +6,18 @@ sampled log-probs differ in the last bit between 1 and 2 threads.)"""
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import gymnasium as gym
 import pytest
 import torch
 from random_samples import random_samples
 
 from r3_rllib import R3Config
+from r3_rllib.algorithms.r3 import learner_threads
 from r3_rllib.algorithms.r3.learner import R3Learner
+from r3_rllib.core import threads as core_threads
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Sample
 
@@ -27,7 +32,9 @@ def _restore_threads():
     torch.set_num_threads(before)
 
 
-def _updated_weights(model_path: str, threads: int, samples: list[Sample]) -> tuple[list[torch.Tensor], dict]:
+def _updated_weights(
+    model_path: str, threads: int, samples: list[Sample], follow: bool = False
+) -> tuple[list[torch.Tensor], dict]:
     # cpu_threads='reserved': the learner runs exactly num_cpus_per_learner threads in its update.
     cfg = (
         R3Config.grpo_preset()
@@ -45,8 +52,11 @@ def _updated_weights(model_path: str, threads: int, samples: list[Sample]) -> tu
     learner: R3Learner = cfg.build_learner(
         env=None, spaces={"__env__": (space, space), "default_policy": (space, space)}
     )
+    if follow:  # a plan of `threads` from a reservation of 1: the update follows the (faked) free cores
+        learner._threads = learner_threads.UpdateThreads(threads, 1)
     metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=3)
-    assert torch.get_num_threads() == threads
+    if not follow:
+        assert torch.get_num_threads() == threads
     return [p.detach().clone() for p in learner.policy.parameters()], metrics
 
 
@@ -59,3 +69,26 @@ def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_mode
         assert all(torch.equal(a, b) for a, b in zip(weights, runs[t][0], strict=True)), f"{t} threads"
         for key in ("loss", "grad_norm", "entropy"):
             assert metrics[key] == runs[t][1][key], (key, t)
+
+
+def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(tiny_random_model, monkeypatch):
+    """The free cores change during an update (faked: every other pair of readings sees the machine busy), so
+    its thread count moves between 1 and 3 inside forwards and backwards: the same weights and metrics as 1 thread."""
+    readings = itertools.cycle([1, 1, 3, 3])  # runnable tasks on 3 cores: all free, then two busy
+    monkeypatch.setattr(core_threads, "available_cores", lambda: 3)
+    monkeypatch.setattr(learner_threads, "phase_start_threads", lambda planned, reserved: reserved)
+    follower = functools.partial(
+        core_threads.FreeCoreFollower, interval_s=0.0, read_runnable=lambda: next(readings)
+    )
+    made: list[core_threads.FreeCoreFollower] = []
+    monkeypatch.setattr(
+        learner_threads, "FreeCoreFollower", lambda *a, **k: made.append(follower(*a, **k)) or made[-1]
+    )
+    samples = random_samples(12, min_response_len=RESPONSE_TOKENS - 50, max_response_len=RESPONSE_TOKENS)
+    weights, metrics = _updated_weights(tiny_random_model, 1, samples)
+    moved, moved_metrics = _updated_weights(tiny_random_model, 3, samples, follow=True)
+    assert made[-1].changes >= 10  # switched inside the passes, not once
+    assert 1.0 < moved_metrics["torch_threads"] < 3.0
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved, strict=True))
+    for key in ("loss", "grad_norm", "entropy"):
+        assert metrics[key] == moved_metrics[key], key

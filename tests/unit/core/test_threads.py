@@ -3,6 +3,8 @@ choice between them and the reservations."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from r3_rllib import R3Config
@@ -71,8 +73,10 @@ def test_the_environment_variable_sets_the_default_and_a_bad_value_is_refused(mo
     monkeypatch.delenv("R3_CPU_THREADS")
     assert R3Config().cpu_threads == "auto"
     monkeypatch.setenv("R3_CPU_THREADS", "fast")
-    with pytest.raises(ValueError, match="cpu_threads"):
-        R3Config().validate()
+    with pytest.raises(
+        ValueError, match="R3_CPU_THREADS='fast' in the environment .* not one of auto, reserved, all"
+    ):
+        R3Config()
 
 
 @pytest.mark.parametrize(
@@ -102,3 +106,64 @@ def test_runnable_tasks_reads_proc_loadavg():
     if count is None:
         pytest.skip("no /proc/loadavg on this system")
     assert count >= 1  # the reading task itself is runnable
+
+
+def test_own_running_threads_counts_state_r_after_the_last_parenthesis(tmp_path):
+    stats = {"10": "10 (python) R 1 10", "11": "11 (omp (worker) 1) R 1 10", "12": "12 (ray::IDLE) S 1 10"}
+    for tid, text in stats.items():
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "stat").write_text(text)
+    (tmp_path / "13").mkdir()  # a thread that ended between the listing and the read
+    assert threads.own_running_threads(str(tmp_path)) == 2
+    assert threads.own_running_threads(str(tmp_path / "missing")) == 1
+    assert threads.own_running_threads() >= 1  # this process: at least the calling thread
+
+
+def test_this_process_s_spinning_threads_are_not_counted_as_other_jobs(monkeypatch, tmp_path):
+    """Two runnable tasks on the machine, both ours (the caller and an OpenMP worker still spinning): the machine is
+    free, so the whole plan; with one running thread of ours, the other task is another job's."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("1.00 1.00 1.00 2/300 12345\n")
+    monkeypatch.setattr(
+        threads, "runnable_tasks", functools.partial(threads.runnable_tasks, loadavg=str(loadavg))
+    )
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads, "own_running_threads", lambda: 2)
+    assert threads.runnable_tasks() == 1 and threads.phase_start_threads(2, 1) == 2
+    monkeypatch.setattr(threads, "own_running_threads", lambda: 1)
+    assert threads.runnable_tasks() == 2 and threads.phase_start_threads(2, 1) == 1
+
+
+def test_the_follower_moves_after_two_agreeing_readings_and_averages_over_time(monkeypatch):
+    """Planned 2, reserved 1, started on 1 thread on a 2-core machine; a reading at most every 0.25 s."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    now, readings, applied = [0.0], [], []
+    follower = threads.FreeCoreFollower(
+        planned=2,
+        reserved=1,
+        current=1,
+        set_threads=applied.append,
+        read_runnable=lambda: readings.pop(0),
+        clock=lambda: now[0],
+    )
+    assert follower.follows
+    steps = [  # (time, runnable tasks read or None when no reading is due, threads after)
+        (0.1, None, 1),  # before the first interval: nothing read
+        (0.25, 1, 1),  # one free reading: not yet
+        (0.3, None, 1),
+        (0.5, 2, 1),  # busy again: the free reading is forgotten
+        (0.75, 1, 1),
+        (1.0, 1, 2),  # two in a row: two threads from t = 1.0
+        (1.25, 2, 2),
+        (1.5, 2, 1),  # back to one at t = 1.5
+    ]
+    for t, reading, want in steps:
+        now[0] = t
+        if reading is not None:
+            readings.append(reading)
+        follower.poll()
+        assert not readings and follower.current == want, t
+    assert applied == [2, 1] and follower.changes == 2
+    now[0] = 2.0  # 1 thread for 1.0 s, 2 for 0.5 s, 1 for 0.5 s: 2.5 thread-seconds over 2.0 s
+    assert follower.mean_threads() == pytest.approx(1.25)
+    assert not threads.FreeCoreFollower(planned=1, reserved=1, current=1, set_threads=applied.append).follows
