@@ -174,7 +174,7 @@ def pin_threads(learner, threads: int) -> None:
     (``cpu_threads``, core/threads.py), fewer where the machine looks busy, which would compare unequal threads."""
     from r3_rllib.algorithms.r3.learner_threads import UpdateThreads
 
-    learner._threads = UpdateThreads(threads, threads)
+    learner._threads = UpdateThreads(threads, threads, threads)
 
 
 class PartTimers:

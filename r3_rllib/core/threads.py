@@ -4,17 +4,20 @@ Ray reserves CPUs per actor (``num_cpus_per_env_runner``, ``num_cpus_per_learner
 an actor may be placed, not how many cores are idle while it works. The synchronous loop alternates its phases: the
 runners wait while the learners update and the learners wait while the runners generate, so each phase can use the
 whole machine. With generation overlapped with training (``max_staleness >= 1``) both phases run at once and split
-the cores: the runners keep what they reserved and the learners get the rest.
+the cores: the runners keep what they reserved and the learners start on the rest, taking the runners' cores too
+while these wait for the next weights (:func:`most_learner_threads`).
 
 A plan is an upper bound. Cores another job keeps busy are not free: OpenMP threads spin at every barrier waiting
 for a thread the OS has descheduled, so on two cores shared with one busy process, two threads made our update 5-7x
 slower than one (BENCHMARKS.md section 28). Each phase therefore takes, when it starts, no more threads than there
-are cores with nothing runnable on them (:func:`threads_now`).
+are cores with nothing runnable on them (:func:`threads_now`), and a learner's update follows the cores other
+processes leave free while it runs (:class:`FreeCoreFollower`, polled from hooks on the policy).
 
 Following the load is safe for seeded runs because the numbers do not follow the thread count: matrix products and
 reductions along a dimension are thread-invariant on CPU, and whole-tensor sums go through
 :func:`r3_rllib.core.reductions.invariant_sum` (tests/unit/algorithms/test_thread_invariance.py: a learner's
-two-epoch update, bit-identical at 1, 2 and 3 threads). The HF engine's sampled log-probs are not (one ulp apart
+two-epoch update, bit-identical at 1, 2 and 3 threads and with its thread count changing inside its forwards and
+backwards). The HF engine's sampled log-probs are not (one ulp apart
 between 1 and 2 threads), so under ``cpu_threads='auto'`` the runners keep their reservation.
 """
 
@@ -63,6 +66,14 @@ def phase_threads(
     return PhaseThreads(runner=reserved_runner, learner=max(reserved_learner, left // learners))
 
 
+def most_learner_threads(*, cores: int, num_learners: int, learner_cpus: float | None) -> int:
+    """The most threads a learner's update grows to while it runs, synchronous or overlapped: its share of the
+    machine (the runners' cores are free whenever they wait), at least its reservation; ``num_learners`` 0 means
+    one learner in the driver. Under overlap the update starts on the cores the runners left
+    (:func:`phase_threads`) and takes theirs only while they are idle (:class:`FreeCoreFollower`)."""
+    return max(max(1, int(learner_cpus or 1)), max(1, int(cores)) // max(1, int(num_learners)))
+
+
 def threads_now(planned: int, reserved: int, cores: int, runnable: int | None) -> int:
     """The threads a phase starts with: ``planned``, but no more than the cores that nothing else is running on
     (``runnable``: the tasks runnable on the machine now, this one included; None when unknown: the reservation),
@@ -81,17 +92,53 @@ def phase_start_threads(planned: int, reserved: int) -> int:
     return threads_now(planned, reserved, available_cores(), runnable_tasks())
 
 
+class BusyElsewhere:
+    """Cores other processes kept busy since the previous call: the machine's busy CPU time (``/proc/stat``: user,
+    nice, system, irq, softirq, steal) less this process's (``os.times``), over the wall time between the calls.
+    An average over the interval, so a task that ran for a moment counts for its moment; this process's own
+    OpenMP workers, spinning or not, are its own time. None on the first call and where ``/proc/stat`` is absent."""
+
+    def __init__(
+        self,
+        stat: str = "/proc/stat",
+        own_seconds: Callable[[], float] = lambda: sum(os.times()[:2]),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stat, self._own_seconds, self._clock = stat, own_seconds, clock
+        self._last: tuple[float, float, float] | None = None
+
+    def _machine_seconds(self) -> float | None:
+        try:
+            with open(self._stat) as f:
+                fields = f.readline().split()
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+        except (OSError, ValueError):
+            return None
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+    def __call__(self) -> float | None:
+        machine = self._machine_seconds()
+        if machine is None:
+            return None
+        now = (self._clock(), machine, self._own_seconds())
+        last, self._last = self._last, now
+        if last is None or now[0] <= last[0]:
+            return None
+        return max(0.0, ((now[1] - last[1]) - (now[2] - last[2])) / (now[0] - last[0]))
+
+
 @dataclass
 class FreeCoreFollower:
     """A phase's threads, re-planned while it runs: :meth:`poll` (called often, e.g. from module hooks) reads the
-    runnable tasks at most every ``interval_s`` and moves to :func:`threads_now`'s count once two readings in a row
-    agree (a task that runs for a moment does not move it).
+    cores busy elsewhere over the last ``interval_s`` (:class:`BusyElsewhere`) and moves towards
+    :func:`threads_now`'s count: down at once (OpenMP threads waiting at barriers on a busy core make every
+    operation slower), up once two readings in a row agree. A core counts as busy when at least half of it was.
 
     Why: under overlap the runners' generation and the update start together, so the update starts on the cores the
     runners left; when the generation ends first the update goes on alone, and a count fixed at its start leaves a
     core idle for the rest of it (measured: BENCHMARKS.md section 34). The other way, a job that starts on a core
-    mid-update makes the update give that core back before OpenMP's barriers wait on it. Changing the count
-    mid-update changes no number (module docstring).
+    mid-update makes the update give that core back. Changing the count mid-update changes no number (module
+    docstring).
     """
 
     planned: int
@@ -99,11 +146,11 @@ class FreeCoreFollower:
     current: int
     set_threads: Callable[[int], None]
     interval_s: float = 0.25
-    read_runnable: Callable[[], int | None] = field(default=lambda: runnable_tasks(samples=1))
+    read_busy: Callable[[], float | None] = field(default_factory=BusyElsewhere)
     clock: Callable[[], float] = time.monotonic
     changes: int = 0
     _next_read: float = 0.0
-    _seen: int | None = None
+    _rising: bool = False
     _since: float = 0.0
     _thread_seconds: float = 0.0
     _started: float = 0.0
@@ -111,6 +158,7 @@ class FreeCoreFollower:
     def __post_init__(self) -> None:
         self._started = self._since = self.clock()
         self._next_read = self._started + self.interval_s
+        self.read_busy()  # the reading that the first interval is measured from
 
     @property
     def follows(self) -> bool:
@@ -122,12 +170,15 @@ class FreeCoreFollower:
         if now < self._next_read:
             return
         self._next_read = now + self.interval_s
-        want = threads_now(self.planned, self.reserved, available_cores(), self.read_runnable())
-        if want == self.current or want != self._seen:
-            self._seen = None if want == self.current else want
+        busy = self.read_busy()
+        if busy is None:
+            return
+        want = threads_now(self.planned, self.reserved, available_cores(), 1 + int(busy + 0.5))
+        rising, self._rising = self._rising, want > self.current
+        if want == self.current or (want > self.current and not rising):
             return
         self._thread_seconds += self.current * (now - self._since)
-        self._since, self.current, self._seen = now, want, None
+        self._since, self.current, self._rising = now, want, False
         self.changes += 1
         self.set_threads(want)
 

@@ -99,8 +99,9 @@ class R3Learner(TorchLearner):
         if self._is_built:
             return
         # Torch threads (cpu_threads, core/threads.py): the reservation, up to the plan while updating or scoring.
+        cfg = self.config
         self._threads = UpdateThreads(
-            self.config.phase_threads().learner, self.config.reserved_threads().learner
+            cfg.phase_threads().learner, cfg.most_learner_threads(), cfg.reserved_threads().learner
         )
         torch.set_num_threads(self._threads.reserved)
         self._device = get_device(self.config, self.config.num_gpus_per_learner)

@@ -4,7 +4,8 @@ An update starts on the cores free at its start and follows them while it runs: 
 (before each forward) and parameters (as each gradient is computed) poll a :class:`FreeCoreFollower`, which moves
 the thread count when the cores free change for longer than a moment. The hooks run on the thread that runs the
 update (autograd runs a CPU backward on the calling thread), where ``torch.set_num_threads`` applies. They are only
-installed when the plan exceeds the reservation (a CPU learner with cores to gain) and removed when the update ends.
+installed when the plan exceeds the reservation (a CPU learner with cores to gain) and removed when the update ends;
+the hooks change no gradient (they return None).
 """
 
 from __future__ import annotations
@@ -17,25 +18,28 @@ from r3_rllib.core.threads import FreeCoreFollower, phase_start_threads
 
 
 class UpdateThreads:
-    """The threads of one learner's updates: ``planned`` at most, ``reserved`` at least."""
+    """The threads of one learner's updates: ``start`` at its start where the cores are free, up to ``most`` while
+    it runs, ``reserved`` at least."""
 
-    def __init__(self, planned: int, reserved: int) -> None:
-        self.planned, self.reserved = planned, reserved
+    def __init__(self, start: int, most: int, reserved: int) -> None:
+        self.start_plan, self.most, self.reserved = start, max(start, most), reserved
         self._follower: FreeCoreFollower | None = None
         self._hooks: list[Any] = []
 
     def start(self, policy: torch.nn.Module) -> None:
         """Set the threads for an update of `policy` starting now, and follow the free cores during it."""
         self.stop()  # an update that raised left its hooks
-        threads = phase_start_threads(self.planned, self.reserved)
+        threads = phase_start_threads(self.start_plan, self.reserved)
         torch.set_num_threads(threads)
-        self._follower = FreeCoreFollower(self.planned, self.reserved, threads, torch.set_num_threads)
+        self._follower = FreeCoreFollower(self.most, self.reserved, threads, torch.set_num_threads)
         if not self._follower.follows:
             return
         poll = self._follower.poll
         for module in policy.modules():
             if next(module.parameters(recurse=False), None) is not None:
                 self._hooks.append(module.register_forward_pre_hook(lambda *_: poll()))
+        if torch.distributed.is_initialized():
+            return  # sharded (FSDP2) parameters get their gradients outside autograd: the forwards poll alone
         for param in policy.parameters():
             if param.requires_grad:
                 self._hooks.append(param.register_hook(lambda _grad: poll()))  # None: the gradient as it is

@@ -53,7 +53,7 @@ def _updated_weights(
         env=None, spaces={"__env__": (space, space), "default_policy": (space, space)}
     )
     if follow:  # a plan of `threads` from a reservation of 1: the update follows the (faked) free cores
-        learner._threads = learner_threads.UpdateThreads(threads, 1)
+        learner._threads = learner_threads.UpdateThreads(1, threads, 1)
     metrics = learner.update_from_samples(TrainingBatch.from_samples(samples), seed=3)
     if not follow:
         assert torch.get_num_threads() == threads
@@ -74,11 +74,11 @@ def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_mode
 def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(tiny_random_model, monkeypatch):
     """The free cores change during an update (faked: every other pair of readings sees the machine busy), so
     its thread count moves between 1 and 3 inside forwards and backwards: the same weights and metrics as 1 thread."""
-    readings = itertools.cycle([1, 1, 3, 3])  # runnable tasks on 3 cores: all free, then two busy
+    readings = itertools.cycle([0.0, 0.0, 2.0, 2.0])  # cores busy elsewhere, of 3: none, then two
     monkeypatch.setattr(core_threads, "available_cores", lambda: 3)
     monkeypatch.setattr(learner_threads, "phase_start_threads", lambda planned, reserved: reserved)
     follower = functools.partial(
-        core_threads.FreeCoreFollower, interval_s=0.0, read_runnable=lambda: next(readings)
+        core_threads.FreeCoreFollower, interval_s=0.0, read_busy=lambda: next(readings)
     )
     made: list[core_threads.FreeCoreFollower] = []
     monkeypatch.setattr(

@@ -134,32 +134,36 @@ def test_this_process_s_spinning_threads_are_not_counted_as_other_jobs(monkeypat
     assert threads.runnable_tasks() == 2 and threads.phase_start_threads(2, 1) == 1
 
 
-def test_the_follower_moves_after_two_agreeing_readings_and_averages_over_time(monkeypatch):
+def test_the_follower_goes_down_at_once_up_after_two_readings_and_averages_over_time(monkeypatch):
     """Planned 2, reserved 1, started on 1 thread on a 2-core machine; a reading at most every 0.25 s."""
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
-    now, readings, applied = [0.0], [], []
+    now, readings, applied = (
+        [0.0],
+        [None],
+        [],
+    )  # the first reading (at construction) has nothing to compare with
     follower = threads.FreeCoreFollower(
         planned=2,
         reserved=1,
         current=1,
         set_threads=applied.append,
-        read_runnable=lambda: readings.pop(0),
+        read_busy=lambda: readings.pop(0),
         clock=lambda: now[0],
     )
     assert follower.follows
-    steps = [  # (time, runnable tasks read or None when no reading is due, threads after)
-        (0.1, None, 1),  # before the first interval: nothing read
-        (0.25, 1, 1),  # one free reading: not yet
-        (0.3, None, 1),
-        (0.5, 2, 1),  # busy again: the free reading is forgotten
-        (0.75, 1, 1),
-        (1.0, 1, 2),  # two in a row: two threads from t = 1.0
-        (1.25, 2, 2),
-        (1.5, 2, 1),  # back to one at t = 1.5
+    steps = [  # (time, cores busy elsewhere read, or "-" when no reading is due; threads after)
+        (0.1, "-", 1),  # before the first interval: nothing read
+        (0.25, 0.1, 1),  # one free reading: not yet
+        (0.3, "-", 1),
+        (0.5, 0.9, 1),  # busy again: the free reading is forgotten
+        (0.75, 0.4, 1),  # less than half a core busy: free
+        (1.0, 0.0, 2),  # two in a row: two threads from t = 1.0
+        (1.25, None, 2),  # no reading: no change
+        (1.5, 0.5, 1),  # half a core busy: back to one at once, at t = 1.5
     ]
     for t, reading, want in steps:
         now[0] = t
-        if reading is not None:
+        if reading != "-":
             readings.append(reading)
         follower.poll()
         assert not readings and follower.current == want, t
@@ -167,3 +171,34 @@ def test_the_follower_moves_after_two_agreeing_readings_and_averages_over_time(m
     now[0] = 2.0  # 1 thread for 1.0 s, 2 for 0.5 s, 1 for 0.5 s: 2.5 thread-seconds over 2.0 s
     assert follower.mean_threads() == pytest.approx(1.25)
     assert not threads.FreeCoreFollower(planned=1, reserved=1, current=1, set_threads=applied.append).follows
+
+
+def test_busy_elsewhere_is_the_machine_s_busy_time_less_this_process_s(tmp_path):
+    hz = threads.os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    now, own = [10.0], [3.0]
+    reader = threads.BusyElsewhere(str(stat), own_seconds=lambda: own[0], clock=lambda: now[0])
+
+    def write(
+        user, system, idle, steal
+    ):  # cpu user nice system idle iowait irq softirq steal guest guest_nice
+        ticks = " ".join(str(round(v)) for v in (user, 0, system, idle, 0, 0, 0, steal, 0, 0))
+        stat.write_text(f"cpu  {ticks}\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+
+    write(100 * hz, 10 * hz, 500 * hz, 0)
+    assert reader() is None  # nothing to compare with yet
+    # 0.5 s later: the machine was busy 1.5 CPU-s (1.0 user, 0.25 system, 0.25 stolen), this process 0.75 of them.
+    now[0], own[0] = 10.5, 3.75
+    write(101 * hz, 10.25 * hz, 500.5 * hz, 0.25 * hz)
+    assert reader() == pytest.approx(1.5)  # 0.75 CPU-s elsewhere over 0.5 s
+    assert threads.BusyElsewhere(str(tmp_path / "missing"))() is None
+
+
+def test_the_learner_grows_to_its_share_of_the_machine_under_overlap(monkeypatch):
+    monkeypatch.setattr("r3_rllib.algorithms.r3.config.available_cores", lambda: 8)
+    config = R3Config().env_runners(num_env_runners=2).learners(num_learners=0).training(cpu_threads="auto")
+    assert config.copy().training(max_staleness=1).phase_threads().learner == 6  # starts beside the runners
+    assert config.copy().training(max_staleness=1).most_learner_threads() == 8  # grows while they wait
+    assert config.copy().learners(num_learners=2).most_learner_threads() == 4
+    assert config.copy().training(cpu_threads="reserved").most_learner_threads() == 1
+    assert config.copy().learners(num_learners=1, num_gpus_per_learner=1).most_learner_threads() == 1
