@@ -190,7 +190,9 @@ def check_mismatch(recent: Sequence[Metrics], t: HealthThresholds) -> list[Findi
     if t.mismatch_k3_max is not None:
         what = (
             "rollout/learner mismatch (KL of the engine's sampling policy to the learner's, health_mismatch_k3_max): "
-            "check the weight sync and the engine's dtype, or reject such tokens (rollout_rs)"
+            "check the weight sync and the engine's dtype, or reject such tokens (rollout_rs); with generation "
+            "overlapped (max_staleness >= 1) it includes the policy's change over the staleness: a lower lr or "
+            "staleness lowers it"
         )
         out.append(_at_or_above("mismatch_kl", "learner/mismatch_k3", recent, t.mismatch_k3_max, what))
     if t.is_weight_max is not None:
