@@ -208,6 +208,8 @@ def runnable_tasks(samples: int = 3, gap_s: float = 0.002, loadavg: str = "/proc
         except (OSError, ValueError, IndexError):
             return None
         counts.append(max(1, machine - own_running_threads() + 1))
+        if counts[-1] == 1:
+            break  # nothing else runnable: no later reading can make the least smaller (one read, not three)
         if i + 1 < samples:
             time.sleep(gap_s)
     return min(counts)

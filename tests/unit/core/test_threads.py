@@ -202,3 +202,12 @@ def test_the_learner_grows_to_its_share_of_the_machine_under_overlap(monkeypatch
     assert config.copy().learners(num_learners=2).most_learner_threads() == 4
     assert config.copy().training(cpu_threads="reserved").most_learner_threads() == 1
     assert config.copy().learners(num_learners=1, num_gpus_per_learner=1).most_learner_threads() == 1
+
+
+def test_an_idle_machine_is_read_once_a_busy_one_three_times(monkeypatch, tmp_path):
+    loadavg, reads = tmp_path / "loadavg", []
+    monkeypatch.setattr(threads, "own_running_threads", lambda: reads.append(1) or 1)
+    loadavg.write_text("0.10 0.10 0.10 1/300 12345\n")
+    assert threads.runnable_tasks(loadavg=str(loadavg)) == 1 and len(reads) == 1  # no reading can be lower
+    loadavg.write_text("2.00 2.00 2.00 3/300 12345\n")
+    assert threads.runnable_tasks(loadavg=str(loadavg), gap_s=0.0) == 3 and len(reads) == 4
