@@ -17,8 +17,8 @@ Following the load is safe for seeded runs because the numbers do not follow the
 reductions along a dimension are thread-invariant on CPU, and whole-tensor sums go through
 :func:`r3_rllib.core.reductions.invariant_sum` (tests/unit/algorithms/test_thread_invariance.py: a learner's
 two-epoch update, bit-identical at 1, 2 and 3 threads and with its thread count changing inside its forwards and
-backwards). The HF engine's sampled log-probs are not (one ulp apart
-between 1 and 2 threads), so under ``cpu_threads='auto'`` the runners keep their reservation.
+backwards). The HF engine's sampled log-probs are not (one ulp apart between 1 and 2 threads), so under
+``cpu_threads='auto'`` the runners keep their reservation.
 """
 
 from __future__ import annotations

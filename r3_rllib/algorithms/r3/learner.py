@@ -98,7 +98,7 @@ class R3Learner(TorchLearner):
     def build(self) -> None:
         if self._is_built:
             return
-        # Torch threads (cpu_threads, core/threads.py): the reservation, up to the plan while updating or scoring.
+        # Torch threads (cpu_threads, core/threads.py): the reservation; more while updating (learner_threads.py).
         cfg = self.config
         self._threads = UpdateThreads(
             cfg.phase_threads().learner, cfg.most_learner_threads(), cfg.reserved_threads().learner
@@ -255,9 +255,8 @@ class R3Learner(TorchLearner):
     ) -> dict[str, float]:
         """Add the update's time, throughput and peak memory to `metrics`; count the new policy version."""
         metrics["update_s"] = elapsed
-        metrics["torch_threads"] = (
-            self._threads.stop()
-        )  # what cpu_threads gave this update (time-weighted mean)
+        # What cpu_threads gave this update: its threads averaged over its time (they follow the free cores).
+        metrics["torch_threads"] = self._threads.stop()
         metrics["trained_tokens"] = float(trained_tokens)
         metrics["train_tokens_per_s"] = trained_tokens / max(elapsed, 1e-9)
         # The largest learner process is the one that meets a memory limit first.
