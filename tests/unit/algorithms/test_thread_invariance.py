@@ -60,9 +60,23 @@ def _updated_weights(
     return [p.detach().clone() for p in learner.policy.parameters()], metrics
 
 
-def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model):
-    samples = random_samples(12, min_response_len=RESPONSE_TOKENS - 50, max_response_len=RESPONSE_TOKENS)
-    runs = {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS}
+@pytest.fixture(scope="module")
+def samples() -> list[Sample]:
+    return random_samples(12, min_response_len=RESPONSE_TOKENS - 50, max_response_len=RESPONSE_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def one_thread(tiny_random_model, samples) -> tuple[list[torch.Tensor], dict]:
+    """The update at one thread, which every other thread count and schedule must equal."""
+    before = torch.get_num_threads()
+    try:
+        return _updated_weights(tiny_random_model, 1, samples)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model, samples, one_thread):
+    runs = {1: one_thread} | {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS[1:]}
     weights, metrics = runs[1]
     assert metrics["grad_norm"] > 0
     for t in THREADS[1:]:
@@ -71,7 +85,9 @@ def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_mode
             assert metrics[key] == runs[t][1][key], (key, t)
 
 
-def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(tiny_random_model, monkeypatch):
+def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(
+    tiny_random_model, samples, one_thread, monkeypatch
+):
     """The free cores change during an update (faked: every other pair of readings sees the machine busy), so
     its thread count moves between 1 and 3 inside forwards and backwards: the same weights and metrics as 1 thread."""
     readings = itertools.cycle([0.0, 0.0, 2.0, 2.0])  # cores busy elsewhere, of 3: none, then two
@@ -84,8 +100,7 @@ def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(tiny_rand
     monkeypatch.setattr(
         learner_threads, "FreeCoreFollower", lambda *a, **k: made.append(follower(*a, **k)) or made[-1]
     )
-    samples = random_samples(12, min_response_len=RESPONSE_TOKENS - 50, max_response_len=RESPONSE_TOKENS)
-    weights, metrics = _updated_weights(tiny_random_model, 1, samples)
+    weights, metrics = one_thread
     moved, moved_metrics = _updated_weights(tiny_random_model, 3, samples, follow=True)
     assert made[-1].changes >= 10  # switched inside the passes, not once
     assert 1.0 < moved_metrics["torch_threads"] < 3.0
