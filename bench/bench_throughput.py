@@ -13,8 +13,8 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss):
 - ``ours-hf`` / ``ours-vllm``: the real algorithm (``R3Config.grpo_preset()``, ``algo.train()``): one remote
   EnvRunner with the HF or vLLM engine, a local learner in the driver, weights synced through the object store;
 - ``ours-hf-overlap`` / ``ours-vllm-overlap``: the same with ``overlap_generation=True``: the runner generates batch
-  k+1 while the learner trains on batch k (one-step off-policy, IS-corrected). Runner and learner each use one
-  thread (``cpu_threads='auto'`` splits the cores between the overlapped phases), so this path uses both cores;
+  k+1 while the learner trains on batch k (one-step off-policy, IS-corrected). The runner uses one thread; the
+  learner starts on the other core and takes the runner's too once the generation ends (``cpu_threads='auto'``);
 - ``ours-*`` paths run with the default ``cpu_threads='auto'`` (each phase of the synchronous loop may use both
   cores); ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with ``cpu_threads='reserved'``: one
   torch thread per reserved CPU; ``ours-hf-all`` / ``ours-vllm-all``: ``cpu_threads='all'`` (the runner also takes
@@ -92,9 +92,8 @@ class PathResult:
     phases: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     note: str = ""
     busy_s: list[float] = dataclasses.field(default_factory=list)  # machine CPU-seconds per timed iteration
-    learner_threads: list[float] = dataclasses.field(
-        default_factory=list
-    )  # ours: torch threads of each update
+    # Ours: each update's torch threads, averaged over its time.
+    learner_threads: list[float] = dataclasses.field(default_factory=list)
 
     def med(self, xs: Sequence[float]) -> float:
         return common.median(xs)

@@ -111,16 +111,13 @@ def load_note() -> str:
 
 
 def cpu_busy_s() -> float:
-    """CPU-seconds the whole machine has spent busy (all processes, all cores) since boot: Linux ``/proc/stat``'s
-    user + nice + system + irq + softirq + steal; NaN elsewhere. The difference over an iteration is the work it
-    cost, whichever processes (driver, Ray actors, OpenMP threads) did it."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    """CPU-seconds the whole machine has spent busy since boot (``core/threads.py machine_busy_seconds``); NaN
+    elsewhere. The difference over an iteration is the work it cost, whichever processes (driver, Ray actors, OpenMP
+    threads) did it."""
+    from r3_rllib.core.threads import machine_busy_seconds
+
+    busy = machine_busy_seconds()
+    return float("nan") if busy is None else busy
 
 
 # -- Ray ----------------------------------------------------------------------------------------------------------

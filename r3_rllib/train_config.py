@@ -153,7 +153,12 @@ def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
     for key in raw:
         if key not in TOP_KEYS:
             raise _unknown(key, TOP_KEYS, "the run file's top level")
-    config = _preset_config(raw.get("preset"))
+    try:
+        config = _preset_config(raw.get("preset"))
+    except ConfigError:
+        raise
+    except ValueError as e:  # a default read from the environment (R3_CPU_THREADS) that is not a valid value
+        raise ConfigError(str(e)) from e
     for section in BUILDER_SECTIONS:
         if raw.get(section) is not None:
             _apply_section(config, section, raw[section], base_dir)

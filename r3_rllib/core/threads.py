@@ -5,7 +5,7 @@ an actor may be placed, not how many cores are idle while it works. The synchron
 runners wait while the learners update and the learners wait while the runners generate, so each phase can use the
 whole machine. With generation overlapped with training (``max_staleness >= 1``) both phases run at once and split
 the cores: the runners keep what they reserved and the learners start on the rest, taking the runners' cores too
-while these wait for the next weights (:func:`most_learner_threads`).
+while these wait for the next weights (up to the synchronous plan: :class:`FreeCoreFollower`).
 
 A plan is an upper bound. Cores another job keeps busy are not free: OpenMP threads spin at every barrier waiting
 for a thread the OS has descheduled, so on two cores shared with one busy process, two threads made our update 5-7x
@@ -66,14 +66,6 @@ def phase_threads(
     return PhaseThreads(runner=reserved_runner, learner=max(reserved_learner, left // learners))
 
 
-def most_learner_threads(*, cores: int, num_learners: int, learner_cpus: float | None) -> int:
-    """The most threads a learner's update grows to while it runs, synchronous or overlapped: its share of the
-    machine (the runners' cores are free whenever they wait), at least its reservation; ``num_learners`` 0 means
-    one learner in the driver. Under overlap the update starts on the cores the runners left
-    (:func:`phase_threads`) and takes theirs only while they are idle (:class:`FreeCoreFollower`)."""
-    return max(max(1, int(learner_cpus or 1)), max(1, int(cores)) // max(1, int(num_learners)))
-
-
 def threads_now(planned: int, reserved: int, cores: int, runnable: int | None) -> int:
     """The threads a phase starts with: ``planned``, but no more than the cores that nothing else is running on
     (``runnable``: the tasks runnable on the machine now, this one included; None when unknown: the reservation),
@@ -92,6 +84,18 @@ def phase_start_threads(planned: int, reserved: int) -> int:
     return threads_now(planned, reserved, available_cores(), runnable_tasks())
 
 
+def machine_busy_seconds(stat: str = "/proc/stat") -> float | None:
+    """CPU-seconds the whole machine has spent busy since boot (all processes, all cores): Linux ``/proc/stat``'s
+    user + nice + system + irq + softirq + steal; None where it cannot be read."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 class BusyElsewhere:
     """Cores other processes kept busy since the previous call: the machine's busy CPU time (``/proc/stat``: user,
     nice, system, irq, softirq, steal) less this process's (``os.times``), over the wall time between the calls.
@@ -107,17 +111,8 @@ class BusyElsewhere:
         self._stat, self._own_seconds, self._clock = stat, own_seconds, clock
         self._last: tuple[float, float, float] | None = None
 
-    def _machine_seconds(self) -> float | None:
-        try:
-            with open(self._stat) as f:
-                fields = f.readline().split()
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-        except (OSError, ValueError):
-            return None
-        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
     def __call__(self) -> float | None:
-        machine = self._machine_seconds()
+        machine = machine_busy_seconds(self._stat)
         if machine is None:
             return None
         now = (self._clock(), machine, self._own_seconds())
@@ -158,7 +153,8 @@ class FreeCoreFollower:
     def __post_init__(self) -> None:
         self._started = self._since = self.clock()
         self._next_read = self._started + self.interval_s
-        self.read_busy()  # the reading that the first interval is measured from
+        if self.follows:
+            self.read_busy()  # the reading that the first interval is measured from
 
     @property
     def follows(self) -> bool:

@@ -215,6 +215,15 @@ def test_r3_train_exits_2_on_a_malformed_set_value(override, message, run_file, 
     assert err.startswith(message) and "Traceback" not in err
 
 
+def test_r3_train_exits_2_on_a_bad_default_from_the_environment(run_file, capsys, monkeypatch):
+    from r3_rllib.cli import main
+
+    monkeypatch.setenv("R3_CPU_THREADS", "fast")
+    assert main(["train", str(run_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("r3 train: R3_CPU_THREADS='fast' in the environment") and "Traceback" not in err
+
+
 def test_rollout_timeout_is_finite_by_default():
     # A hanging reward function or engine is bounded by default (None still opts out).
     assert R3Config().rollout_timeout_s == 1800

@@ -39,7 +39,7 @@ from r3_rllib.config.presets import recipe_values
 from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults
 from r3_rllib.config.settings import RENAMED_FIELDS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
-from r3_rllib.core.threads import PhaseThreads, available_cores, most_learner_threads, phase_threads
+from r3_rllib.core.threads import PhaseThreads, available_cores, phase_threads
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
 from r3_rllib.engines.registry import engine_capabilities
@@ -333,12 +333,20 @@ class R3Config(AlgorithmConfig):
     def phase_threads(self) -> PhaseThreads:
         """The most torch threads a runner and a learner use in their phase (``cpu_threads``; cores counted where
         this runs); each phase starts with fewer where cores are busy (core/threads.py phase_start_threads)."""
+        return self._thread_plan(overlapped=max_staleness_of(self) >= 1)
+
+    def most_learner_threads(self) -> int:
+        """The most torch threads a learner's update grows to while it runs (learner_threads.py): the synchronous
+        loop's plan in either loop, since under overlap the runners' cores are free whenever they wait."""
+        return self._thread_plan(overlapped=False).learner
+
+    def _thread_plan(self, *, overlapped: bool) -> PhaseThreads:
         reserved = self.reserved_threads()
         if self.cpu_threads == "reserved":
             return reserved
         plan = phase_threads(
             cores=available_cores(),
-            overlapped=max_staleness_of(self) >= 1,
+            overlapped=overlapped,
             num_env_runners=int(self.num_env_runners or 1),
             runner_cpus=reserved.runner,
             num_learners=int(self.num_learners or 0),
@@ -349,16 +357,6 @@ class R3Config(AlgorithmConfig):
         # log-probs differ in the last bit between thread counts; the learner's update does not: core/reductions.py).
         runner = plan.runner if self.cpu_threads == "all" else reserved.runner
         return PhaseThreads(runner=runner, learner=reserved.learner if on_gpu else plan.learner)
-
-    def most_learner_threads(self) -> int:
-        """The most torch threads a learner's update grows to while it runs (core/threads.py): its share of the
-        machine's cores under ``cpu_threads`` 'auto' or 'all' on CPU, in either loop; else its reservation."""
-        reserved = self.reserved_threads().learner
-        if self.cpu_threads == "reserved" or self.num_gpus_per_learner:
-            return reserved
-        learner_cpus = None if self.num_cpus_per_learner == "auto" else reserved
-        cores, learners = available_cores(), int(self.num_learners or 0)
-        return most_learner_threads(cores=cores, num_learners=learners, learner_cpus=learner_cpus)
 
     def engine_options(self) -> EngineOptions:
         """The runners' engine as a typed object. R^2PO: an engine whose model carries the rollout head, sampling

@@ -174,6 +174,8 @@ def test_the_follower_goes_down_at_once_up_after_two_readings_and_averages_over_
 
 
 def test_busy_elsewhere_is_the_machine_s_busy_time_less_this_process_s(tmp_path):
+    """In whole clock ticks, so the expected value holds for any SC_CLK_TCK: over 0.5 s the machine was busy 150
+    ticks (100 user, 25 system, 25 stolen), this process 75 of them: 75 ticks elsewhere per 0.5 s."""
     hz = threads.os.sysconf("SC_CLK_TCK")
     stat = tmp_path / "stat"
     now, own = [10.0], [3.0]
@@ -182,15 +184,14 @@ def test_busy_elsewhere_is_the_machine_s_busy_time_less_this_process_s(tmp_path)
     def write(
         user, system, idle, steal
     ):  # cpu user nice system idle iowait irq softirq steal guest guest_nice
-        ticks = " ".join(str(round(v)) for v in (user, 0, system, idle, 0, 0, 0, steal, 0, 0))
+        ticks = " ".join(str(v) for v in (user, 0, system, idle, 0, 0, 0, steal, 0, 0))
         stat.write_text(f"cpu  {ticks}\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
 
-    write(100 * hz, 10 * hz, 500 * hz, 0)
+    write(10_000, 1_000, 50_000, 0)
     assert reader() is None  # nothing to compare with yet
-    # 0.5 s later: the machine was busy 1.5 CPU-s (1.0 user, 0.25 system, 0.25 stolen), this process 0.75 of them.
-    now[0], own[0] = 10.5, 3.75
-    write(101 * hz, 10.25 * hz, 500.5 * hz, 0.25 * hz)
-    assert reader() == pytest.approx(1.5)  # 0.75 CPU-s elsewhere over 0.5 s
+    now[0], own[0] = 10.5, 3.0 + 75 / hz
+    write(10_100, 1_025, 50_050, 25)
+    assert reader() == pytest.approx(75 / hz / 0.5)
     assert threads.BusyElsewhere(str(tmp_path / "missing"))() is None
 
 
