@@ -126,8 +126,10 @@ class BusyElsewhere:
 class FreeCoreFollower:
     """A phase's threads, re-planned while it runs: :meth:`poll` (called often, e.g. from module hooks) reads the
     cores busy elsewhere over the last ``interval_s`` (:class:`BusyElsewhere`) and moves towards
-    :func:`threads_now`'s count: down at once (OpenMP threads waiting at barriers on a busy core make every
-    operation slower), up once two readings in a row agree. A core counts as busy when at least half of it was.
+    :func:`threads_now`'s count, both ways at the reading that finds it (down: OpenMP threads waiting at barriers
+    on a busy core make every operation slower; up: each interval on fewer threads than the free cores leaves a core
+    idle). A core counts as busy when at least half of it was: a reading averages over its interval, so a job that
+    ran for a moment does not move the count.
 
     Why: under overlap the runners' generation and the update start together, so the update starts on the cores the
     runners left; when the generation ends first the update goes on alone, and a count fixed at its start leaves a
@@ -140,12 +142,11 @@ class FreeCoreFollower:
     reserved: int
     current: int
     set_threads: Callable[[int], None]
-    interval_s: float = 0.25
+    interval_s: float = 0.1
     read_busy: Callable[[], float | None] = field(default_factory=BusyElsewhere)
     clock: Callable[[], float] = time.monotonic
     changes: int = 0
     _next_read: float = 0.0
-    _rising: bool = False
     _since: float = 0.0
     _thread_seconds: float = 0.0
     _started: float = 0.0
@@ -170,11 +171,10 @@ class FreeCoreFollower:
         if busy is None:
             return
         want = threads_now(self.planned, self.reserved, available_cores(), 1 + int(busy + 0.5))
-        rising, self._rising = self._rising, want > self.current
-        if want == self.current or (want > self.current and not rising):
+        if want == self.current:
             return
         self._thread_seconds += self.current * (now - self._since)
-        self._since, self.current, self._rising = now, want, False
+        self._since, self.current = now, want
         self.changes += 1
         self.set_threads(want)
 
@@ -203,7 +203,9 @@ def runnable_tasks(samples: int = 3, gap_s: float = 0.002, loadavg: str = "/proc
                 machine = int(f.read().split()[3].split("/")[0])
         except (OSError, ValueError, IndexError):
             return None
-        counts.append(max(1, machine - own_running_threads() + 1))
+        # The caller is one of the machine's runnable tasks: with none besides it, its own threads are not read
+        # (a read of every thread's stat file, ~1 ms in a Ray driver of some 50 threads).
+        counts.append(1 if machine <= 1 else max(1, machine - own_running_threads() + 1))
         if counts[-1] == 1:
             break  # nothing else runnable: no later reading can make the least smaller (one read, not three)
         if i + 1 < samples:

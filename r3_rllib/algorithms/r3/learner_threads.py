@@ -1,11 +1,11 @@
 """The learner's torch threads during an update (``cpu_threads``, core/threads.py).
 
-An update starts on the cores free at its start and follows them while it runs: hooks on the policy's modules
-(before each forward) and parameters (as each gradient is computed) poll a :class:`FreeCoreFollower`, which moves
-the thread count when the cores free change for longer than a moment. The hooks run on the thread that runs the
-update (autograd runs a CPU backward on the calling thread), where ``torch.set_num_threads`` applies. They are only
-installed when the plan exceeds the reservation (a CPU learner with cores to gain) and removed when the update ends;
-the hooks change no gradient (they return None).
+An update starts on the cores free at its start and follows them while it runs: hooks on up to :data:`POLL_POINTS`
+of the policy's modules (before their forward) and parameters (as their gradient is computed), spread over the
+model, poll a :class:`FreeCoreFollower`, which moves the thread count when the cores free change for longer than a
+moment. The hooks run on the thread that runs the update (autograd runs a CPU backward on the calling thread), where
+``torch.set_num_threads`` applies. They are only installed when the plan exceeds the reservation (a CPU learner with
+cores to gain) and removed when the update ends; the hooks change no gradient (they return None).
 """
 
 from __future__ import annotations
@@ -15,6 +15,18 @@ from typing import Any
 import torch
 
 from r3_rllib.core.threads import FreeCoreFollower, phase_start_threads
+
+#: The most modules (forward) and parameters (backward) that poll the follower, spread evenly over the model: a
+#: reading is due at most every 0.1 s, and hooks on every module and parameter (~1,800 on the shipped tiny model)
+#: cost ~4 ms to install per update and a call each (BENCHMARKS.md section 35).
+POLL_POINTS = 32
+
+
+def spread(items: list, most: int) -> list:
+    """At most ``most`` of ``items``, evenly spaced from the first (all of them when there are no more)."""
+    if len(items) <= most:
+        return list(items)
+    return [items[i * len(items) // most] for i in range(most)]
 
 
 class UpdateThreads:
@@ -35,14 +47,14 @@ class UpdateThreads:
         if not self._follower.follows:
             return
         poll = self._follower.poll
-        for module in policy.modules():
-            if next(module.parameters(recurse=False), None) is not None:
-                self._hooks.append(module.register_forward_pre_hook(lambda *_: poll()))
+        modules = [m for m in policy.modules() if next(m.parameters(recurse=False), None) is not None]
+        for module in spread(modules, POLL_POINTS):
+            self._hooks.append(module.register_forward_pre_hook(lambda *_: poll()))
         if torch.distributed.is_initialized():
             return  # sharded (FSDP2) parameters get their gradients outside autograd: the forwards poll alone
-        for param in policy.parameters():
-            if param.requires_grad:
-                self._hooks.append(param.register_hook(lambda _grad: poll()))  # None: the gradient as it is
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        for param in spread(trainable, POLL_POINTS):
+            self._hooks.append(param.register_hook(lambda _grad: poll()))  # None: the gradient as it is
 
     def stop(self) -> float:
         """Remove the hooks; the threads the update ran on, averaged over its time (0 before any update)."""

@@ -107,3 +107,25 @@ def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(
     assert all(torch.equal(a, b) for a, b in zip(weights, moved, strict=True))
     for key in ("loss", "grad_norm", "entropy"):
         assert metrics[key] == moved_metrics[key], key
+
+
+def test_an_update_polls_from_at_most_poll_points_modules_and_parameters(monkeypatch):
+    """40 linear layers (40 modules with parameters, 80 trainable parameters): hooks on 32 of each, spread from the
+    first (every 40/32-th, every 80/32-th), none left after the update."""
+    assert learner_threads.spread(list(range(10)), 4) == [0, 2, 5, 7]  # i * 10 // 4 for i < 4
+    assert learner_threads.spread([1, 2], 4) == [1, 2]
+    monkeypatch.setattr(learner_threads, "phase_start_threads", lambda planned, reserved: reserved)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(40)])
+    threads = learner_threads.UpdateThreads(start=1, most=3, reserved=1)
+
+    def hooks() -> tuple[int, int]:
+        forward = sum(len(m._forward_pre_hooks) for m in model.modules())
+        backward = sum(len(p._backward_hooks or {}) for p in model.parameters())
+        return forward, backward
+
+    threads.start(model)
+    assert hooks() == (learner_threads.POLL_POINTS, learner_threads.POLL_POINTS) == (32, 32)
+    assert len(model[0]._forward_pre_hooks) == 1 and len(model[1]._forward_pre_hooks) == 1  # 1 * 40 // 32 = 1
+    assert len(model[4]._forward_pre_hooks) == 0  # 3 * 40 // 32 = 3, 4 * 40 // 32 = 5
+    threads.stop()
+    assert hooks() == (0, 0)

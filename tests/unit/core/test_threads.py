@@ -134,8 +134,8 @@ def test_this_process_s_spinning_threads_are_not_counted_as_other_jobs(monkeypat
     assert threads.runnable_tasks() == 2 and threads.phase_start_threads(2, 1) == 1
 
 
-def test_the_follower_goes_down_at_once_up_after_two_readings_and_averages_over_time(monkeypatch):
-    """Planned 2, reserved 1, started on 1 thread on a 2-core machine; a reading at most every 0.25 s."""
+def test_the_follower_moves_at_the_reading_that_finds_a_change_and_averages_over_time(monkeypatch):
+    """Planned 2, reserved 1, started on 1 thread on a 2-core machine; a reading at most every 0.1 s."""
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     now, readings, applied = (
         [0.0],
@@ -150,16 +150,16 @@ def test_the_follower_goes_down_at_once_up_after_two_readings_and_averages_over_
         read_busy=lambda: readings.pop(0),
         clock=lambda: now[0],
     )
-    assert follower.follows
+    assert follower.follows and follower.interval_s == 0.1
     steps = [  # (time, cores busy elsewhere read, or "-" when no reading is due; threads after)
-        (0.1, "-", 1),  # before the first interval: nothing read
-        (0.25, 0.1, 1),  # one free reading: not yet
-        (0.3, "-", 1),
-        (0.5, 0.9, 1),  # busy again: the free reading is forgotten
-        (0.75, 0.4, 1),  # less than half a core busy: free
-        (1.0, 0.0, 2),  # two in a row: two threads from t = 1.0
-        (1.25, None, 2),  # no reading: no change
-        (1.5, 0.5, 1),  # half a core busy: back to one at once, at t = 1.5
+        (0.05, "-", 1),  # before the first interval: nothing read
+        (0.1, 0.9, 1),  # the other core busy: stays on one
+        (0.15, "-", 1),  # 0.05 s after the last reading: none due
+        (0.21, 0.5, 1),  # half a core busy counts as busy
+        (0.32, 0.4, 2),  # less than half: free, two threads from t = 0.32
+        (0.43, 0.0, 2),
+        (0.54, None, 2),  # no reading: no change
+        (0.65, 0.6, 1),  # busy again: back to one at once, at t = 0.65
     ]
     for t, reading, want in steps:
         now[0] = t
@@ -168,8 +168,8 @@ def test_the_follower_goes_down_at_once_up_after_two_readings_and_averages_over_
         follower.poll()
         assert not readings and follower.current == want, t
     assert applied == [2, 1] and follower.changes == 2
-    now[0] = 2.0  # 1 thread for 1.0 s, 2 for 0.5 s, 1 for 0.5 s: 2.5 thread-seconds over 2.0 s
-    assert follower.mean_threads() == pytest.approx(1.25)
+    now[0] = 1.0  # 1 thread for 0.32 s, 2 for 0.33 s, 1 for 0.35 s: 1.33 thread-seconds over 1.0 s
+    assert follower.mean_threads() == pytest.approx(1.33)
     assert not threads.FreeCoreFollower(planned=1, reserved=1, current=1, set_threads=applied.append).follows
 
 
@@ -206,9 +206,15 @@ def test_the_learner_grows_to_its_share_of_the_machine_under_overlap(monkeypatch
 
 
 def test_an_idle_machine_is_read_once_a_busy_one_three_times(monkeypatch, tmp_path):
-    loadavg, reads = tmp_path / "loadavg", []
-    monkeypatch.setattr(threads, "own_running_threads", lambda: reads.append(1) or 1)
+    """Own threads are read only when the machine counts more than the caller; the least of three readings when
+    something else stays runnable, one reading when the first finds nothing else."""
+    loadavg, reads, own = tmp_path / "loadavg", [], [1]
+    monkeypatch.setattr(threads, "own_running_threads", lambda: reads.append(1) or own[0])
     loadavg.write_text("0.10 0.10 0.10 1/300 12345\n")
-    assert threads.runnable_tasks(loadavg=str(loadavg)) == 1 and len(reads) == 1  # no reading can be lower
+    assert (
+        threads.runnable_tasks(loadavg=str(loadavg)) == 1 and not reads
+    )  # the caller alone: nothing to read
     loadavg.write_text("2.00 2.00 2.00 3/300 12345\n")
-    assert threads.runnable_tasks(loadavg=str(loadavg), gap_s=0.0) == 3 and len(reads) == 4
+    assert threads.runnable_tasks(loadavg=str(loadavg), gap_s=0.0) == 3 and len(reads) == 3
+    own[0] = 3  # the three runnable tasks are this process's threads: one reading, the least possible
+    assert threads.runnable_tasks(loadavg=str(loadavg), gap_s=0.0) == 1 and len(reads) == 4
