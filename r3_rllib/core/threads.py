@@ -204,7 +204,7 @@ def runnable_tasks(samples: int = 3, gap_s: float = 0.002, loadavg: str = "/proc
         except (OSError, ValueError, IndexError):
             return None
         # The caller is one of the machine's runnable tasks: with none besides it, its own threads are not read
-        # (a read of every thread's stat file, ~1 ms in a Ray driver of some 50 threads).
+        # (a read of every thread's stat file, ~1 ms in a Ray driver).
         counts.append(1 if machine <= 1 else max(1, machine - own_running_threads() + 1))
         if counts[-1] == 1:
             break  # nothing else runnable: no later reading can make the least smaller (one read, not three)
