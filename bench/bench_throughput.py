@@ -3,6 +3,8 @@
     python bench/bench_throughput.py                      # both settings, every path (~13 min on 2 CPU cores)
     python bench/bench_throughput.py --setting tiny       # the shipped 0.8 M model only
     python bench/bench_throughput.py --setting gen --paths ours-vllm,ours-vllm-overlap,trl,trl-2t
+    python bench/bench_throughput.py --setting tiny --paths ours-hf,floor --iterations 60 --rounds 6
+                                                          # the paths take turns, 6 blocks of 10 each
     python bench/bench_throughput.py --scaling            # also fit and check the cost-per-iteration model
     python bench/bench_throughput.py --smoke              # CI: one tiny iteration per path
 
@@ -36,7 +38,8 @@ Groups whose rewards are all equal carry no gradient: ours drops them from the b
 tiny setting (``trained tok`` columns show the work done); TRL trains on all samples.
 
 Time per iteration is wall-clock from the driver, warm-up iterations excluded; the ratios use medians (the machine
-may be shared). Our per-phase split comes from the algorithm's own timers (``result["timers_s"]``).
+may be shared). Paths run one after the other, unless ``--rounds R``: then every path but TRL's is built once and
+warmed up, and they take turns, R blocks each, so a machine whose speed drifts slows them alike. Our per-phase split comes from the algorithm's own timers (``result["timers_s"]``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ PATHS = (
     "trl-2t",
     "floor-2t",
 )
+
+
+#: Our paths that may take turns (``--rounds``): each keeps its runner, which holds one of the private Ray
+#: instance's CPUs (``common.start_ray``), for the whole run.
+MOST_OURS_IN_TURNS = 2
 
 
 @dataclasses.dataclass
@@ -216,34 +224,46 @@ class FloorGRPO:
         }
 
 
-def run_floor(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 1) -> PathResult:
-    import torch
+class FloorSession:
+    """The floor's loop, kept alive between blocks of iterations (``--rounds``): its model, optimizer and prompts."""
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    floor = FloorGRPO(
-        s.model_path,
-        group_size=s.group_size,
-        max_new_tokens=s.max_new_tokens,
-        lr=s.lr,
-        drop_degenerate=not s.rank_all_wrong,
-    )
-    stream = problem_stream(s, seed)
-    res = PathResult("floor", [], [], [], [], {k: [] for k in ("generate", "grade", "learner")})
-    for i in range(warmup + iterations):
-        problems = [next(stream) for _ in range(s.queries)]
-        t0, b0 = time.perf_counter(), common.cpu_busy_s()
-        m = floor.step(problems)
-        dt = time.perf_counter() - t0
-        if i >= warmup:
-            res.iter_s.append(dt)
-            res.busy_s.append(common.cpu_busy_s() - b0)
-            res.samples.append(m["samples"])
-            res.gen_tokens.append(m["gen_tokens"])
-            res.trained_tokens.append(m["trained_tokens"])
-            for k in res.phases:
-                res.phases[k].append(m[k])
-    return res
+    def __init__(self, s: Setting, seed: int, threads: int = 1) -> None:
+        import torch
+
+        self.s, self.threads = s, threads
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.floor = FloorGRPO(
+            s.model_path,
+            group_size=s.group_size,
+            max_new_tokens=s.max_new_tokens,
+            lr=s.lr,
+            drop_degenerate=not s.rank_all_wrong,
+        )
+        self.stream = problem_stream(s, seed)
+        self.res = PathResult("floor", [], [], [], [], {k: [] for k in ("generate", "grade", "learner")})
+
+    def run(self, iterations: int, timed: bool = True) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)  # another path may have run in between
+        for _ in range(iterations):
+            problems = [next(self.stream) for _ in range(self.s.queries)]
+            t0, b0 = time.perf_counter(), common.cpu_busy_s()
+            m = self.floor.step(problems)
+            dt = time.perf_counter() - t0
+            if not timed:
+                continue
+            self.res.iter_s.append(dt)
+            self.res.busy_s.append(common.cpu_busy_s() - b0)
+            self.res.samples.append(m["samples"])
+            self.res.gen_tokens.append(m["gen_tokens"])
+            self.res.trained_tokens.append(m["trained_tokens"])
+            for k in self.res.phases:
+                self.res.phases[k].append(m[k])
+
+    def close(self) -> None:
+        pass
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -375,6 +395,55 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
 # ------------------------------------------------------------------------------------------------------------------
 # Ours
 # ------------------------------------------------------------------------------------------------------------------
+class OursSession:
+    """Our algorithm, built once and kept between blocks of iterations (``--rounds``)."""
+
+    NAMES = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
+
+    def __init__(
+        self, s: Setting, engine: str, seed: int, overlap: bool = False, cpu_threads: str = "auto"
+    ) -> None:
+        config = common.grpo_config(
+            s.model_path,
+            engine=engine,
+            group_size=s.group_size,
+            queries=s.queries,
+            max_new_tokens=s.max_new_tokens,
+            lr=s.lr,
+            env_config=s.env_config,
+            seed=seed,
+            rank_all_wrong=s.rank_all_wrong,
+        )
+        config.training(overlap_generation=overlap, cpu_threads=cpu_threads)
+        self.s, self.algo = s, config.build_algo()
+        name = f"ours-{engine}" + ("-overlap" if overlap else "")
+        name += "" if cpu_threads == "auto" else f"-{cpu_threads}"
+        self.res = PathResult(name, [], [], [], [], {k: [] for k in self.NAMES})
+
+    def run(self, iterations: int, timed: bool = True) -> None:
+        res, n = self.res, self.s.queries * self.s.group_size
+        for _ in range(iterations):
+            t0, b0 = time.perf_counter(), common.cpu_busy_s()
+            result = self.algo.train()
+            dt = time.perf_counter() - t0
+            if not timed:
+                continue
+            res.busy_s.append(common.cpu_busy_s() - b0)
+            ph = common.phases_from_result(result, n)
+            res.iter_s.append(dt)
+            res.samples.append(float(n))
+            res.gen_tokens.append(ph["gen_tokens"])
+            res.trained_tokens.append(float(result.get("learner", {}).get("trained_tokens", 0.0)))
+            for k in self.NAMES[:-1]:
+                res.phases[k].append(ph[k])
+            res.phases["train_other"].append(dt - ph["iteration"])
+            if "torch_threads" in result.get("learner", {}):
+                res.learner_threads.append(float(result["learner"]["torch_threads"]))
+
+    def close(self) -> None:
+        self.algo.stop()
+
+
 def run_ours(
     s: Setting,
     engine: str,
@@ -384,52 +453,13 @@ def run_ours(
     overlap: bool = False,
     cpu_threads: str = "auto",
 ) -> PathResult:
-    config = common.grpo_config(
-        s.model_path,
-        engine=engine,
-        group_size=s.group_size,
-        queries=s.queries,
-        max_new_tokens=s.max_new_tokens,
-        lr=s.lr,
-        env_config=s.env_config,
-        seed=seed,
-        rank_all_wrong=s.rank_all_wrong,
-    )
-    config.training(overlap_generation=overlap, cpu_threads=cpu_threads)
-    algo = config.build_algo()
-    names = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
-    res = PathResult(
-        f"ours-{engine}"
-        + ("-overlap" if overlap else "")
-        + ("" if cpu_threads == "auto" else f"-{cpu_threads}"),
-        [],
-        [],
-        [],
-        [],
-        {k: [] for k in names},
-    )
+    session = OursSession(s, engine, seed, overlap=overlap, cpu_threads=cpu_threads)
     try:
-        for i in range(warmup + iterations):
-            t0, b0 = time.perf_counter(), common.cpu_busy_s()
-            result = algo.train()
-            dt = time.perf_counter() - t0
-            if i < warmup:
-                continue
-            res.busy_s.append(common.cpu_busy_s() - b0)
-            n = s.queries * s.group_size
-            ph = common.phases_from_result(result, n)
-            res.iter_s.append(dt)
-            res.samples.append(float(n))
-            res.gen_tokens.append(ph["gen_tokens"])
-            res.trained_tokens.append(float(result.get("learner", {}).get("trained_tokens", 0.0)))
-            for k in names[:-1]:
-                res.phases[k].append(ph[k])
-            res.phases["train_other"].append(dt - ph["iteration"])
-            if "torch_threads" in result.get("learner", {}):
-                res.learner_threads.append(float(result["learner"]["torch_threads"]))
+        session.run(warmup, timed=False)
+        session.run(iterations)
     finally:
-        algo.stop()
-    return res
+        session.close()
+    return session.res
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -660,6 +690,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--iterations", type=int, default=10, help="timed iterations per path (tiny setting)")
     ap.add_argument("--gen-iterations", type=int, default=3, help="timed iterations per path (gen setting)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="split each path's timed iterations into this many blocks, the paths (TRL's aside) taking turns; "
+        f"at most {MOST_OURS_IN_TURNS} of ours (each holds a runner's CPU while it waits)",
+    )
     ap.add_argument("--model", default=None, help="tiny setting model (default: the shipped tiny model)")
     ap.add_argument(
         "--gen-model", default=None, help="gen setting model (default: built in code, ~19 M params)"
@@ -683,15 +720,82 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.warmup = 0
         args.queries, args.group_size, args.gen_queries, args.gen_group_size, args.gen_tokens = 2, 2, 2, 2, 8
         args.scaling_iterations = 1
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.no_trl:
         keep = [p for p in (args.paths.split(",") if args.paths else PATHS) if not p.startswith("trl")]
         args.paths = ",".join(keep)
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def session_for(s: Setting, path: str, seed: int) -> OursSession | FloorSession:
+    """A path other than TRL's, built and ready to run iterations."""
+    threads = 2 if path.endswith("-2t") else 1
+    if not path.startswith("ours"):
+        return FloorSession(s, seed, threads)
+    engine = path.split("-")[1]
+    cpu_threads = next((t for t in ("reserved", "all") if path.endswith(f"-{t}")), "auto")
+    return OursSession(s, engine, seed, overlap=path.endswith("-overlap"), cpu_threads=cpu_threads)
+
+
+def run_path(s: Setting, path: str, iterations: int, args: argparse.Namespace) -> PathResult:
+    """One path from start to end: built, ``args.warmup`` untimed iterations, ``iterations`` timed ones."""
     import torch
 
+    print(f"[{s.name}] running {path} ({args.warmup} warm-up + {iterations} timed) ...", flush=True)
+    t0, threads_before = time.perf_counter(), torch.get_num_threads()
+    if path.startswith("trl"):
+        res = run_trl(s, iterations, args.warmup, args.seed, threads=2 if path.endswith("-2t") else 1)
+    else:
+        session = session_for(s, path, args.seed)
+        try:
+            session.run(args.warmup, timed=False)
+            session.run(iterations)
+        finally:
+            session.close()
+        res = session.res
+    torch.set_num_threads(threads_before)
+    print(f"[{s.name}] {path} done in {time.perf_counter() - t0:.0f}s ({common.load_note()})", flush=True)
+    return res
+
+
+def run_in_turns(
+    s: Setting, paths: list[str], iterations: int, args: argparse.Namespace
+) -> dict[str, PathResult]:
+    """With ``--rounds R`` > 1: ``paths`` built once each and warmed up, then taking turns for R blocks of
+    ``iterations // R`` timed iterations, the order reversed every other round, so that a machine whose speed drifts
+    during the run slows every path alike (in sequence, a path that ran in a slower minute reads slower). Empty
+    otherwise."""
+    import torch
+
+    if args.rounds <= 1 or not paths:
+        return {}
+    ours = [p for p in paths if p.startswith("ours")]
+    if len(ours) > MOST_OURS_IN_TURNS:
+        raise SystemExit(
+            f"--rounds {args.rounds} keeps every path of setting {s.name!r} alive at once: at most "
+            f"{MOST_OURS_IN_TURNS} of ours (each holds one of the private Ray instance's CPUs), got {ours}: "
+            "name fewer with --paths"
+        )
+    threads_before, sessions = torch.get_num_threads(), {}
+    try:
+        for path in paths:
+            print(f"[{s.name}] building {path} and its {args.warmup} warm-up iterations ...", flush=True)
+            sessions[path] = session_for(s, path, args.seed)
+            sessions[path].run(args.warmup, timed=False)
+        block = max(1, iterations // args.rounds)
+        for r in range(args.rounds):
+            for path in paths if r % 2 == 0 else paths[::-1]:
+                sessions[path].run(block)
+            print(f"[{s.name}] round {r + 1}/{args.rounds} done ({common.load_note()})", flush=True)
+    finally:
+        for session in sessions.values():
+            session.close()
+        torch.set_num_threads(threads_before)
+    return {path: session.res for path, session in sessions.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     common.setup_process()
     common.pickle_by_value(sys.modules[__name__], common)
@@ -702,29 +806,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for s in settings:
             iters = args.iterations if s.name == "tiny" else args.gen_iterations
-            results: dict[str, PathResult] = {}
+            results = run_in_turns(s, [p for p in s.paths if not p.startswith("trl")], iters, args)
             for path in s.paths:
-                print(f"[{s.name}] running {path} ({args.warmup} warm-up + {iters} timed) ...", flush=True)
-                t0 = time.perf_counter()
-                threads_before = torch.get_num_threads()
-                if path.startswith("ours"):
-                    engine = path.split("-")[1]
-                    overlap = path.endswith("-overlap")
-                    threads = next((t for t in ("reserved", "all") if path.endswith(f"-{t}")), "auto")
-                    results[path] = run_ours(
-                        s, engine, iters, args.warmup, args.seed, overlap=overlap, cpu_threads=threads
-                    )
-                elif path.startswith("trl"):
-                    threads = 2 if path.endswith("-2t") else 1
-                    results[path] = run_trl(s, iters, args.warmup, args.seed, threads=threads)
-                else:
-                    threads = 2 if path.endswith("-2t") else 1
-                    results[path] = run_floor(s, iters, args.warmup, args.seed, threads=threads)
-                torch.set_num_threads(threads_before)
-                print(
-                    f"[{s.name}] {path} done in {time.perf_counter() - t0:.0f}s ({common.load_note()})",
-                    flush=True,
-                )
+                if path not in results:
+                    results[path] = run_path(s, path, iters, args)
+            results = {path: results[path] for path in s.paths}
             out["settings"].append(report(s, results))
         if args.scaling:
             out["scaling"] = scaling(args, common.long_response_model("tiny"))

@@ -89,6 +89,19 @@ def test_bad_method_is_rejected():
         mod.main(["--methods", "ppo", "--no-probe", "--model", "unused"])
 
 
+def test_throughput_in_turns_refuses_more_of_ours_than_ray_has_cpus_for():
+    """Every path taking turns stays alive, each of ours holding a runner's CPU: three would wait forever."""
+    mod = load("bench_throughput")
+    paths = "ours-hf,ours-hf-overlap,ours-hf-reserved,floor"
+    args = mod.parse_args(["--setting", "tiny", "--paths", paths, "--rounds", "2"])
+    (setting,) = mod.build_settings(args)
+    with pytest.raises(SystemExit, match="at most 2 of ours"):
+        mod.run_in_turns(setting, list(setting.paths), 4, args)
+    assert mod.run_in_turns(setting, list(setting.paths), 4, mod.parse_args(["--setting", "tiny"])) == {}
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--rounds", "0"])
+
+
 # -- one iteration of each benchmark (slow) -----------------------------------------------------------------------
 @pytest.mark.bench
 @pytest.mark.slow
@@ -99,6 +112,29 @@ def test_throughput_smoke_ours_and_floor(ray_session, tiny_random_model, capsys)
     assert "| ours-hf |" in out and "| floor |" in out
     assert "| ours-hf-overlap |" in out and "| floor-2t |" in out
     assert "ours-hf/floor step time" in out and "ours-hf-overlap/floor-2t step time" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_throughput_smoke_paths_in_turns(ray_session, tiny_random_model, capsys):
+    """Two rounds of one iteration each: every path times two iterations, built once."""
+    mod = load("bench_throughput")
+    argv = [
+        "--smoke",
+        "--setting",
+        "tiny",
+        "--model",
+        tiny_random_model,
+        "--paths",
+        "ours-hf,floor",
+        "--rounds",
+        "2",
+    ]
+    assert mod.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("building ") == 2 and "round 2/2 done" in out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith(("| ours-hf |", "| floor |"))]
+    assert len(rows) == 2 and all(row[-2].strip() == "2" for row in rows)  # iters timed
 
 
 @pytest.mark.bench
