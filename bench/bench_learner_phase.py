@@ -120,16 +120,7 @@ def build_ours(s: bench_throughput.Setting, seed: int):
     """Our learner in this process, configured as ``bench_throughput`` runs it."""
     import gymnasium as gym
 
-    config = common.grpo_config(
-        s.model_path,
-        group_size=s.group_size,
-        queries=s.queries,
-        max_new_tokens=s.max_new_tokens,
-        lr=s.lr,
-        env_config=s.env_config,
-        seed=seed,
-        rank_all_wrong=s.rank_all_wrong,
-    )
+    config = bench_throughput.ours_config(s, "hf", seed)
     space = gym.spaces.Text(8)
     return config.build_learner(
         env=None, spaces={"__env__": (space, space), "default_policy": (space, space)}

@@ -395,6 +395,21 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
 # ------------------------------------------------------------------------------------------------------------------
 # Ours
 # ------------------------------------------------------------------------------------------------------------------
+def ours_config(s: Setting, engine: str, seed: int):
+    """Our GRPO config for setting ``s`` (``common.grpo_config``: one remote runner, a local learner)."""
+    return common.grpo_config(
+        s.model_path,
+        engine=engine,
+        group_size=s.group_size,
+        queries=s.queries,
+        max_new_tokens=s.max_new_tokens,
+        lr=s.lr,
+        env_config=s.env_config,
+        seed=seed,
+        rank_all_wrong=s.rank_all_wrong,
+    )
+
+
 class OursSession:
     """Our algorithm, built once and kept between blocks of iterations (``--rounds``)."""
 
@@ -403,17 +418,7 @@ class OursSession:
     def __init__(
         self, s: Setting, engine: str, seed: int, overlap: bool = False, cpu_threads: str = "auto"
     ) -> None:
-        config = common.grpo_config(
-            s.model_path,
-            engine=engine,
-            group_size=s.group_size,
-            queries=s.queries,
-            max_new_tokens=s.max_new_tokens,
-            lr=s.lr,
-            env_config=s.env_config,
-            seed=seed,
-            rank_all_wrong=s.rank_all_wrong,
-        )
+        config = ours_config(s, engine, seed)
         config.training(overlap_generation=overlap, cpu_threads=cpu_threads)
         self.s, self.algo = s, config.build_algo()
         name = f"ours-{engine}" + ("-overlap" if overlap else "")
