@@ -124,3 +124,40 @@ def gridworld_warm_start(tmp_path_factory) -> str:
         return str(build_warm_start(tmp_path_factory.mktemp("gridworld") / "warm_start", seed=0))
     finally:
         torch.set_num_threads(threads)
+
+
+#: R3_TEST_CPU_LOG=<path>: each test's wall seconds and the CPU-seconds of this pytest process and everything it
+#: started (Ray's raylet and every actor it forked, `r3` subprocesses), appended to <path>.<pid> as
+#: "cpu_s wall_s nodeid" lines. For budgeting the suite's time: scripts/test.sh runs several test processes on two
+#: cores, where a test's wall time says more about its neighbours than about it.
+CPU_LOG = os.environ.get("R3_TEST_CPU_LOG")
+
+
+def _tree_cpu_s() -> float:
+    """CPU-seconds of this process and its live descendants, each with its reaped children (a Ray actor that
+    exited counts in its raylet's children times)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue  # ended between the listing and the read
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    import time
+
+    wall0, cpu0 = time.monotonic(), _tree_cpu_s()
+    yield
+    cpu, wall = _tree_cpu_s() - cpu0, time.monotonic() - wall0
+    with open(f"{CPU_LOG}.{os.getpid()}", "a") as f:
+        f.write(f"{cpu:.2f} {wall:.2f} {item.nodeid}\n")

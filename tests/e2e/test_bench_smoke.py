@@ -427,3 +427,28 @@ def test_adapters_smoke():
         timeout=300,
     )
     assert out.returncode == 0 and "| openenv |" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_fixed_costs_parts_name_functions_that_exist():
+    """Every part bench_fixed_costs.py reports names a function defined in its file: a rename shows here, not as a
+    silent nan in the benchmark's table."""
+    from pathlib import Path
+
+    import ray
+
+    mod = load("bench_fixed_costs")
+    roots = {"r3_rllib": REPO, "ray": Path(ray.__file__).parent.parent}
+    for label, (path_end, name) in mod.PARTS.items():
+        text = (roots[path_end.split("/")[0]] / path_end).read_text()
+        assert re.search(rf"^\s*def {name}\(", text, re.M), (label, path_end, name)
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_fixed_costs_smoke(ray_session, tiny_random_model, capsys):
+    mod = load("bench_fixed_costs")
+    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    out = capsys.readouterr().out
+    assert "ours / floor" in out and "runnable tasks read" in out
+    update = next(line for line in out.splitlines() if "the update (update_from_samples)" in line)
+    assert float(update.split()[-1]) > 0  # the learner ran in the profiled driver

@@ -176,15 +176,15 @@ class R3(R3Console, Algorithm):
                 batch, r3_metrics = self._build_batch(groups, settings.for_batch(cfg))
             # 3. Learner update and 4. weight sync (an iteration with nothing to train skips both).
             learner_metrics: dict[str, float] = {}
+            syncing = None
             if batch:
                 with self._timed("learner_update_s"):
                     learner_metrics = self._update_learners(batch, settings.phase)
                 # The deferred groups' rewards and advantages from the learners (ranking_deferred.py).
                 pending = getattr(self, "_pending_ranking", None)
                 batch = finish_deferred(batch, r3_metrics, pending, learner_metrics)
-                with self._timed("weight_sync_s"):
-                    staleness = max_staleness_of(cfg)
-                    self.weights.sync(block=staleness == 0, queued_loads=max(staleness, 1))
+                # Synchronous loop: the runners load while the driver logs this iteration (collected below).
+                syncing = self.weights.start_sync(max_staleness_of(cfg))
             else:
                 if cfg.dynamic_sampling:
                     logger.warning(
@@ -204,6 +204,9 @@ class R3(R3Console, Algorithm):
             # 5. Metrics and held-out evaluation.
             self._log_metrics(rollout, r3_metrics, learner_metrics, settings.phase)
             observe_health(self, learner_metrics)  # health/* metrics, warnings, NaN stop (health_monitor.py)
+            if syncing is not None:  # the driver's time in the sync: its send and its wait for the loads
+                timer = ("timers_s", "weight_sync_s")
+                self.metrics.log_value(timer, syncing.collect(), reduce="mean", window=1)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
         return None

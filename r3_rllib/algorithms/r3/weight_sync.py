@@ -13,6 +13,7 @@ tensors made from them must only be read (engines copy them into their own param
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -128,6 +129,58 @@ class PolicyWeights:
         streaming rollouts): the driver goes on, and the runner's next call runs with the new weights.
         ``queued_loads``: how many loads may wait on one runner at once (1: the previous one is collected first, as
         overlap's long finished; streaming allows max_staleness of them, each behind its requests)."""
+        weights_ref, version = self._publish()
+        if block:
+            load = _loader(weights_ref, version, newer_only=False)
+            self.runners.foreach_env_runner(load, local_env_runner=False, remote_worker_ids=remote_worker_ids)
+            return
+        # A queued load of a version the runner already pulled mid-rollout is skipped (partial rollouts).
+        load = _loader(weights_ref, version, newer_only=self.board is not None)
+        # RLlib limits the requests in flight per runner and tag: collect the previous (long finished) load, or
+        # with several allowed (streaming), the finished ones.
+        self.runners.fetch_ready_async_reqs(
+            tags=WEIGHTS_TAG, timeout_seconds=None if queued_loads <= 1 else 0.0
+        )
+        targets = remote_worker_ids or self.runners.healthy_worker_ids()
+        sent = self.runners.foreach_env_runner_async(load, tag=WEIGHTS_TAG, remote_worker_ids=targets)
+        # A runner with every load slot taken (one that stopped answering) gets the next version instead; the
+        # samples it generates meanwhile carry their older version, and the staleness bound applies to them.
+        self.loads_skipped += len(targets) - sent
+
+    def start_sync(self, max_staleness: int) -> PendingSync:
+        """The training loop's sync after an update. With ``max_staleness`` 0 (the synchronous loop) the runners
+        start loading and the driver goes on: it logs the iteration meanwhile and calls :meth:`PendingSync.collect`
+        before it asks for the next rollout. Otherwise (overlap, streaming) the loads queue behind the rollouts in
+        flight, ``max_staleness`` of them at most per runner."""
+        t0 = time.perf_counter()
+        if max_staleness > 0:
+            self.sync(block=False, queued_loads=max_staleness)
+            return PendingSync(None, time.perf_counter() - t0)
+        self.send()
+        return PendingSync(self, time.perf_counter() - t0)
+
+    def send(self) -> None:
+        """A blocking :meth:`sync` in two halves, for the synchronous loop: the runners start loading the learners'
+        weights and the driver goes on (it logs its iteration meanwhile); :meth:`wait_loads` waits for the loads. The
+        loop asks for its next rollout after :meth:`wait_loads`, so every sample is drawn with these weights, as after
+        a blocking sync."""
+        weights_ref, version = self._publish()
+        targets = self.runners.healthy_worker_ids()
+        load = _loader(weights_ref, version, newer_only=False)
+        sent = self.runners.foreach_env_runner_async(load, tag=WEIGHTS_TAG, remote_worker_ids=targets)
+        if sent != len(targets):
+            # A runner refused it for a request still in flight (RLlib's per-runner limit; one that timed out, say):
+            # the blocking load, as before the split, for every runner.
+            self.wait_loads()
+            self.runners.foreach_env_runner(load, local_env_runner=False)
+
+    def wait_loads(self) -> None:
+        """Wait for the loads :meth:`send` started; a runner's error in its load is raised here (RLlib's fault
+        tolerance decides, as for every runner call)."""
+        self.runners.fetch_ready_async_reqs(tags=WEIGHTS_TAG, timeout_seconds=None)
+
+    def _publish(self) -> tuple:
+        """Learner rank 0's weights in the object store: (object ref, version); the version becomes ours."""
         results = self.learners.foreach_learner(lambda learner: learner.weights_ref())
         refs = []
         for r in results:
@@ -142,22 +195,31 @@ class PolicyWeights:
             self.board.publish.remote(
                 version, [weights_ref]
             )  # in a list: Ray passes the reference unresolved
-        # A queued load of a version the runner already pulled mid-rollout is skipped (partial rollouts).
-        newer_only = self.board is not None and not block
+        return weights_ref, version
 
-        def load(r, _w=weights_ref, _v=version, _newer=newer_only):
-            return r.update_weights(_w, _v, only_if_newer=_newer)
 
-        if block:
-            self.runners.foreach_env_runner(load, local_env_runner=False, remote_worker_ids=remote_worker_ids)
-        else:
-            # RLlib limits the requests in flight per runner and tag: collect the previous (long finished) load, or
-            # with several allowed (streaming), the finished ones.
-            self.runners.fetch_ready_async_reqs(
-                tags=WEIGHTS_TAG, timeout_seconds=None if queued_loads <= 1 else 0.0
-            )
-            targets = remote_worker_ids or self.runners.healthy_worker_ids()
-            sent = self.runners.foreach_env_runner_async(load, tag=WEIGHTS_TAG, remote_worker_ids=targets)
-            # A runner with every load slot taken (one that stopped answering) gets the next version instead; the
-            # samples it generates meanwhile carry their older version, and the staleness bound applies to them.
-            self.loads_skipped += len(targets) - sent
+@dataclass
+class PendingSync:
+    """A sync under way (:meth:`PolicyWeights.start_sync`): the loads to wait for, if any, and the driver's seconds
+    in it so far."""
+
+    weights: PolicyWeights | None
+    send_s: float
+
+    def collect(self) -> float:
+        """Wait for the runners' loads (their errors are raised here); the driver's seconds in the sync, the send
+        and this wait (the loads that ran while the driver did other work are not in it)."""
+        if self.weights is None:
+            return self.send_s  # nothing to wait for: the loads queued behind the rollouts
+        t0 = time.perf_counter()
+        self.weights.wait_loads()
+        return self.send_s + time.perf_counter() - t0
+
+
+def _loader(weights_ref, version: int, newer_only: bool):
+    """The runner call that loads ``weights_ref`` as ``version`` (shipped to the runners by value)."""
+
+    def load(r, _w=weights_ref, _v=version, _newer=newer_only):
+        return r.update_weights(_w, _v, only_if_newer=_newer)
+
+    return load
