@@ -133,20 +133,46 @@ def gridworld_warm_start(tmp_path_factory) -> str:
 CPU_LOG = os.environ.get("R3_TEST_CPU_LOG")
 
 
-def _tree_cpu_s() -> float:
-    """CPU-seconds of this process and its live descendants, each with its reaped children (a Ray actor that
-    exited counts in its raylet's children times)."""
-    import psutil
+class _TreeCPU:
+    """The CPU-seconds of this process and its descendants, read every ``interval_s`` by a thread: a descendant's
+    last reading stays counted after it exits (Ray's raylet does not collect its workers' times, so a reaped
+    actor's CPU would otherwise vanish; what it used in its last interval is missed)."""
 
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
+    def __init__(self, interval_s: float = 0.5) -> None:
+        import threading
+
+        import psutil
+
+        self._psutil, self._me = psutil, psutil.Process()
+        self._last: dict[tuple[int, float], float] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, args=(interval_s,), daemon=True, name="r3-test-cpu").start()
+
+    def _run(self, interval_s: float) -> None:
+        import time
+
+        while True:
+            self.total()
+            time.sleep(interval_s)
+
+    def total(self) -> float:
+        """Read every live descendant now; the sum of the last reading of every process seen so far."""
+        procs = [self._me]
         try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue  # ended between the listing and the read
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+            procs += self._me.children(recursive=True)
+        except self._psutil.Error:
+            pass
+        with self._lock:
+            for proc in procs:
+                try:
+                    t, key = proc.cpu_times(), (proc.pid, proc.create_time())
+                except self._psutil.Error:
+                    continue  # ended between the listing and the read
+                self._last[key] = t.user + t.system
+            return sum(self._last.values())
+
+
+_TREE_CPU: list[_TreeCPU] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -156,8 +182,10 @@ def pytest_runtest_protocol(item, nextitem):
         return
     import time
 
-    wall0, cpu0 = time.monotonic(), _tree_cpu_s()
+    if not _TREE_CPU:
+        _TREE_CPU.append(_TreeCPU())
+    wall0, cpu0 = time.monotonic(), _TREE_CPU[0].total()
     yield
-    cpu, wall = _tree_cpu_s() - cpu0, time.monotonic() - wall0
+    cpu, wall = _TREE_CPU[0].total() - cpu0, time.monotonic() - wall0
     with open(f"{CPU_LOG}.{os.getpid()}", "a") as f:
         f.write(f"{cpu:.2f} {wall:.2f} {item.nodeid}\n")

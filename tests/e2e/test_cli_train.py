@@ -41,7 +41,7 @@ def _train_in_process(capsys, *args: str) -> tuple[int, str]:
 @pytest.mark.slow
 def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     iterations = (
-        40  # the interrupt comes a few iterations after the first checkpoint (5); the resume runs the rest
+        20  # the interrupt comes a few iterations after the first checkpoint (5); the resume runs the rest
     )
     args = [
         R3, "train", str(TINY), "--num-cpus", "2",
