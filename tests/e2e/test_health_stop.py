@@ -51,5 +51,10 @@ def test_a_nan_loss_stops_training_naming_the_iteration_and_the_last_checkpoint(
         assert f"the last good checkpoint is {saved} (iteration 1)" in message
         # Exact: the NaN gradient's step was skipped, so the weights are bit for bit those of iteration 1.
         assert algo.learner_call(lambda learner: learner.parameter_checksum())[0] == weights
+        # The runner's weight load (it runs while the driver logs the iteration) was collected although the health
+        # check raised: a load left in flight would refuse the next rollout request. The run goes on.
+        assert algo.env_runner_group.num_in_flight_async_reqs() == 0
+        monkeypatch.undo()
+        assert algo.train()["learner"]["trained_tokens"] > 0
     finally:
         algo.stop()

@@ -197,16 +197,16 @@ class R3(R3Console, Algorithm):
             # What this iteration trained, as a digest every run logs (equal digests: the same samples were
             # trained): after the update, which may leave out deferred ranked groups that came out all zero.
             self.last_trained_stream = stream_keys(batch)
-            self.metrics.log_value(
-                ("rollout", "trained_digest"), stream_digest(batch), reduce="mean", window=1
-            )
-            self.sample_log.record(groups, batch, settings, self.iteration + 1, self.weights.version)
-            # 5. Metrics and held-out evaluation.
-            self._log_metrics(rollout, r3_metrics, learner_metrics, settings.phase)
-            observe_health(self, learner_metrics)  # health/* metrics, warnings, NaN stop (health_monitor.py)
-            if syncing is not None:  # the driver's time in the sync: its send and its wait for the loads
-                timer = ("timers_s", "weight_sync_s")
-                self.metrics.log_value(timer, syncing.collect(), reduce="mean", window=1)
+            digest = ("rollout", "trained_digest")
+            self.metrics.log_value(digest, stream_digest(batch), reduce="mean", window=1)
+            try:  # 5. Records and metrics (the runners load meanwhile), then held-out evaluation.
+                self.sample_log.record(groups, batch, settings, self.iteration + 1, self.weights.version)
+                self._log_metrics(rollout, r3_metrics, learner_metrics, settings.phase)
+                observe_health(self, learner_metrics)  # health/* metrics, warnings, NaN stop (health_monitor)
+            finally:  # the loads collected even so (a load left in flight would refuse the next rollout request)
+                if syncing is not None:  # the driver's time in the sync: its send and its wait for the loads
+                    timer = ("timers_s", "weight_sync_s")
+                    self.metrics.log_value(timer, syncing.collect(), reduce="mean", window=1)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
         return None
