@@ -450,5 +450,6 @@ def test_fixed_costs_smoke(ray_session, tiny_random_model, capsys):
     assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
     out = capsys.readouterr().out
     assert "ours / floor" in out and "runnable tasks read" in out
-    update = next(line for line in out.splitlines() if "the update (update_from_samples)" in line)
-    assert float(update.split()[-1]) > 0  # the learner ran in the profiled driver
+    # The profiled block ran in this process (a random model's groups may all be wrong: no update to time).
+    whole = next(line for line in out.splitlines() if "the whole iteration (Trainable.train)" in line)
+    assert float(whole.split()[-1]) > 0
