@@ -327,7 +327,10 @@ def run_plot(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             out = e
     for warning in caught:
-        print(f"r3 plot: warning: {warning.message}", file=sys.stderr)
+        if issubclass(warning.category, UserWarning):
+            print(f"r3 plot: warning: {warning.message}", file=sys.stderr)
+        else:  # not the plot's (a ResourceWarning of an object collected meanwhile): the usual route and filters
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     if isinstance(out, Exception):
         print(f"r3 plot: error: {out}", file=sys.stderr)
         return 2

@@ -223,3 +223,26 @@ def test_a_named_metric_no_run_has_is_warned_about_with_the_columns_there(tmp_pa
         UserWarning, match=r"'eval/accuracy' is in no run; skipping it\. Columns there: rollout/"
     ):
         build_figure(load_runs([run]), metrics=["rollout/accuracy", "eval/accuracy"], optional=frozenset())
+
+
+def test_warnings_not_the_plots_keep_their_usual_route(tmp_path, capsys, monkeypatch):
+    """Only the plot's own warnings (UserWarning) become "r3 plot: warning" lines: a ResourceWarning of an object
+    that another part of the process left behind, collected while the plot ran, goes the usual way (Python's
+    filters; pytest records it here), not onto the command's stderr."""
+    import r3_rllib.eval.plot as plot_module
+
+    run = write_progress(tmp_path / "run", 3, 0.2)
+    real = plot_module.plot_runs
+
+    def plot_runs(*args, **kwargs):
+        warnings.warn(
+            "unclosed event loop <_UnixSelectorEventLoop debug=False>", ResourceWarning, stacklevel=1
+        )
+        warnings.warn("a column of the plot's own", UserWarning, stacklevel=1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plot_module, "plot_runs", plot_runs)
+    args = add_plot_args(argparse.ArgumentParser()).parse_args([str(run), "--out", str(tmp_path / "e.png")])
+    with pytest.warns(ResourceWarning, match="unclosed event loop"):
+        assert run_plot(args) == 0
+    assert capsys.readouterr().err == "r3 plot: warning: a column of the plot's own\n"
