@@ -273,8 +273,15 @@ def stepping_overhead(args: argparse.Namespace) -> dict[str, Any]:
     ]
     tokens = sum(len(c.token_ids) for g in outputs["generate"] for c in g)
     gen, step = float(np.median(times["generate"])), float(np.median(times["stepped"]))
-    row = {"responses": args.queries * args.group_size, "tokens": tokens, "generate_s": gen, "stepped_s": step,
-           "stepped_vs_generate": step / gen, "same_tokens": same, "load": common.load_note()}  # fmt: skip
+    row = {
+        "responses": args.queries * args.group_size,
+        "tokens": tokens,
+        "generate_s": gen,
+        "stepped_s": step,
+        "stepped_vs_generate": step / gen,
+        "same_tokens": same,
+        "load": common.load_note(),
+    }
     print("\n## vLLM stepped loop (partial rollouts, no load) vs LLM.generate, median of interleaved reps\n")
     print(common.markdown_table(list(row), [list(row.values())]), flush=True)
     return row

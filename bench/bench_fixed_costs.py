@@ -69,11 +69,15 @@ def part_times(stats: pstats.Stats, iterations: int) -> dict[str, float]:
     return totals
 
 
+def tiny_setting(engine: str, model: str | None) -> bench_throughput.Setting:
+    """`bench_throughput.py --setting tiny`'s setting (its defaults: group size, queries, tokens, lr), one path."""
+    argv = ["--setting", "tiny", "--paths", f"ours-{engine}"] + (["--model", model] if model else [])
+    [setting] = bench_throughput.build_settings(bench_throughput.parse_args(argv))
+    return setting
+
+
 def run(args: argparse.Namespace) -> dict:
-    model = args.model or common.tiny_model_path()
-    s = bench_throughput.Setting(
-        "tiny", model, 8, 16, 8, 1e-4, {"digits": 2}, False, (f"ours-{args.engine}",)
-    )
+    s = tiny_setting(args.engine, args.model)
     ours = bench_throughput.OursSession(s, args.engine, args.seed)
     try:
         ours.run(args.warmup, timed=False)

@@ -169,9 +169,13 @@ def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> tup
     env = GridWorldEnv(preset="hgpo", num_queries=args.num_queries, **args.env)
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=seed)
     records = rollout_multistep(
-        HFEngine(model, tok, max_batch_size=512), tok, env.episode, env.query_ids[: args.queries],
-        args.group_size, params,
-    )  # fmt: skip
+        HFEngine(model, tok, max_batch_size=512),
+        tok,
+        env.episode,
+        env.query_ids[: args.queries],
+        args.group_size,
+        params,
+    )
     by_query: dict[str, list] = {}
     for r in records:
         by_query.setdefault(r.query_id, []).append(r)
@@ -201,8 +205,16 @@ def level_stats(args: argparse.Namespace, model_path: str, seed: int = 0) -> tup
 
 
 def table(runs: list[dict[str, Any]], settings: Sequence[str]) -> str:
-    head = ["method", "held-out greedy (before -> after)", "held-out sampled (before -> after)",
-            "steps to goal (greedy, after)", "train success (first -> last 3)", "zero-adv groups", "wall s", "seeds"]  # fmt: skip
+    head = [
+        "method",
+        "held-out greedy (before -> after)",
+        "held-out sampled (before -> after)",
+        "steps to goal (greedy, after)",
+        "train success (first -> last 3)",
+        "zero-adv groups",
+        "wall s",
+        "seeds",
+    ]
     rows = []
     for s in settings:
         rs = [r for r in runs if r["setting"] == s]

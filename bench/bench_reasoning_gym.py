@@ -109,26 +109,65 @@ def probe(args: argparse.Namespace, model_path: str) -> list[list[Any]]:
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0, stop_token_ids=stop
         )
         sampled = grade(engine.generate(prompts, args.group_size, sp))
-        greedy = grade(engine.generate(prompts, 1, SamplingParams(max_new_tokens=args.max_new_tokens,
-                                                                  temperature=0.0, stop_token_ids=stop)))  # fmt: skip
+        greedy = grade(
+            engine.generate(
+                prompts,
+                1,
+                SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, stop_token_ids=stop),
+            )
+        )
         k = (sampled > 0).sum(1)
-        rows.append([task, float(sampled.mean()), float(greedy.mean()), float(np.mean(k == 0)),
-                     float(np.mean(k == args.group_size))])  # fmt: skip
+        rows.append(
+            [
+                task,
+                float(sampled.mean()),
+                float(greedy.mean()),
+                float(np.mean(k == 0)),
+                float(np.mean(k == args.group_size)),
+            ]
+        )
         print(f"  probed {task}: sampled {rows[-1][1]:.3f}, greedy {rows[-1][2]:.3f}", flush=True)
     return rows
 
 
 def table(runs: list[dict[str, Any]], methods: Sequence[str]) -> str:
-    head = ["method", "held-out before", "held-out after", "train acc first", "train acc last",
-            "zero-adv before", "zero-adv after R^3", "replayed", "reflections", "ranked", "s/it", "seeds"]  # fmt: skip
+    head = [
+        "method",
+        "held-out before",
+        "held-out after",
+        "train acc first",
+        "train acc last",
+        "zero-adv before",
+        "zero-adv after R^3",
+        "replayed",
+        "reflections",
+        "ranked",
+        "s/it",
+        "seeds",
+    ]
     rows = []
     for m in methods:
         rs = [r for r in runs if r["method"] == m]
         if rs:
-            rows.append([m] + [common.pm([r[k] for r in rs]) for k in (
-                "heldout_before", "heldout_after", "train_acc_first", "train_acc_last", "zero_adv_before",
-                "zero_adv_after")] + [common.pm([r[k] for r in rs], "{:.0f}") for k in (
-                "replay_samples", "reflection_prompts", "ranked_groups", "s_per_iteration")] + [len(rs)])  # fmt: skip
+            rows.append(
+                [m]
+                + [
+                    common.pm([r[k] for r in rs])
+                    for k in (
+                        "heldout_before",
+                        "heldout_after",
+                        "train_acc_first",
+                        "train_acc_last",
+                        "zero_adv_before",
+                        "zero_adv_after",
+                    )
+                ]
+                + [
+                    common.pm([r[k] for r in rs], "{:.0f}")
+                    for k in ("replay_samples", "reflection_prompts", "ranked_groups", "s_per_iteration")
+                ]
+                + [len(rs)]
+            )
     return common.markdown_table(head, rows)
 
 
@@ -167,7 +206,11 @@ def per_iteration_table(out_dir: Path, methods: Sequence[str], seeds: Sequence[i
     head = ["method", "iteration", "held-out", "train acc", "zero-adv before", "zero-adv after", "seeds"]
     rows = []
     for m in methods:
-        runs = [read_progress_csv(p) for seed in seeds if (p := out_dir / "runs" / m / f"seed{seed}" / "progress.csv").is_file()]  # fmt: skip
+        runs = [
+            read_progress_csv(p)
+            for seed in seeds
+            if (p := out_dir / "runs" / m / f"seed{seed}" / "progress.csv").is_file()
+        ]
         if not runs:
             continue
         for i in range(min(len(r["training_iteration"]) for r in runs)):
@@ -290,15 +333,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     finally:
         common.stop_ray(started)
-    print(f"\n## results: {args.task}, {args.iterations} iterations of {args.queries} x {args.group_size}, "
-          f"{len(seeds)} seeds, {time.perf_counter() - t_all:.0f}s in total\n")  # fmt: skip
+    print(
+        f"\n## results: {args.task}, {args.iterations} iterations of {args.queries} x {args.group_size}, "
+        f"{len(seeds)} seeds, {time.perf_counter() - t_all:.0f}s in total\n"
+    )
     print(table(runs, methods))
     print("\nper iteration (mean ± std over the seeds; held-out at 0, every --eval-every and the last):\n")
     print(per_iteration_table(out_dir, methods, seeds))
     pngs = bench_learning.plot(out_dir, methods, seeds, {"learning_reasoning_gym.png": methods})
     print("plots: " + ", ".join(str(p) for p in pngs))
-    common.write_json(out_dir / "summary.json", {"args": vars(args), "runs": runs, "machine": common.machine(),
-                                                 "versions": common.versions()})  # fmt: skip
+    common.write_json(
+        out_dir / "summary.json",
+        {"args": vars(args), "runs": runs, "machine": common.machine(), "versions": common.versions()},
+    )
     return 0
 
 

@@ -156,9 +156,22 @@ def summarize_run(method: str, rows: Sequence[dict[str, float]]) -> dict[str, An
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    head = ["method", "held-out before", "held-out after", "delta", "train acc first", "train acc last",
-            "zero-adv before", "zero-adv after R^3", "replayed", "reflections", "ranked", "resp len",
-            "s/it (sample, update)", "learner peak GB"]  # fmt: skip
+    head = [
+        "method",
+        "held-out before",
+        "held-out after",
+        "delta",
+        "train acc first",
+        "train acc last",
+        "zero-adv before",
+        "zero-adv after R^3",
+        "replayed",
+        "reflections",
+        "ranked",
+        "resp len",
+        "s/it (sample, update)",
+        "learner peak GB",
+    ]
     rows = [
         [
             r["method"],

@@ -37,8 +37,14 @@ SETTINGS = bench_hgpo.SETTINGS
 def method_config(setting: str, args: argparse.Namespace, seed: int, model_path: str):
     from r3_rllib import R3Config
 
-    env_config = {"challenge": args.challenge, "level": args.level, "num_games": args.num_games,
-                  "max_steps": args.max_steps, "memory": args.memory, **args.env}  # fmt: skip
+    env_config = {
+        "challenge": args.challenge,
+        "level": args.level,
+        "num_games": args.num_games,
+        "max_steps": args.max_steps,
+        "memory": args.memory,
+        **args.env,
+    }
     return (
         R3Config.grpo_preset()
         .environment("textworld", env_config=env_config)

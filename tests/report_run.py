@@ -14,9 +14,17 @@ def make_run(root: Path) -> Path:
     trial = root / "run" / "R3_trial_0"
     trial.mkdir(parents=True)
     (trial / "params.json").write_text(json.dumps({"model_path": None}))
-    columns = ["training_iteration", "time_total_s", "rollout/accuracy", "rollout/reward_mean",
-               "health/entropy_collapse", "health/zero_advantage", "health/zero_advantage_value",
-               "health/zero_advantage_threshold", "health/firing"]  # fmt: skip
+    columns = [
+        "training_iteration",
+        "time_total_s",
+        "rollout/accuracy",
+        "rollout/reward_mean",
+        "health/entropy_collapse",
+        "health/zero_advantage",
+        "health/zero_advantage_value",
+        "health/zero_advantage_threshold",
+        "health/firing",
+    ]
     with open(trial / "progress.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
@@ -45,7 +53,7 @@ def make_run(root: Path) -> Path:
                 grade_reason=None if s else "exact",
                 is_weights=[1.0, 1.6],
                 trained=True,
-            )  # fmt: skip
+            )
             for g in range(2)
             for s in range(2)
         ]

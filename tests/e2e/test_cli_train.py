@@ -44,20 +44,35 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
         20  # the interrupt comes a few iterations after the first checkpoint (5); the resume runs the rest
     )
     args = [
-        R3, "train", str(TINY), "--num-cpus", "2",
-        "--set", f"stop.training_iteration={iterations}",
-        "--set", f"run.storage_path={tmp_path}",
-        "--set", "run.name=cli",
-        "--set", "run.checkpoint_frequency=5",
-        "--set", "training.queries_per_iteration=4",
-        "--set", "training.group_size=4",
-        "--set", "training.eval_interval=5",  # held-out accuracy first at iteration 5: a column of progress.csv
-        "--set", "training.eval_num_queries=8",
+        R3,
+        "train",
+        str(TINY),
+        "--num-cpus",
+        "2",
+        "--set",
+        f"stop.training_iteration={iterations}",
+        "--set",
+        f"run.storage_path={tmp_path}",
+        "--set",
+        "run.name=cli",
+        "--set",
+        "run.checkpoint_frequency=5",
+        "--set",
+        "training.queries_per_iteration=4",
+        "--set",
+        "training.group_size=4",
+        "--set",
+        "training.eval_interval=5",  # held-out accuracy first at iteration 5: a column of progress.csv
+        "--set",
+        "training.eval_num_queries=8",
         # Every group's samples recorded (samples/iter_*.parquet), two rows printed per iteration.
-        "--set", "training.sample_log_fraction=1.0",
-        "--set", "training.sample_log_max_groups=null",
-        "--log-samples", "2",
-    ]  # fmt: skip
+        "--set",
+        "training.sample_log_fraction=1.0",
+        "--set",
+        "training.sample_log_max_groups=null",
+        "--log-samples",
+        "2",
+    ]
     first = subprocess.Popen(
         args, env=ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

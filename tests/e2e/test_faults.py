@@ -45,10 +45,14 @@ def _config(model_path: str, env=None, *, env_config: dict | None = None, **trai
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
         .learners(num_learners=0)
         .training(
-            model_path=model_path, group_size=GROUP, queries_per_iteration=QUERIES, max_new_tokens=4, lr=1e-3,
+            model_path=model_path,
+            group_size=GROUP,
+            queries_per_iteration=QUERIES,
+            max_new_tokens=4,
+            lr=1e-3,
             **training,
         )
-    )  # fmt: skip
+    )
 
 
 ENV_ERROR = re.escape(f"ZeroDivisionError: {faulty_envs.FAILURE_MESSAGE}")

@@ -39,10 +39,20 @@ def test_rows_and_a_reward_function_to_a_model_transformers_loads(tmp_path):
     env = _env(tmp_path)
     mlruns = tmp_path / "mlruns"
     out = _r3(
-        env, "train", "examples/first_hour.yaml", "--num-cpus", "2",
-        "--set", f"run.storage_path={tmp_path}", "--set", f"stop.training_iteration={ITERATIONS}",
-        "--set", "training.eval_interval=3", "--set", f"run.mlflow={{tracking_uri: 'file://{mlruns}'}}",
-    )  # fmt: skip
+        env,
+        "train",
+        "examples/first_hour.yaml",
+        "--num-cpus",
+        "2",
+        "--set",
+        f"run.storage_path={tmp_path}",
+        "--set",
+        f"stop.training_iteration={ITERATIONS}",
+        "--set",
+        "training.eval_interval=3",
+        "--set",
+        f"run.mlflow={{tracking_uri: 'file://{mlruns}'}}",
+    )
     assert out.count("/3  ") == ITERATIONS  # one progress line per iteration
     assert '" -> reward ' in out  # log_samples: completions under the progress lines
     run = tmp_path / "first_hour"

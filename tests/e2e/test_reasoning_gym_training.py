@@ -25,7 +25,7 @@ def _config(env: str) -> R3Config:
             max_new_tokens=6,
             eval_num_queries=4,
             eval_env_config={"split": "test"},
-        )  # fmt: skip
+        )
     )
 
 

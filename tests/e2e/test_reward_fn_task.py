@@ -36,9 +36,27 @@ def test_reward_fn_task_trains_exports_and_evaluates(tmp_path):
     # r3 eval from the examples folder (my_rewards.py is there): the first 16 held-out rows (of 80: 20 % of 400),
     # greedy, which the in-training evaluation scored with the same weights: the same accuracy.
     config = json.dumps({"data": str(out / "sums.jsonl"), "prompt": "{question}", "test_size": 0.2})
-    argv = [sys.executable, "-m", "r3_rllib.cli", "eval", "--env", "reward_fn", "--model", str(out / "model"),
-            "--greedy", "--max-problems", "16", "--env-config", config, "--set", "reward=my_rewards:exact_match",
-            "--set", "apply_chat_template=none", "--out", str(tmp_path / "eval.json")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "r3_rllib.cli",
+        "eval",
+        "--env",
+        "reward_fn",
+        "--model",
+        str(out / "model"),
+        "--greedy",
+        "--max-problems",
+        "16",
+        "--env-config",
+        config,
+        "--set",
+        "reward=my_rewards:exact_match",
+        "--set",
+        "apply_chat_template=none",
+        "--out",
+        str(tmp_path / "eval.json"),
+    ]
     printed = _run(argv, cwd=EXAMPLES)
     report = json.loads((tmp_path / "eval.json").read_text())
     row = report["benchmarks"]["env:reward_fn"]

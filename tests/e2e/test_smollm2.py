@@ -437,9 +437,27 @@ def test_r3_eval_on_math500_rows(model_dir, tmp_path, capsys):
     from r3_rllib.eval.evaluate import add_eval_args, run_eval
 
     out = tmp_path / "results.json"
-    argv = ["--model", "smollm2-135m", "--engine", "hf", "--data-dir", str(MATH_DIR), "--benchmarks", "math500",
-            "--max-problems", "2", "--n", "2", "--max-new-tokens", "12", "--temperature", str(T),
-            "--quiet", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--model",
+        "smollm2-135m",
+        "--engine",
+        "hf",
+        "--data-dir",
+        str(MATH_DIR),
+        "--benchmarks",
+        "math500",
+        "--max-problems",
+        "2",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        str(T),
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert run_eval(add_eval_args(argparse.ArgumentParser()).parse_args(argv)) == 0
     assert "| math500 | 2 |" in capsys.readouterr().out
     data = json.loads(out.read_text())

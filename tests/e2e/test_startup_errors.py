@@ -191,13 +191,24 @@ def test_r3_train_prints_the_runners_error_not_a_library_traceback(tmp_path):
     """As a user runs it: its own Ray, Tune, a run file whose env_config the env does not take."""
     proc = subprocess.run(
         [
-            R3, "train", str(REPO / "examples" / "tiny_arithmetic_cpu.yaml"), "--num-cpus", "2",
-            "--set", "environment.env_config.bogus_key=1",
-            "--set", f"run.storage_path={tmp_path}",
-            "--set", "run.verbose=0",
+            R3,
+            "train",
+            str(REPO / "examples" / "tiny_arithmetic_cpu.yaml"),
+            "--num-cpus",
+            "2",
+            "--set",
+            "environment.env_config.bogus_key=1",
+            "--set",
+            f"run.storage_path={tmp_path}",
+            "--set",
+            "run.verbose=0",
         ],
-        env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        env=ENV,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("r3 train: ")]
     assert len(errors) == 1, proc.stderr[-3000:]

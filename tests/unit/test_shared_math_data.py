@@ -72,8 +72,13 @@ def test_every_row_own_gold_is_correct(math_files):
     grader = MathGrader(timeout_s=10.0)
     try:
         for name, problems in math_files.items():
-            check(f"{name} own gold (full grader)", problems, [as_model_output(p.answer) for p in problems], grader,
-                  expect_correct=True)  # fmt: skip
+            check(
+                f"{name} own gold (full grader)",
+                problems,
+                [as_model_output(p.answer) for p in problems],
+                grader,
+                expect_correct=True,
+            )
         print("grader stats:", grader.stats())
     finally:
         grader.close()
@@ -86,11 +91,21 @@ def test_math_verify_alone_on_a_sample(math_files):
             sample = problems
             if SAMPLE_PER_FILE and len(problems) > SAMPLE_PER_FILE:
                 sample = random.Random(name).sample(problems, SAMPLE_PER_FILE)
-            check(f"{name} own gold (math-verify)", sample, [as_model_output(p.answer) for p in sample], grader,
-                  expect_correct=True)  # fmt: skip
+            check(
+                f"{name} own gold (math-verify)",
+                sample,
+                [as_model_output(p.answer) for p in sample],
+                grader,
+                expect_correct=True,
+            )
             pairs = partners(sample)
-            check(f"{name} other row's answer (math-verify)", [p for p, _ in pairs],
-                  [as_model_output(a) for _, a in pairs], grader, expect_correct=False)  # fmt: skip
+            check(
+                f"{name} other row's answer (math-verify)",
+                [p for p, _ in pairs],
+                [as_model_output(a) for _, a in pairs],
+                grader,
+                expect_correct=False,
+            )
         print("grader stats:", grader.stats())
     finally:
         grader.close()

@@ -123,7 +123,11 @@ def test_loss_mask_follows_rows_and_leaves_tool_tokens_unscored():
         assert (packed["response_mask"][b] == expected).all()
     sub = batch.take(rows)
     assert (sub.padded(np.arange(3), pad_id=0)["response_mask"] == packed["response_mask"]).all()
-    expected_trained = [int(np.sum(samples[r].loss_mask)) if samples[r].loss_mask is not None
-                        else len(samples[r].response_ids) for r in range(7)]  # fmt: skip
+    expected_trained = [
+        int(np.sum(samples[r].loss_mask))
+        if samples[r].loss_mask is not None
+        else len(samples[r].response_ids)
+        for r in range(7)
+    ]
     assert batch.trained_tokens.tolist() == expected_trained
     assert TrainingBatch.from_samples(_samples(3)).loss_mask is None  # single-turn batches carry no mask

@@ -118,9 +118,13 @@ def test_python_tool_names_the_context_options_so_the_runner_fills_them_in(math_
     assert "model_max_positions" in inspect.signature(PythonToolEnv).parameters
     with pytest.raises(DataError, match="query 'long': prompt has"):
         PythonToolEnv(
-            data=math_rows, tokenizer=CharTokenizer(), apply_chat_template="none", model_max_positions=400,
-            max_new_tokens=16, tool_isolation="rlimits",
-        )  # fmt: skip
+            data=math_rows,
+            tokenizer=CharTokenizer(),
+            apply_chat_template="none",
+            model_max_positions=400,
+            max_new_tokens=16,
+            tool_isolation="rlimits",
+        )
 
 
 def test_every_shipped_env_names_the_context_options():

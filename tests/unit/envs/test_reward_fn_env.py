@@ -102,8 +102,14 @@ def test_prompt_column_template_chat_template_and_system_prompt(data):
         def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
             return "".join(f"<|{m['role']}|>{m['content']}" for m in messages) + "<|assistant|>"
 
-    env = make(data, prompt="Q: {question} A:", tokenizer=ChatTokenizer(), apply_chat_template="auto",
-               system_prompt="Add.", test_size=0)  # fmt: skip
+    env = make(
+        data,
+        prompt="Q: {question} A:",
+        tokenizer=ChatTokenizer(),
+        apply_chat_template="auto",
+        system_prompt="Add.",
+        test_size=0,
+    )
     prompt, info = env.reset(options={"query_id": "sums:0"})
     assert prompt == "<|system|>Add.<|user|>Q: 12+7= A:<|assistant|>" and info["query_text"] == "Q: 12+7= A:"
     assert env.step("19<|end|>")[1] == 1.0
@@ -271,14 +277,20 @@ def test_module_class_path_names_an_env(monkeypatch, reward_module):
 @pytest.mark.parametrize(
     ("path", "message"),
     [
-        ("no_such_module_xyz:Env", r"text env 'no_such_module_xyz:Env': cannot import module 'no_such_module_xyz'"),
-        ("reward_fns:SmallArithmetik", r"module 'reward_fns' has no attribute 'SmallArithmetik'; did you mean "
-                                       r"'SmallArithmetic'\?"),
+        (
+            "no_such_module_xyz:Env",
+            r"text env 'no_such_module_xyz:Env': cannot import module 'no_such_module_xyz'",
+        ),
+        (
+            "reward_fns:SmallArithmetik",
+            r"module 'reward_fns' has no attribute 'SmallArithmetik'; did you mean "
+            r"'SmallArithmetic'\?",
+        ),
         ("reward_fns:NotATextEnv", r"NotATextEnv is a class but not a TextEnv"),
         ("reward_fns:NOT_AN_ENV", r"is a int, not a TextEnv class or factory"),
         ("reward_fns:", r"expected 'module:attribute'"),
     ],
-)  # fmt: skip
+)
 def test_module_class_path_errors_name_the_module_or_attribute(path, message):
     with pytest.raises(ObjectPathError, match=message):
         make_text_env(path)
@@ -287,8 +299,11 @@ def test_module_class_path_errors_name_the_module_or_attribute(path, message):
 def test_module_import_error_inside_the_module_is_named(tmp_path, monkeypatch):
     (tmp_path / "broken_tasks.py").write_text("import not_installed_pkg_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ObjectPathError, match=r"importing module 'broken_tasks' failed: ModuleNotFoundError: .*"
-                                              r"not_installed_pkg_xyz"):  # fmt: skip
+    with pytest.raises(
+        ObjectPathError,
+        match=r"importing module 'broken_tasks' failed: ModuleNotFoundError: .*"
+        r"not_installed_pkg_xyz",
+    ):
         make_text_env("broken_tasks:Env")
 
 

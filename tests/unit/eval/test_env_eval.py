@@ -35,8 +35,12 @@ class Sums(GenerationEngine):
         for ids in prompt_ids:
             a, b = self.tokenizer.decode(ids).rstrip("=").split("+")
             texts = [f"{int(a) + int(b)}<eos>" if j < self.right else "0" for j in range(n)]
-            out.append([Completion(list(ids), [5] * len(t), np.zeros(len(t)), np.zeros(len(t)), "stop", text=t)
-                        for t in texts])  # fmt: skip
+            out.append(
+                [
+                    Completion(list(ids), [5] * len(t), np.zeros(len(t)), np.zeros(len(t)), "stop", text=t)
+                    for t in texts
+                ]
+            )
         return out
 
     def update_weights(self, named_tensors, version):
@@ -62,8 +66,20 @@ def test_reward_fn_env_scored_on_its_held_out_rows(data, tmp_path, capsys):
     tokenizer = load_tokenizer(default_tiny_model_path())
     engine = Sums(tokenizer, right=1)
     config = json.dumps({"data": data, "prompt": "{question}", "test_size": 2, "apply_chat_template": "none"})
-    argv = ["--model", str(default_tiny_model_path()), "--env", "reward_fn", "--env-config", config,
-            "--set", "reward=reward_fns:exact_match", "--n", "4", "--out", str(tmp_path / "r.json")]  # fmt: skip
+    argv = [
+        "--model",
+        str(default_tiny_model_path()),
+        "--env",
+        "reward_fn",
+        "--env-config",
+        config,
+        "--set",
+        "reward=reward_fns:exact_match",
+        "--n",
+        "4",
+        "--out",
+        str(tmp_path / "r.json"),
+    ]
     assert run_eval(parse(argv), engine_factory=lambda *a, **k: engine) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     row = report["benchmarks"]["env:reward_fn"]
@@ -82,10 +98,21 @@ def test_reward_fn_env_scored_on_its_held_out_rows(data, tmp_path, capsys):
 def test_greedy_is_one_response_at_temperature_zero(data, tmp_path):
     tokenizer = load_tokenizer(default_tiny_model_path())
     engine = Sums(tokenizer, right=1)
-    argv = ["--model", str(default_tiny_model_path()), "--env", "reward_fn", "--greedy", "--max-new-tokens", "6",
-            "--env-config", json.dumps({"data": data, "prompt": "{question}", "reward": "reward_fns:exact_match",
-                                        "test_size": 0.5}),
-            "--out", str(tmp_path / "r.json")]  # fmt: skip
+    argv = [
+        "--model",
+        str(default_tiny_model_path()),
+        "--env",
+        "reward_fn",
+        "--greedy",
+        "--max-new-tokens",
+        "6",
+        "--env-config",
+        json.dumps(
+            {"data": data, "prompt": "{question}", "reward": "reward_fns:exact_match", "test_size": 0.5}
+        ),
+        "--out",
+        str(tmp_path / "r.json"),
+    ]
     assert run_eval(parse(argv), engine_factory=lambda *a, **k: engine) == 0
     row = json.loads((tmp_path / "r.json").read_text())["benchmarks"]["env:reward_fn"]
     assert row["n"] == 1 and row["num_problems"] == 3 and row["pass_at_1"] == 1.0
@@ -97,9 +124,20 @@ def test_a_built_in_and_a_module_class_env(tmp_path, monkeypatch):
     tokenizer = load_tokenizer(default_tiny_model_path())
     for env in ("arithmetic", "reward_fns:SmallArithmetic"):
         out = tmp_path / f"{env.replace(':', '_')}.json"
-        argv = ["--model", str(default_tiny_model_path()), "--env", env, "--n", "2", "--max-problems", "3",
-                "--env-config", json.dumps({"digits": 1, "operators": "+", "num_queries": 20}) if env == "arithmetic" else "{}",
-                "--out", str(out)]  # fmt: skip
+        argv = [
+            "--model",
+            str(default_tiny_model_path()),
+            "--env",
+            env,
+            "--n",
+            "2",
+            "--max-problems",
+            "3",
+            "--env-config",
+            json.dumps({"digits": 1, "operators": "+", "num_queries": 20}) if env == "arithmetic" else "{}",
+            "--out",
+            str(out),
+        ]
         assert run_eval(parse(argv), engine_factory=lambda *a, **k: Sums(tokenizer, right=2)) == 0
         row = json.loads(out.read_text())["benchmarks"][f"env:{env}"]
         assert row["num_problems"] == 3 and row["pass_at_1"] == 1.0
@@ -113,13 +151,26 @@ def never_called(*args, **kwargs):
     ("extra", "message"),
     [
         (["--env", "reward_fm"], "unknown text env 'reward_fm'.*did you mean 'reward_fn'"),
-        (["--env", "reward_fn", "--set", "reward=no_such_module_xyz:f", "--set", "data=[{q: a}]"],
-         "cannot import module 'no_such_module_xyz'"),
-        (["--env", "reward_fn", "--set", "reward=reward_fns:exact_match", "--set", "data=[{q: a}]",
-          "--set", "prompt=q"], "test_size=None holds none|holds out 1 of 1 rows"),
+        (
+            ["--env", "reward_fn", "--set", "reward=no_such_module_xyz:f", "--set", "data=[{q: a}]"],
+            "cannot import module 'no_such_module_xyz'",
+        ),
+        (
+            [
+                "--env",
+                "reward_fn",
+                "--set",
+                "reward=reward_fns:exact_match",
+                "--set",
+                "data=[{q: a}]",
+                "--set",
+                "prompt=q",
+            ],
+            "test_size=None holds none|holds out 1 of 1 rows",
+        ),
         (["--env", "reward_fn", "--set", "nonsense"], "--set expects KEY=VALUE"),
     ],
-)  # fmt: skip
+)
 def test_env_errors_come_before_the_engine(data, extra, message, capsys):
     assert (
         run_eval(parse(["--model", str(default_tiny_model_path()), *extra]), engine_factory=never_called) == 2

@@ -367,9 +367,26 @@ def check_report_file(path: Path, n: int, num_problems: int, max_new_tokens: int
 @needs_math500
 def test_cli_shipped_tiny_model(tmp_path, capsys):
     out = tmp_path / "results.json"
-    argv = ["--model", str(default_tiny_model_path()), "--engine", "hf", "--data-dir", str(MATH_DIR),
-            "--benchmarks", "math500", "--max-problems", "3", "--n", "2", "--max-new-tokens", "6",
-            "--no-chat-template", "--quiet", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--model",
+        str(default_tiny_model_path()),
+        "--engine",
+        "hf",
+        "--data-dir",
+        str(MATH_DIR),
+        "--benchmarks",
+        "math500",
+        "--max-problems",
+        "3",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--no-chat-template",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert run_eval(parse(argv)) == 0
     printed = capsys.readouterr().out
     assert "| math500 | 3 |" in printed
@@ -405,9 +422,26 @@ def test_tiny_random_qwen2_with_real_tokenizer(tmp_path):
 def test_cli_vllm_engine(tmp_path):
     pytest.importorskip("vllm")
     out = tmp_path / "results.json"
-    argv = ["--model", str(default_tiny_model_path()), "--engine", "vllm", "--data-dir", str(MATH_DIR),
-            "--benchmarks", "math500", "--max-problems", "2", "--n", "2", "--max-new-tokens", "6",
-            "--no-chat-template", "--quiet", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--model",
+        str(default_tiny_model_path()),
+        "--engine",
+        "vllm",
+        "--data-dir",
+        str(MATH_DIR),
+        "--benchmarks",
+        "math500",
+        "--max-problems",
+        "2",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--no-chat-template",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert run_eval(parse(argv)) == 0
     data = check_report_file(out, n=2, num_problems=2, max_new_tokens=6)
     assert data["config"]["engine"] == "vllm"

@@ -28,11 +28,19 @@ class KnowsAnswers(GenerationEngine):
         for ids in prompt_ids:
             text = self.tokenizer.decode(ids)
             gold = next(a for q, a in self.answers.items() if q in text)
-            out.append([
-                Completion(list(ids), [1, 2], np.zeros(2), np.zeros(2), "stop",
-                           text=f"<answer>{gold if j < self.right else 'no'}</answer>")
-                for j in range(n)
-            ])  # fmt: skip
+            out.append(
+                [
+                    Completion(
+                        list(ids),
+                        [1, 2],
+                        np.zeros(2),
+                        np.zeros(2),
+                        "stop",
+                        text=f"<answer>{gold if j < self.right else 'no'}</answer>",
+                    )
+                    for j in range(n)
+                ]
+            )
         return out
 
     def update_weights(self, named_tensors, version):
@@ -49,8 +57,19 @@ def test_cli_reports_pass_at_1_per_task_on_held_out_problems(tmp_path):
     for task in ("basic_arithmetic", "leg_counting"):
         env = ReasoningGymEnv(tasks=task, split="test", test_size=5, seed=0)
         answers |= {e["question"]: str(e["answer"]) for e in env.entries}
-    argv = ["--model", str(model), "--reasoning-gym", "basic_arithmetic,leg_counting", "--n", "4",
-            "--max-problems", "5", "--out", str(tmp_path / "rg.json"), "--quiet"]  # fmt: skip
+    argv = [
+        "--model",
+        str(model),
+        "--reasoning-gym",
+        "basic_arithmetic,leg_counting",
+        "--n",
+        "4",
+        "--max-problems",
+        "5",
+        "--out",
+        str(tmp_path / "rg.json"),
+        "--quiet",
+    ]
     args = add_eval_args(argparse.ArgumentParser()).parse_args(argv)
     code = run_eval(args, engine_factory=lambda *a, **k: KnowsAnswers(tokenizer, answers, right=1))
     assert code == 0
@@ -77,8 +96,21 @@ def test_cli_evaluates_with_the_training_runs_env_options(tmp_path):
             return super().generate(prompt_ids, n, params)
 
     options = json.dumps({"few_shot": 2, "task_config": {"gcd": config}})
-    argv = ["--model", str(model), "--reasoning-gym", "gcd", "--reasoning-gym-env", options, "--n", "2",
-            "--max-problems", "4", "--out", str(tmp_path / "rg.json"), "--quiet"]  # fmt: skip
+    argv = [
+        "--model",
+        str(model),
+        "--reasoning-gym",
+        "gcd",
+        "--reasoning-gym-env",
+        options,
+        "--n",
+        "2",
+        "--max-problems",
+        "4",
+        "--out",
+        str(tmp_path / "rg.json"),
+        "--quiet",
+    ]
     args = add_eval_args(argparse.ArgumentParser()).parse_args(argv)
     assert run_eval(args, engine_factory=lambda *a, **k: Recording(tokenizer, answers, right=2)) == 0
     report = json.loads((tmp_path / "rg.json").read_text())

@@ -124,9 +124,15 @@ def test_turn_limit_token_budget_and_totals():
     assert not trajs[0].correct and trajs[0].reward == 0.0
     assert len(loop.prompts) == 3 and len(loop.prompts[0]) == 2  # one batched call per round for the group
     budget = rollout_tool_use(
-        ScriptedEngine([CODE_TURN], tok), tok, env.tool_episode, ["q1"], 1, SamplingParams(max_new_tokens=200),
-        max_turns=5, max_total_tokens=40,
-    )[0]  # fmt: skip
+        ScriptedEngine([CODE_TURN], tok),
+        tok,
+        env.tool_episode,
+        ["q1"],
+        1,
+        SamplingParams(max_new_tokens=200),
+        max_turns=5,
+        max_total_tokens=40,
+    )[0]
     assert budget.finish_reason == "budget" and len(budget.response_ids) == 40
     totals = tool_use_totals(trajs + [budget])
     assert (
