@@ -144,12 +144,14 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
       (1/64), while sampled success (64 layouts x 4 at temperature 1, fixed evaluation seeds, so before and after
       draw the same random numbers) falls by no more than 0.03 (8 of 256 trajectories). The run is seeded and
       repeats to the last bit on one machine (runners' groups merged in runner order, seeded sampling and minibatch
-      plans): three runs of this test gave greedy 0.188 -> 0.219 and sampled 0.488 -> 0.504 every time. The bars
+      plans): two runs of this test on 2026-11-27 gave greedy 0.188 -> 0.312 and sampled 0.488 -> 0.508 both times
+      (0.188 -> 0.219, 0.488 -> 0.504 with the code of a few days before). The bars
       sit below the smallest effect seen across seeds, not at this run's, because another machine's float kernels
       make its run another draw: `python bench/bench_hgpo.py --settings hgpo --eval-every 16` (this setting with no
       crash) gained greedy +0.047, +0.063, +0.125 and sampled +0.004, +0.098, +0.027 at seeds 0, 1, 2
       (episode-level GRPO, which does not learn here, lost 0.02-0.08 sampled in BENCHMARKS 13c). The effect of 16
-      iterations is small next to its seed spread, so these bars are a weak check of learning;
+      iterations is small next to its seed spread, so these bars are a weak check of learning. Fewer iterations would
+      not do: at 8 (`... --iterations 8 --eval-every 4`) greedy gained +0.078, +0.000, +0.062 at seeds 0-2;
     - runner 2's process exits in the middle of iteration 2's rollout (its third lockstep round): that iteration
       trains on runner 1's trajectories, Ray restarts runner 2 and it comes back with the learner's weights;
     - the checkpoint saved after iteration 1 restores the learner's weights, optimizer state and the runners' data
