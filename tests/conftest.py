@@ -51,8 +51,10 @@ NUMERIC = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """Everything under tests/e2e (Ray sessions, engines, subprocesses) is `slow`: `pytest -m "not slow"` runs
-    the unit tests of tests/unit, which mirror the package. The files in NUMERIC are `numeric`."""
+    """Everything under tests/e2e (Ray sessions, engines, subprocesses) is `slow`, and so are the unit tests marked
+    so one by one (a fresh process or server, a timeout waited out, a short training run: ~1 s or more each):
+    `pytest -m "not slow"` runs the rest of tests/unit, which mirrors the package. The files in NUMERIC are
+    `numeric`."""
     for item in items:
         path = Path(str(item.fspath)).resolve()
         if E2E in path.parents:

@@ -17,6 +17,7 @@ from r3_rllib.config.field import field_errors, setting
 HEAVY = ("transformers", "vllm", "r3_rllib.algorithms.r3.learner", "r3_rllib.algorithms.r3.r3")
 
 
+@pytest.mark.slow
 def test_building_and_validating_a_config_imports_no_learner_transformers_or_vllm():
     code = (
         "import json, sys\n"

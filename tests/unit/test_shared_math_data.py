@@ -84,6 +84,7 @@ def test_every_row_own_gold_is_correct(math_files):
         grader.close()
 
 
+@pytest.mark.slow
 def test_math_verify_alone_on_a_sample(math_files):
     grader = MathGrader(timeout_s=10.0, fast_path=False)
     try:

@@ -136,6 +136,7 @@ print(base, high, peak.read()["peak_rss_gb"], peak.per_call)
 """
 
 
+@pytest.mark.slow
 def test_peak_memory_restarts_at_each_reset():
     # In a fresh process: a long test session's freed-but-resident heap can serve the block without raising RSS.
     import subprocess

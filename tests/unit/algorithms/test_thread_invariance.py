@@ -21,6 +21,9 @@ from r3_rllib.core import threads as core_threads
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Sample
 
+# Whole learner updates at several thread counts (~9 s): the whole suite runs them, not the fast tier.
+pytestmark = pytest.mark.slow
+
 THREADS = (1, 2, 3)
 RESPONSE_TOKENS = 600
 

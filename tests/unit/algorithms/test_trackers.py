@@ -71,6 +71,7 @@ def test_a_tracker_whose_package_is_missing_names_the_extra(monkeypatch):
     ]
 
 
+@pytest.mark.slow
 def test_loggers_and_options_reach_the_run_settings(tmp_path):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")

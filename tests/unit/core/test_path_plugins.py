@@ -42,6 +42,7 @@ def clean_registries():
             del registry[name]
 
 
+@pytest.mark.slow
 def test_a_fresh_process_resolves_paths_with_no_registration():
     out = _fresh_python(
         "import json, sys; from r3_rllib.core.advantages import ADVANTAGE_FNS, compute_group_advantages;"
@@ -98,6 +99,7 @@ def test_config_resolves_paths_and_refuses_a_bad_one_early(clean_registries):
     assert error is not None and "has no attribute 'nope'" in error
 
 
+@pytest.mark.slow
 def test_entry_points_are_found_in_a_fresh_process(tmp_path):
     """A package that declares ``r3_rllib.advantages`` / ``r3_rllib.losses`` entry points (here a dist-info folder
     on the path) is found by name in a new process, with nothing imported or registered first."""

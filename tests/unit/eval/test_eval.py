@@ -395,6 +395,7 @@ def test_cli_shipped_tiny_model(tmp_path, capsys):
     assert data["benchmarks"]["math500"]["problem_ids"] == ["math500-0", "math500-1", "math500-2"]
 
 
+@pytest.mark.slow
 @needs_math500
 @needs_r1_tokenizer
 def test_tiny_random_qwen2_with_real_tokenizer(tmp_path):

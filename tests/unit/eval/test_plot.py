@@ -62,6 +62,7 @@ def all_axes_text(fig) -> tuple[list[str], list[str], list[str]]:
     return [a.get_title() for a in axes], [a.get_xlabel() for a in axes], [a.get_ylabel() for a in axes]
 
 
+@pytest.mark.slow
 def test_two_runs_png_and_axes(tmp_path):
     run_a = write_progress(tmp_path / "run_a", 8, 0.1)
     run_b = write_progress(tmp_path / "run_b", 6, 0.05)

@@ -53,6 +53,7 @@ def _samples(capsys, *args) -> tuple[int, list[str]]:
     return rc, capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow
 def test_every_trial_of_an_experiment_and_the_filters(run, capsys):
     rc, out = _samples(capsys, run, "-n", "3")
     assert rc == 0

@@ -144,6 +144,7 @@ def run_sessions(gw: Gateway, sessions: int, turns: int) -> tuple[list[list[list
     return tokens, records
 
 
+@pytest.mark.slow
 def test_64_concurrent_sessions_batch_and_record_each_call(hf_engine, chat_tokenizer):
     with Gateway(hf_engine, chat_tokenizer, defaults=DEFAULTS, max_batch_wait_s=10.0) as gw:
         tokens, records = run_sessions(gw, 64, 2)
@@ -158,6 +159,7 @@ def test_64_concurrent_sessions_batch_and_record_each_call(hf_engine, chat_token
         assert f"task {sid}" in chat_tokenizer.decode(recs[0].prompt_ids.tolist())
 
 
+@pytest.mark.slow
 def test_two_identical_runs_sample_identical_tokens(hf_engine, chat_tokenizer):
     runs = []
     for _ in range(2):

@@ -102,6 +102,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         load_tokenizer(tmp_path / "missing")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not R1_TOKENIZER.is_dir(), reason=f"R1 tokenizer not found at {R1_TOKENIZER}")
 def test_tiny_model_for_the_r1_tokenizer_runs_a_chat_template(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(R1_TOKENIZER))

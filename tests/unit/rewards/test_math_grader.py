@@ -184,6 +184,7 @@ def test_million_character_responses_are_fast(grader):
     assert elapsed < 5.0, elapsed
 
 
+@pytest.mark.slow
 def test_pathological_answers_time_out_without_hanging_or_spoiling_the_batch():
     g = MathGrader(timeout_s=1.0)
     try:
@@ -209,6 +210,7 @@ def test_pathological_answers_time_out_without_hanging_or_spoiling_the_batch():
         g.close()
 
 
+@pytest.mark.slow
 def test_worker_crash_is_an_error_not_an_exception(grader):
     assert grader.grade(boxed("\\frac{1}{2}"), "0.5").correct  # the worker is up
     pid = grader._worker.proc.pid  # the test plays the kernel's OOM killer

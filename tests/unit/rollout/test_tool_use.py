@@ -142,6 +142,7 @@ def test_turn_limit_token_budget_and_totals():
     )
 
 
+@pytest.mark.slow
 def test_hostile_tool_code_costs_only_its_turn():
     tok, env = CharTok(), _env(tool_timeout_s=1.0)
     hostile = "```python\nwhile True:\n    pass\n```"

@@ -42,6 +42,7 @@ def test_errors_come_back_as_output(isolation):
     assert r.exit_code == 1 and "ZeroDivisionError" in r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_infinite_loop_is_killed_at_the_timeout(isolation):
     r = run_python("while True:\n    pass\n", timeout_s=1.0, isolation=isolation)
@@ -49,6 +50,7 @@ def test_infinite_loop_is_killed_at_the_timeout(isolation):
     assert 1.0 <= r.duration_s < 1.0 + MARGIN_S
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_sleeping_program_is_killed_at_the_timeout(isolation):
     # Wall clock, not CPU time: a program that waits uses no CPU and must still be ended.
@@ -88,6 +90,7 @@ def test_file_size_limit():
     assert r.exit_code != 0 and not r.ok
 
 
+@pytest.mark.slow
 @needs_namespaces
 def test_fork_bomb_is_contained_and_leaves_no_process():
     code = (

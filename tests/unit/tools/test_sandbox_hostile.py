@@ -192,6 +192,7 @@ def test_program_is_not_pid_1_and_its_own_signals_work():
     assert r.exit_code == -9 and not r.timed_out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", [pytest.param("namespaces", marks=needs_namespaces), "rlimits"])
 def test_closing_stdout_and_stderr_does_not_escape_the_timeout(isolation, tmp_path):
     # Before (rlimits): timed_out=False after 5 s with timeout_s=1, and the program wrote a file later. Here a

@@ -68,6 +68,7 @@ def test_heldout_and_training_problems_are_disjoint():
     assert not held & pool
 
 
+@pytest.mark.slow
 def test_short_sft_run_lowers_loss_and_learns():
     cfg = SFTConfig(steps=120, eval_every=40, **QUICK)
     tok = build_tiny_tokenizer()

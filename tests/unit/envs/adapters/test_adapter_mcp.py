@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("mcp")
+# Each test starts the MCP server as a subprocess (~1 s): the whole suite runs them, not the fast tier.
+pytestmark = pytest.mark.slow
 
 from gateway_runs import extends_previous, reply_text, run_episodes  # noqa: E402
 
