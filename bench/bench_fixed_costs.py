@@ -8,13 +8,13 @@
 The path is ``bench_throughput.py``'s ``ours-hf`` (or ``ours-vllm``) in the tiny setting: the real algorithm, one
 remote EnvRunner, the learner local in the driver, the default ``cpu_threads='auto'``. After the warm-up it runs two
 blocks of N iterations: the first plain (the algorithm's own timers, as ``bench_throughput.py`` reads them), the
-second under ``cProfile`` in the driver, where the iteration's loop and the learner run (the runner's work shows
-as the driver's wait on it). Beside them the plain-PyTorch floor (``bench_throughput.FloorSession``, one thread) runs
+second under ``cProfile`` in the driver, where the iteration's loop and the learner run, and in the runner (its
+sample call and weight load; the driver's wait on the runner grows by the runner's profiler). Beside them the plain-PyTorch floor (``bench_throughput.FloorSession``, one thread) runs
 N iterations on the same setting, the baseline of the same run.
 
 Printed: per iteration, the algorithm's phases (median of the plain block) against the floor's step, then the
-driver's cumulative time in each named part (milliseconds per iteration, from the profiled block; the profiler's
-own cost inflates Python-heavy parts, so compare parts with each other, not with the plain block). A part's time
+driver's cumulative time in each named part, then the runner's (milliseconds per iteration, from the profiled block;
+the profiler's own cost inflates Python-heavy parts, so compare parts with each other, not with the plain block). A part's time
 includes what it calls: the weight sync's wait holds what is left of the runner's weight load when the driver has
 logged the iteration (the synchronous loop's runners load meanwhile).
 """
@@ -56,17 +56,45 @@ PARTS: dict[str, tuple[str, str]] = {
 }
 
 
-def part_times(stats: pstats.Stats, iterations: int) -> dict[str, float]:
-    """Cumulative driver milliseconds per iteration of each of :data:`PARTS` (nan: never called)."""
+#: The runner's parts, from its own profile of the same iterations. ``{engine}``: the runner's engine (hf, vllm).
+RUNNER_PARTS: dict[str, tuple[str, str]] = {
+    "the runner's sample call": ("r3_rllib/algorithms/r3/env_runner.py", "sample"),
+    "  generation (the engine's generate)": ("r3_rllib/engines/{engine}_engine.py", "generate"),
+    "  grading (the env's step, each response)": ("r3_rllib/rollout/kinds/context.py", "score"),
+    "  samples and groups from the completions": ("r3_rllib/rollout/kinds/single_step.py", "to_groups"),
+    "  the rollout's statistics": ("r3_rllib/rollout/kinds/base.py", "totals"),
+    "the result serialized for the driver": ("ray/_private/serialization.py", "_serialize_to_msgpack"),
+    "the weight load (update_weights)": ("r3_rllib/algorithms/r3/env_runner.py", "update_weights"),
+}
+
+#: pstats' table: (file, line, function) -> (primitive calls, calls, own time, cumulative time, callers).
+StatsTable = dict[tuple[str, int, str], tuple]
+
+
+def part_times(
+    stats: StatsTable, iterations: int, parts: dict[str, tuple[str, str]] = PARTS, engine: str = "hf"
+) -> dict[str, float]:
+    """Cumulative milliseconds per iteration of each of `parts` in a profile's table (nan: never called)."""
     totals: dict[str, float] = {}
-    for label, (path_end, name) in PARTS.items():
+    for label, (path_end, name) in parts.items():
+        path_end = path_end.format(engine=engine)
         cumulative = [
             ct
-            for (filename, _, func), (_, _, _, ct, _) in stats.stats.items()  # type: ignore[attr-defined]
+            for (filename, _, func), (_, _, _, ct, _) in stats.items()
             if func == name and filename.replace("\\", "/").endswith(path_end)
         ]
         totals[label] = 1e3 * sum(cumulative) / iterations if cumulative else float("nan")
     return totals
+
+
+def _start_runner_profile(runner) -> None:
+    runner._bench_profile = cProfile.Profile()
+    runner._bench_profile.enable()
+
+
+def _stop_runner_profile(runner) -> StatsTable:
+    runner._bench_profile.disable()
+    return pstats.Stats(runner._bench_profile).stats  # type: ignore[attr-defined]  (a dict: pickles)
 
 
 def tiny_setting(engine: str, model: str | None) -> bench_throughput.Setting:
@@ -82,10 +110,13 @@ def run(args: argparse.Namespace) -> dict:
     try:
         ours.run(args.warmup, timed=False)
         ours.run(args.iterations)
+        runners = ours.algo.env_runner_group
+        runners.foreach_env_runner(_start_runner_profile, local_env_runner=False)
         profiler = cProfile.Profile()
         profiler.enable()
         ours.run(args.iterations, timed=False)
         profiler.disable()
+        [runner_stats] = runners.foreach_env_runner(_stop_runner_profile, local_env_runner=False)
         if args.profile_out:
             profiler.dump_stats(args.profile_out)  # for `python -m pstats` or snakeviz
     finally:
@@ -100,7 +131,8 @@ def run(args: argparse.Namespace) -> dict:
         "ours_update_threads": common.median(ours.res.learner_threads) if ours.res.learner_threads else 0.0,
         "floor_s_per_iter": common.median(floor.res.iter_s),
         "floor_learner_s": common.median(floor.res.phases["learner"]),
-        "parts_ms_per_iter": part_times(pstats.Stats(profiler), args.iterations),
+        "parts_ms_per_iter": part_times(pstats.Stats(profiler).stats, args.iterations),  # type: ignore[attr-defined]
+        "runner_parts_ms_per_iter": part_times(runner_stats, args.iterations, RUNNER_PARTS, args.engine),
     }
 
 
@@ -121,6 +153,9 @@ def report(out: dict) -> None:
         "\nthe driver's time in each part (profiled block, ms per iteration, a part includes what it calls):"
     )
     for label, ms in out["parts_ms_per_iter"].items():
+        print(f"  {label:<56} {ms:8.1f}")
+    print("\nthe runner's time in each part (the same block, its own profile, ms per iteration):")
+    for label, ms in out["runner_parts_ms_per_iter"].items():
         print(f"  {label:<56} {ms:8.1f}")
 
 

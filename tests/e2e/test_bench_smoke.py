@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import math
 import re
 import sys
@@ -430,15 +431,17 @@ def test_adapters_smoke():
 
 
 def test_fixed_costs_parts_name_functions_that_exist():
-    """Every part bench_fixed_costs.py reports names a function defined in its file: a rename shows here, not as a
-    silent nan in the benchmark's table."""
+    """Every part bench_fixed_costs.py reports, the driver's and the runner's (with either engine), names a function
+    defined in its file: a rename shows here, not as a silent nan in the benchmark's table."""
     from pathlib import Path
 
     import ray
 
     mod = load("bench_fixed_costs")
     roots = {"r3_rllib": REPO, "ray": Path(ray.__file__).parent.parent}
-    for label, (path_end, name) in mod.PARTS.items():
+    parts = [*mod.PARTS.items(), *mod.RUNNER_PARTS.items()]
+    for (label, (path_end, name)), engine in itertools.product(parts, ("hf", "vllm")):
+        path_end = path_end.format(engine=engine)
         text = (roots[path_end.split("/")[0]] / path_end).read_text()
         assert re.search(rf"^\s*def {name}\(", text, re.M), (label, path_end, name)
 
@@ -449,7 +452,7 @@ def test_fixed_costs_smoke(ray_session, tiny_random_model, capsys):
     mod = load("bench_fixed_costs")
     assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
     out = capsys.readouterr().out
-    assert "ours / floor" in out and "runnable tasks read" in out
+    assert "ours / floor" in out and "runnable tasks read" in out and "the runner's sample call" in out
     # The profiled block ran in this process (a random model's groups may all be wrong: no update to time).
     whole = next(line for line in out.splitlines() if "the whole iteration (Trainable.train)" in line)
     assert float(whole.split()[-1]) > 0
