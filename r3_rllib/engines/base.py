@@ -201,6 +201,11 @@ class GenerationEngine(ABC):
         """Policy version of the weights currently loaded."""
         return self._version
 
+    def set_threads(self, threads: int) -> None:
+        """The torch threads this engine generates with from now on (the runner's choice per rollout,
+        ``cpu_threads``). Default: ``torch.set_num_threads``."""
+        torch.set_num_threads(max(1, int(threads)))
+
     def sleep(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Free accelerator memory between rollouts (colocated engines). Default: nothing to free."""
 

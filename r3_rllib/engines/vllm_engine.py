@@ -667,6 +667,15 @@ class VLLMEngine(GenerationEngine):
             self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
             self._asleep = False
 
+    def set_threads(self, threads: int) -> None:
+        """On CPU, vLLM's worker replaces ``torch.set_num_threads`` with a no-op that logs a warning (its thread
+        binding fixes the count; that warning came once per rollout). Without the binding
+        (``VLLM_CPU_OMP_THREADS_BIND=nobind``, this engine's default on CPU) the count may change, so torch's own
+        setter is called; under a binding the user chose, the count stays."""
+        if not self.on_gpu and os.environ.get("VLLM_CPU_OMP_THREADS_BIND") != "nobind":
+            return
+        torch._C.set_num_threads(max(1, int(threads)))
+
     def shutdown(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is None:

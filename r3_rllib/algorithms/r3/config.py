@@ -354,8 +354,12 @@ class R3Config(AlgorithmConfig):
         )
         on_gpu = bool(self.num_gpus_per_learner)
         # 'auto': the runners keep their reservation, so a sampled token never depends on the load (the HF engine's
-        # log-probs differ in the last bit between thread counts; the learner's update does not: core/reductions.py).
-        runner = plan.runner if self.cpu_threads == "all" else reserved.runner
+        # log-probs differ in the last bit between thread counts; the learner's update does not: core/reductions.py),
+        # unless their engine samples the same bits at any thread count (vLLM's base engine; not checked with a
+        # rollout head or LoRA adapters).
+        invariant = engine_capabilities(self.engine).thread_invariant_sampling
+        invariant = invariant and not self.rollout_head and not int(getattr(self, "lora_rank", 0) or 0)
+        runner = plan.runner if self.cpu_threads == "all" or invariant else reserved.runner
         return PhaseThreads(runner=runner, learner=reserved.learner if on_gpu else plan.learner)
 
     def engine_options(self) -> EngineOptions:

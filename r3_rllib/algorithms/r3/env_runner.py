@@ -60,8 +60,9 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
         # Torch threads (cpu_threads, core/threads.py): the reservation while idle, up to the plan while sampling.
+        # The engine is built at the plan: vLLM-CPU sets up its kernels for the thread count it starts with.
         self._threads = (self.config.phase_threads().runner, self.config.reserved_threads().runner)
-        torch.set_num_threads(self._threads[1])
+        torch.set_num_threads(self._threads[0])
         self.tokenizer = load_policy_tokenizer(self.config)
         seed = runner_seed(self.config, self.worker_index)
         shardable = env_accepts_shard(self.config.env)
@@ -89,6 +90,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         self.engine = build_engine(
             options, self.tokenizer, model_path=policy_path(options.model_path), budget=budget
         )
+        self.engine.set_threads(self._threads[1])
         self._sample_seed = seed
         # This process's id: a process Ray restarted before RLlib noticed answers with another (coordinator.py).
         self.incarnation = uuid.uuid4().hex
@@ -151,7 +153,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         advantages NaN)."""
         t0, self._context = time.perf_counter(), None
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
-        torch.set_num_threads(phase_start_threads(*self._threads))
+        self.engine.set_threads(phase_start_threads(*self._threads))
         if self.config.sleep_between_rollouts:
             self.engine.wake_up()
         self._context = self.rollout_context()

@@ -10,6 +10,7 @@ import pytest
 from r3_rllib import R3Config
 from r3_rllib.core import threads
 from r3_rllib.core.threads import PhaseThreads, phase_threads
+from r3_rllib.engines.registry import engine_capabilities
 
 
 def plan(cores, overlapped, runners, runner_cpus=1, learners=0, learner_cpus=None):
@@ -63,6 +64,25 @@ def test_config_auto_and_reserved(monkeypatch):
     assert config.phase_threads() == PhaseThreads(runner=1, learner=1)  # a GPU learner keeps its reservation
     with pytest.raises(ValueError, match="cpu_threads"):
         R3Config().training(cpu_threads="every").validate()
+
+
+def test_auto_gives_free_cores_to_runners_whose_engine_samples_the_same_bits_at_any_thread_count(monkeypatch):
+    """vLLM's samples are the same bits at any thread count (tests/e2e/test_vllm_engine_threads.py): under 'auto'
+    its runners take their share of the cores in the synchronous loop. Not under overlap (the learner's cores), nor
+    with a rollout head or LoRA adapters (not checked), nor for the HF engine (its log-probs move in the last bit)."""
+    monkeypatch.delenv("R3_CPU_THREADS", raising=False)
+    monkeypatch.setattr("r3_rllib.algorithms.r3.config.available_cores", lambda: 8)
+    config = R3Config().env_runners(num_env_runners=2, num_cpus_per_env_runner=1).learners(num_learners=0)
+    assert (
+        engine_capabilities("vllm").thread_invariant_sampling
+        and not engine_capabilities("hf").thread_invariant_sampling
+    )
+    assert config.copy().training(engine="vllm").phase_threads() == PhaseThreads(runner=4, learner=8)
+    assert config.copy().training(engine="hf").phase_threads().runner == 1
+    assert config.copy().training(engine="vllm", overlap_generation=True).phase_threads().runner == 1
+    assert config.copy().training(engine="vllm", rollout_head=True).phase_threads().runner == 1
+    assert config.copy().training(engine="vllm", lora_rank=8).phase_threads().runner == 1
+    assert config.copy().training(engine="vllm", cpu_threads="reserved").phase_threads().runner == 1
 
 
 def test_the_environment_variable_sets_the_default_and_a_bad_value_is_refused(monkeypatch):
