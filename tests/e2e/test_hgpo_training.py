@@ -144,8 +144,8 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
       (1/64), while sampled success (64 layouts x 4 at temperature 1, fixed evaluation seeds, so before and after
       draw the same random numbers) falls by no more than 0.03 (8 of 256 trajectories). The run is seeded and
       repeats to the last bit on one machine (runners' groups merged in runner order, seeded sampling and minibatch
-      plans): two runs of this test on 2026-11-27 gave greedy 0.188 -> 0.312 and sampled 0.488 -> 0.508 both times
-      (0.188 -> 0.219, 0.488 -> 0.504 with the code of a few days before). The bars
+      plans): on 2026-11-27 it gave greedy 0.188 -> 0.312 and sampled 0.488 -> 0.508, and greedy 0.188 -> 0.312 again
+      in a run without the sampled evaluations (0.188 -> 0.219, 0.488 -> 0.504 with the code of 2026-11-24). The bars
       sit below the smallest effect seen across seeds, not at this run's, because another machine's float kernels
       make its run another draw: `python bench/bench_hgpo.py --settings hgpo --eval-every 16` (this setting with no
       crash) gained greedy +0.047, +0.063, +0.125 and sampled +0.004, +0.098, +0.027 at seeds 0, 1, 2
