@@ -101,10 +101,10 @@ class R3Settings:
     are the same bits at any thread count. Seeded runs give the same numbers whatever threads an update got
     (whole-tensor sums are thread-invariant, core/reductions.py). 'all': every runner takes its share of the machine's
     cores while it generates (faster with the HF engine on an idle machine; its sampled log-probs then differ in the
-    last bit with the thread count, so seeded runs are not bit-identical). 'reserved': one thread per CPU Ray reserves (num_cpus_per_env_runner, num_cpus_per_learner; 1
-    for 'auto'), for a machine shared with other jobs. A learner on a GPU always keeps its reservation. The environment
-    variable R3_CPU_THREADS sets this default for every run started where it is set (the test suite sets 'reserved': its
-    three test processes share two cores)."""
+    last bit with the thread count, so seeded runs are not bit-identical). 'reserved': one thread per CPU Ray reserves
+    (num_cpus_per_env_runner, num_cpus_per_learner; 1 for 'auto'), for a machine shared with other jobs. A learner on a
+    GPU always keeps its reservation. The environment variable R3_CPU_THREADS sets this default for every run started
+    where it is set (the test suite sets 'reserved': its three test processes share two cores)."""
     sleep_between_rollouts: bool = False
     """Put the engine to sleep after each rollout and wake it for the next (frees GPU memory when runners and
     learners share GPUs; needs engine_kwargs enable_sleep_mode for vLLM)."""
