@@ -20,7 +20,9 @@ batch, PPO clip 0.2/0.28, no KL, token-mean loss):
 - ``ours-*`` paths run with the default ``cpu_threads='auto'`` (each phase of the synchronous loop may use both
   cores); ``ours-hf-reserved`` / ``ours-vllm-reserved``: the synchronous path with ``cpu_threads='reserved'``: one
   torch thread per reserved CPU; ``ours-hf-all`` / ``ours-vllm-all``: ``cpu_threads='all'`` (the runner also takes
-  both cores while it generates);
+  both cores while it generates); ``ours-hf-prefetch`` / ``ours-vllm-prefetch``: the synchronous path with
+  ``prefetch_rollout=True`` (the runner generates the next rollout while the driver logs this iteration, instead of
+  waiting idle);
 - ``trl``: ``trl.GRPOTrainer`` (transformers ``generate``, no vLLM on CPU), one optimizer step per generation batch;
 - ``floor``: a hand-written loop in one process: ``model.generate`` with the same sampling, grading, group
   advantages, one clipped token-mean update. Nothing else: the lowest cost of a GRPO iteration with these libraries.
@@ -65,6 +67,8 @@ PATHS = (
     "ours-vllm-reserved",
     "ours-hf-all",
     "ours-vllm-all",
+    "ours-hf-prefetch",
+    "ours-vllm-prefetch",
     "trl",
     "floor",
     "trl-2t",
@@ -416,13 +420,19 @@ class OursSession:
     NAMES = ("generate", "grade", "sample_other", "r3_batch", "learner", "weight_sync", "train_other")
 
     def __init__(
-        self, s: Setting, engine: str, seed: int, overlap: bool = False, cpu_threads: str = "auto"
+        self,
+        s: Setting,
+        engine: str,
+        seed: int,
+        overlap: bool = False,
+        cpu_threads: str = "auto",
+        prefetch: bool = False,
     ) -> None:
         config = ours_config(s, engine, seed)
-        config.training(overlap_generation=overlap, cpu_threads=cpu_threads)
+        config.training(overlap_generation=overlap, cpu_threads=cpu_threads, prefetch_rollout=prefetch)
         self.s, self.algo = s, config.build_algo()
         name = f"ours-{engine}" + ("-overlap" if overlap else "")
-        name += "" if cpu_threads == "auto" else f"-{cpu_threads}"
+        name += ("" if cpu_threads == "auto" else f"-{cpu_threads}") + ("-prefetch" if prefetch else "")
         self.res = PathResult(name, [], [], [], [], {k: [] for k in self.NAMES})
 
     def run(self, iterations: int, timed: bool = True) -> None:
@@ -669,7 +679,8 @@ def build_settings(args) -> list[Setting]:
             )
         )
     if args.setting in ("gen", "all"):
-        paths = tuple(p for p in PATHS if chosen is None or p in chosen)
+        # Every path by default but the ones with a prefetched rollout (on request).
+        paths = tuple(p for p in PATHS if (p in chosen if chosen else not p.endswith("-prefetch")))
         model = args.gen_model or common.long_response_model("tiny" if args.smoke else "gen")
         settings.append(
             Setting(
@@ -740,7 +751,8 @@ def session_for(s: Setting, path: str, seed: int) -> OursSession | FloorSession:
         return FloorSession(s, seed, threads)
     engine = path.split("-")[1]
     cpu_threads = next((t for t in ("reserved", "all") if path.endswith(f"-{t}")), "auto")
-    return OursSession(s, engine, seed, overlap=path.endswith("-overlap"), cpu_threads=cpu_threads)
+    prefetch = path.endswith("-prefetch")
+    return OursSession(s, engine, seed, path.endswith("-overlap"), cpu_threads, prefetch)
 
 
 def run_path(s: Setting, path: str, iterations: int, args: argparse.Namespace) -> PathResult:

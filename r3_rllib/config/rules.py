@@ -194,6 +194,18 @@ def lora_needs_an_engine_that_applies_adapters(config: Any) -> str | None:
     return None
 
 
+def prefetch_is_for_the_synchronous_loop(config: Any) -> str | None:
+    """prefetch_rollout asks for the next rollout at an iteration's end: the synchronous loop's; the overlapped and
+    streaming loops ask for theirs ahead already."""
+    if config.prefetch_rollout and (config.overlap_generation or (config.max_staleness or 0) >= 1):
+        staleness = 1 if config.max_staleness is None else config.max_staleness
+        return (
+            f"prefetch_rollout is for the synchronous loop, but max_staleness={staleness} already asks for "
+            "rollouts ahead of the update; turn prefetch_rollout off (or set max_staleness=0)"
+        )
+    return None
+
+
 def streaming_excludes_dynamic_sampling(config: Any) -> str | None:
     """Streaming rollouts (max_staleness >= 2) consume groups as they arrive; DAPO's dynamic sampling refills one
     batch with synchronous rounds, which would interleave with the requests in flight."""
@@ -464,6 +476,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,
     max_staleness_agrees_with_overlap,
+    prefetch_is_for_the_synchronous_loop,
     streaming_excludes_dynamic_sampling,
     partial_rollouts_need_overlap_and_a_stepping_engine,
     rollout_head_needs_an_engine_with_a_head,

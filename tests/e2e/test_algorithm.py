@@ -45,9 +45,10 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     exactly like the learner's policy (the weight sync reached it), and the exported folder holds the learner's
     weights. A second run with the same `.debugging(seed=...)` gives the same numbers, to the last bit: seeded
     sampling, data order and minibatch plans, and the runners' groups merged in runner order, not arrival order;
-    the repeat sets max_staleness=0, which must be this synchronous loop bit for bit, and cpu_threads='auto' (the
+    the repeat sets max_staleness=0, which must be this synchronous loop bit for bit, cpu_threads='auto' (the
     suite pins 'reserved', tests/conftest.py): its updates take the free cores and follow them while they run, and
-    the numbers must not follow the thread count."""
+    the numbers must not follow the thread count, and prefetch_rollout=True: the rollout asked for at the end of
+    each iteration draws the samples the next iteration would have asked for."""
     config = tiny_config(tiny_random_model).env_runners(num_env_runners=2).debugging(seed=7)
     algo = config.build_algo()
     try:
@@ -103,11 +104,12 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     finally:
         algo.stop()
 
-    # The repeat names the synchronous loop explicitly (max_staleness=0) and the default threads: the same numbers
-    # to the last bit.
-    again = config.copy().training(max_staleness=0, cpu_threads="auto").build_algo()
+    # The repeat names the synchronous loop explicitly (max_staleness=0), the default threads and a prefetched
+    # rollout (each iteration ends with the next one asked for): the same numbers to the last bit.
+    again = config.copy().training(max_staleness=0, cpu_threads="auto", prefetch_rollout=True).build_algo()
     try:
         repeated = _reproducible_numbers(again, [again.train() for _ in range(2)])
+        assert again.coordinator.in_flight
     finally:
         again.stop()
     assert repeated == numbers

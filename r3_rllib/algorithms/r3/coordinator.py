@@ -145,6 +145,15 @@ class RolloutCoordinator:
             self._log("staleness_max", float(policy_version - min(fresh_versions)))
         return groups, rollout
 
+    def prefetch(self, reflection: ReflectionSettings | None) -> None:
+        """Synchronous loop with ``prefetch_rollout``: ask for the next iteration's rollout now, with the reflection
+        settings it would be asked with (those of the current data epoch and policy version), once the runners
+        hold the update's weights; the next :meth:`rollout` gathers it. Nothing with overlap or streaming (their
+        rollouts are asked for ahead already), nor with a rollout in flight or gathered ahead."""
+        cfg = self.config
+        if cfg.prefetch_rollout and max_staleness_of(cfg) == 0 and not self.in_flight and self.ready is None:
+            self.request(cfg.queries_per_iteration, reflection)
+
     def score(self, rollout: Rollout) -> Rollout:
         """``rollout`` with its groups through the driver's rollout stages (reward server, distillation teacher:
         rollout_stages.py); the rollout itself when there are none."""

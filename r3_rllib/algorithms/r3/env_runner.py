@@ -153,10 +153,13 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         t0, self._context = time.perf_counter(), None
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
         self.engine.set_threads(phase_start_threads(*self._threads))
-        if self.config.sleep_between_rollouts:
-            self.engine.wake_up()
-        self._context = self.rollout_context()
-        groups, timings, tokens, totals = self.kind.sample(self._context, num_queries, reflection)
+        try:
+            if self.config.sleep_between_rollouts:
+                self.engine.wake_up()
+            self._context = self.rollout_context()
+            groups, timings, tokens, totals = self.kind.sample(self._context, num_queries, reflection)
+        finally:  # back to the reservation: the learners take the free cores while this runner waits
+            self.engine.set_threads(self._threads[1])
         if self._context.reflection_dropped:
             totals = {**totals, "reflection_dropped_too_long": float(self._context.reflection_dropped)}
         self._last_call_end = time.perf_counter()

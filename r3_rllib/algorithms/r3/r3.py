@@ -99,9 +99,7 @@ class R3(R3Console, Algorithm):
         board = WeightBoard.remote() if self.config.partial_rollouts else None
         self.weights = PolicyWeights(self.learner_group, self.env_runner_group, board)
         self.coordinator.weights = self.weights  # runner_loss='reask' re-sends a lost request's weights
-        self.coordinator.stages = build_rollout_stages(
-            self.config
-        )  # reward server, teacher (rollout_stages.py)
+        self.coordinator.stages = build_rollout_stages(self.config)  # reward server, teacher
         # (query id, policy version) of every sample the last iteration trained, in batch order (chaos tests).
         self.last_trained_stream: list[tuple[str, int]] = []
         self.sample_log = SampleLog.for_algorithm(self)  # sampled completions (sample_log.py)
@@ -209,6 +207,8 @@ class R3(R3Console, Algorithm):
                     self.metrics.log_value(timer, syncing.collect(), reduce="mean", window=1)
             if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
                 self.metrics.log_dict(self.evaluate_heldout(), key="eval")
+            # 6. Synchronous loop: the next rollout asked for now, while RLlib and Tune log (prefetch_rollout).
+            self.coordinator.prefetch(self.iteration_settings().reflection)
         return None
 
     def _timed(self, name: str):

@@ -24,7 +24,12 @@ class ThreadProbeEngine(HFEngine):
     def __init__(self, *args, **kwargs) -> None:
         self.built_at = torch.get_num_threads()
         self.set_calls: list[int] = []
+        self.generated_at: list[int] = []
         super().__init__(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        self.generated_at.append(torch.get_num_threads())
+        return super().generate(*args, **kwargs)
 
     def set_threads(self, threads: int) -> None:
         self.set_calls.append(threads)
@@ -86,7 +91,8 @@ def test_the_engine_is_built_at_the_plan_idles_at_the_reservation_and_samples_at
         assert runner.engine.built_at == plan
         assert runner.engine.set_calls == [1]  # idle: the reservation (num_cpus_per_env_runner=1)
         runner.sample(num_queries=2)
-        assert runner.engine.set_calls == [1, plan]
-        assert torch.get_num_threads() == plan
+        assert runner.engine.set_calls == [1, plan, 1]  # each rollout at the free cores, then back to idle
+        assert set(runner.engine.generated_at) == {plan}
+        assert torch.get_num_threads() == 1
     finally:
         runner.stop()
