@@ -48,7 +48,8 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     the repeat sets max_staleness=0, which must be this synchronous loop bit for bit, cpu_threads='auto' (the
     suite pins 'reserved', tests/conftest.py): its updates take the free cores and follow them while they run, and
     the numbers must not follow the thread count, and prefetch_rollout=True: the rollout asked for at the end of
-    each iteration draws the samples the next iteration would have asked for."""
+    each iteration draws the samples the next iteration would have asked for, and a checkpoint saved between the
+    iterations keeps it (the restored run's next iteration repeats the second one)."""
     config = tiny_config(tiny_random_model).env_runners(num_env_runners=2).debugging(seed=7)
     algo = config.build_algo()
     try:
@@ -105,14 +106,27 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
         algo.stop()
 
     # The repeat names the synchronous loop explicitly (max_staleness=0), the default threads and a prefetched
-    # rollout (each iteration ends with the next one asked for): the same numbers to the last bit.
-    again = config.copy().training(max_staleness=0, cpu_threads="auto", prefetch_rollout=True).build_algo()
+    # rollout (each iteration ends with the next one asked for): the same numbers to the last bit, with a checkpoint
+    # saved between the iterations (it keeps the prefetched rollout, which the next iteration trains).
+    prefetching = config.copy().training(max_staleness=0, cpu_threads="auto", prefetch_rollout=True)
+    again = prefetching.build_algo()
     try:
-        repeated = _reproducible_numbers(again, [again.train() for _ in range(2)])
+        first = again.train()
         assert again.coordinator.in_flight
+        middle = again.save(str(tmp_path / "prefetched")).checkpoint.path
+        assert again.coordinator.ready is not None and not again.coordinator.in_flight
+        repeated = _reproducible_numbers(again, [first, again.train()])
     finally:
         again.stop()
     assert repeated == numbers
+    # A new algorithm restored from that checkpoint trains the saved rollout as its next iteration.
+    restored = prefetching.build_algo()
+    try:
+        restored.restore(middle)
+        resumed = _reproducible_numbers(restored, [restored.train()])
+    finally:
+        restored.stop()
+    assert resumed == numbers[1:]
 
 
 def _reproducible_numbers(algo, results: list[dict]) -> list:
