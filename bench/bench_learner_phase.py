@@ -2,6 +2,7 @@
 
     python bench/bench_learner_phase.py                         # tiny and gen settings, 1 thread
     python bench/bench_learner_phase.py --setting tiny --reps 30 --threads 1,2
+    python bench/bench_learner_phase.py --setting gen --threads 2 --gen-tokens 512 --gen-reps 4
     python bench/bench_learner_phase.py --smoke                 # CI: tiny shapes, one rep
 
 ``bench_throughput`` times the learner phase inside whole iterations, one path after the other, so machine load
@@ -306,6 +307,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", default="1", help="comma-separated torch thread counts, e.g. 1,2")
     ap.add_argument("--reps", type=int, default=30, help="timed reps per side (tiny setting)")
     ap.add_argument("--gen-reps", type=int, default=8, help="timed reps per side (gen setting)")
+    ap.add_argument(
+        "--gen-tokens", type=int, default=128, help="gen setting: response length (bench_throughput's)"
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed reps per side first")
     ap.add_argument("--profile-reps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -325,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.print_header("bench_learner_phase", args)
     tp_argv = ["--setting", args.setting, "--paths", "floor"] + (["--smoke"] if args.smoke else [])
     tp_argv += ["--model", args.model] if args.model else []
+    tp_argv += ["--gen-tokens", str(args.gen_tokens)]
     settings = bench_throughput.build_settings(bench_throughput.parse_args(tp_argv))
     out: dict[str, Any] = {"machine": common.machine(), "versions": common.versions(), "settings": []}
     for s in settings:
