@@ -174,6 +174,7 @@ def method_config(method: str, args, seed: int):
             eval_env_config={"split": "test"},
             eval_num_queries=args.eval_queries,
             overlap_generation=method.endswith("-overlap"),
+            dtype=args.dtype,
             **{"lr": args.lr, **variant},
         )
         .r3(
@@ -416,6 +417,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="optimizer steps per batch (> 1: later steps are off-policy)",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the run's dtype (auto: fp32 on CPU; bfloat16: fp32 master weights, bf16 autocast and engine)",
     )
     ap.add_argument("--start-epoch", type=int, default=1, help="dataset epoch from which R^3's parts are on")
     ap.add_argument("--eval-interval", type=int, default=10)

@@ -92,6 +92,9 @@ class Setting:
     env_config: dict
     rank_all_wrong: bool  # ours: ranking from iteration 0; floor: train on every group (no degenerate drop)
     paths: tuple[str, ...]
+    # Every path's compute dtype: "float32", or "bfloat16" (fp32 master weights, bf16 autocast in the updates;
+    # ours and the floor generate in bf16, TRL as its `bf16=True` does).
+    dtype: str = "float32"
 
 
 @dataclasses.dataclass
@@ -157,6 +160,7 @@ class FloorGRPO:
         max_new_tokens: int,
         lr: float,
         drop_degenerate: bool,
+        bf16: bool = False,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
         grad_clip: float = 1.0,
@@ -173,6 +177,8 @@ class FloorGRPO:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.G, self.L = group_size, max_new_tokens
         self.drop_degenerate = drop_degenerate
+        # bf16: the weights and AdamW stay fp32; generation and the update's forward run under bf16 autocast.
+        self.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
         self.clip_low, self.clip_high, self.grad_clip, self.eps = clip_low, clip_high, grad_clip, eps
         self.eos, self.pad = self.tok.eos_token_id, self.tok.pad_token_id
 
@@ -183,7 +189,8 @@ class FloorGRPO:
         P = enc["input_ids"].shape[1]
         self.model.eval()
         # Sampling, and the completion masks (microseconds, in the generation phase).
-        out, comp, comp_mask, first = common.floor_generate(self.model, self.tok, enc, self.G, self.L)
+        with self.autocast():
+            out, comp, comp_mask, first = common.floor_generate(self.model, self.tok, enc, self.G, self.L)
         t_gen = time.perf_counter()
 
         lengths = comp_mask.sum(1)
@@ -204,18 +211,19 @@ class FloorGRPO:
             attn = torch.cat(
                 [enc["attention_mask"].repeat_interleave(self.G, 0)[keep], comp_mask[keep].long()], 1
             )
-            trained = common.floor_update(
-                self.model,
-                self.opt,
-                out[keep],
-                attn,
-                comp_mask[keep],
-                adv[keep],
-                P,
-                clip_low=self.clip_low,
-                clip_high=self.clip_high,
-                grad_clip=self.grad_clip,
-            )
+            with self.autocast():
+                trained = common.floor_update(
+                    self.model,
+                    self.opt,
+                    out[keep],
+                    attn,
+                    comp_mask[keep],
+                    adv[keep],
+                    P,
+                    clip_low=self.clip_low,
+                    clip_high=self.clip_high,
+                    grad_clip=self.grad_clip,
+                )
         t_learn = time.perf_counter()
         return {
             "generate": t_gen - t0,
@@ -243,6 +251,7 @@ class FloorSession:
             max_new_tokens=s.max_new_tokens,
             lr=s.lr,
             drop_degenerate=not s.rank_all_wrong,
+            bf16=s.dtype == "bfloat16",
         )
         self.stream = problem_stream(s, seed)
         self.res = PathResult("floor", [], [], [], [], {k: [] for k in ("generate", "grade", "learner")})
@@ -332,7 +341,7 @@ def run_trl(s: Setting, iterations: int, warmup: int, seed: int, threads: int = 
     args = GRPOConfig(
         output_dir=out_dir,
         use_cpu=True,
-        bf16=False,
+        bf16=s.dtype == "bfloat16",  # CPU autocast (fp32 weights), as ours and the floor
         fp16=False,
         gradient_checkpointing=False,  # ours does not recompute activations either
         seed=seed,
@@ -411,7 +420,7 @@ def ours_config(s: Setting, engine: str, seed: int):
         env_config=s.env_config,
         seed=seed,
         rank_all_wrong=s.rank_all_wrong,
-    )
+    ).training(dtype=s.dtype)
 
 
 class OursSession:
@@ -483,7 +492,7 @@ def run_ours(
 def report(s: Setting, results: dict[str, PathResult]) -> dict[str, Any]:
     print(
         f"\n## setting {s.name}: G={s.group_size}, Q={s.queries}, max_new_tokens={s.max_new_tokens}, lr={s.lr}, "
-        f"model {s.model_path}"
+        f"dtype {s.dtype}, model {s.model_path}"
     )
     rows = []
     sums = {k: r.summary() for k, r in results.items()}
@@ -676,6 +685,7 @@ def build_settings(args) -> list[Setting]:
                 {"digits": 2},
                 False,
                 paths,
+                args.dtype,
             )
         )
     if args.setting in ("gen", "all"):
@@ -693,6 +703,7 @@ def build_settings(args) -> list[Setting]:
                 {"digits": 2},
                 True,
                 paths,
+                args.dtype,
             )
         )
     return settings
@@ -724,6 +735,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gen-queries", type=int, default=4)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="every path's compute dtype: bfloat16 keeps fp32 weights and autocasts (fast where the CPU has "
+        "avx512_bf16 or AMX)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scaling", action="store_true", help="also fit and check the cost-per-iteration model")
     ap.add_argument("--scaling-iterations", type=int, default=3)

@@ -152,6 +152,19 @@ def test_throughput_smoke_trl(ray_session, tiny_random_model, capsys):
 
 @pytest.mark.bench
 @pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRL, reason=NO_TRL_REASON)
+def test_throughput_smoke_in_bf16(ray_session, tiny_random_model, capsys):
+    """Every path at ``--dtype bfloat16``: ours (bf16 engine, autocast learner), the floor and TRL (`bf16=True`)."""
+    mod = load("bench_throughput")
+    argv = ["--smoke", "--setting", "tiny", "--model", tiny_random_model, "--paths", "ours-hf,trl,floor"]
+    assert mod.main([*argv, "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "dtype bfloat16" in out
+    assert "| ours-hf |" in out and "| trl |" in out and "| floor |" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
 def test_engine_overhead_smoke(ray_session, tiny_random_model, capsys):
     mod = load("bench_engine_overhead")
     assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
