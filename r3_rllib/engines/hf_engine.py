@@ -28,7 +28,7 @@ from r3_rllib.engines.base import (
 )
 from r3_rllib.engines.kv_cache import preallocated_cache
 from r3_rllib.engines.lora import adapter_pairs, lora_scale, merged_state
-from r3_rllib.models.dtypes import resolve_dtype
+from r3_rllib.models.dtypes import resolve_dtype, warn_if_emulated_bf16
 
 KV_CACHES = ("preallocated", "dynamic")
 
@@ -125,6 +125,7 @@ class HFEngine(GenerationEngine):
                 raise FileNotFoundError(f"no model folder (config.json) at {path}")
             with no_progress_bars():
                 model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
+            warn_if_emulated_bf16(model.dtype, self.device.type, "the HF engine")
             if tokenizer is None:
                 tokenizer = load_tokenizer(path)
         self.model = model.to(self.device).eval()

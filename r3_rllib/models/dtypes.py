@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -16,7 +20,7 @@ _DTYPES = {
 
 def resolve_dtype(dtype: str | torch.dtype, device_type: str | None = None) -> torch.dtype:
     """A torch dtype from a name (``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16``) or ``auto``:
-    bfloat16 on a GPU that supports it, float32 elsewhere (bf16 is slower than fp32 on most CPUs).
+    bfloat16 on a GPU that supports it, float32 elsewhere (on a CPU, fp32 gives the same numbers everywhere).
     ``device_type`` (``cpu``/``cuda``) decides ``auto``; None: a GPU when one is visible."""
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -31,3 +35,32 @@ def resolve_dtype(dtype: str | torch.dtype, device_type: str | None = None) -> t
 def dtype_name(dtype: str | torch.dtype, device_type: str | None = None) -> str:
     """:func:`resolve_dtype` as the name engines take (``"bfloat16"``, ``"float32"``, ``"float16"``)."""
     return str(resolve_dtype(dtype, device_type)).removeprefix("torch.")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (avx512_bf16 or AMX); True where torch cannot tell."""
+    probes = [
+        getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    if not all(callable(probe) for probe in probes):
+        return True
+    return any(probe() for probe in probes)
+
+
+def warn_if_emulated_bf16(dtype: str | torch.dtype, device_type: str, who: str) -> bool:
+    """Log a warning when `who` (the learner, an engine) is set to compute in bf16 on a CPU that emulates it: there
+    an update ran 26x slower than in fp32 (BENCHMARKS.md section 39, oneDNN held to AVX2). Returns whether it
+    warned."""
+    named = (
+        isinstance(dtype, torch.dtype) or dtype == "auto" or dtype in _DTYPES
+    )  # vLLM takes other names too
+    if device_type != "cpu" or not named or resolve_dtype(dtype, device_type) != torch.bfloat16:
+        return False
+    if cpu_has_native_bf16():
+        return False
+    logger.warning(
+        "%s computes in bfloat16 on a CPU without avx512_bf16 or AMX: bf16 matrix products are emulated there, "
+        "many times slower than float32 (BENCHMARKS.md section 39). Set dtype='float32' (or 'auto') for this CPU.",
+        who,
+    )
+    return True

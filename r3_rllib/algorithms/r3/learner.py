@@ -61,7 +61,7 @@ from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
 from r3_rllib.core.reductions import invariant_masked_mean
-from r3_rllib.models.dtypes import resolve_dtype
+from r3_rllib.models.dtypes import resolve_dtype, warn_if_emulated_bf16
 from r3_rllib.types import TrainingBatch
 
 
@@ -110,6 +110,7 @@ class R3Learner(TorchLearner):
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._world = dist.get_world_size() if dist.is_initialized() else 1
         self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device).type)
+        warn_if_emulated_bf16(self._dtype, torch.device(self._device).type, "the learner")
         policy = self.policy
         num_params = sum(p.numel() for p in policy.parameters())
         if use_gradient_checkpointing(self.config.gradient_checkpointing, self.config.model_path, num_params):

@@ -1,8 +1,10 @@
 """A learner's update does not depend on the torch thread count: the weights after two epochs, the loss, gradient
 norm and entropy are bit-identical at 1, 2 and 3 threads (matrix products and reductions along a dimension are
-thread-invariant on CPU; whole-tensor sums go through core/reductions.py, tested there). This is what lets ``cpu_threads='auto'`` (the default) give each update the cores that are free when it starts and still
-promise the same numbers for the same seed. (The runners keep their reservation under 'auto': the HF engine's
-sampled log-probs differ in the last bit between 1 and 2 threads.)"""
+thread-invariant on CPU; whole-tensor sums go through core/reductions.py, tested there), in fp32 and in bf16
+(dtype='bfloat16': oneDNN's bf16 products, on a CPU that has them). This is what lets ``cpu_threads='auto'`` (the
+default) give each update the cores that are free when it starts and still promise the same numbers for the same
+seed. (The runners keep their reservation under 'auto': the HF engine's sampled log-probs differ in the last bit
+between 1 and 2 threads.)"""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from r3_rllib import R3Config
 from r3_rllib.algorithms.r3 import learner_threads
 from r3_rllib.algorithms.r3.learner import R3Learner
 from r3_rllib.core import threads as core_threads
+from r3_rllib.models.dtypes import cpu_has_native_bf16
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Sample
 
@@ -36,7 +39,7 @@ def _restore_threads():
 
 
 def _updated_weights(
-    model_path: str, threads: int, samples: list[Sample], follow: bool = False
+    model_path: str, threads: int, samples: list[Sample], follow: bool = False, dtype: str = "auto"
 ) -> tuple[list[torch.Tensor], dict]:
     # cpu_threads='reserved': the learner runs exactly num_cpus_per_learner threads in its update.
     cfg = (
@@ -45,6 +48,7 @@ def _updated_weights(
         .training(
             model_path=model_path,
             cpu_threads="reserved",
+            dtype=dtype,
             micro_batch_size=len(samples),
             num_epochs=2,  # the second epoch's proximal log-probs come from a no-grad pass
             gradient_checkpointing=False,
@@ -80,6 +84,21 @@ def one_thread(tiny_random_model, samples) -> tuple[list[torch.Tensor], dict]:
 
 def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model, samples, one_thread):
     runs = {1: one_thread} | {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS[1:]}
+    weights, metrics = runs[1]
+    assert metrics["grad_norm"] > 0
+    for t in THREADS[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(weights, runs[t][0], strict=True)), f"{t} threads"
+        for key in ("loss", "grad_norm", "entropy"):
+            assert metrics[key] == runs[t][1][key], (key, t)
+
+
+@pytest.mark.skipif(
+    not cpu_has_native_bf16(),
+    reason="no avx512_bf16 or AMX: bf16 is emulated here (the library warns off it)",
+)
+def test_a_bf16_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model, samples):
+    """dtype='bfloat16' on CPU (fp32 weights, bf16 autocast): oneDNN's bf16 matrix products too."""
+    runs = {t: _updated_weights(tiny_random_model, t, samples, dtype="bfloat16") for t in THREADS}
     weights, metrics = runs[1]
     assert metrics["grad_norm"] > 0
     for t in THREADS[1:]:
