@@ -25,23 +25,29 @@ pytestmark = [
 ]
 
 
-def test_vllm_runner_trains_and_receives_weights(ray_session, tiny_random_model):
-    config = (
+def _vllm_config(model_path: str, **training) -> R3Config:
+    """GRPO with one vLLM runner and a local learner; ranking from the start, so the random model's all-wrong
+    groups train on ranking rewards (ranked on the learner's exact entropies: ranking_entropy_source 'auto')."""
+    return (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .r3(ranking=True, ranking_start_epoch=0)
         .training(
-            model_path=tiny_random_model,
+            model_path=model_path,
             engine="vllm",
-            engine_kwargs={"logprobs_k": 20},
             group_size=4,
             queries_per_iteration=8,
             max_new_tokens=5,
             lr=1e-3,
+            **training,
         )
     )
+
+
+def test_vllm_runner_trains_and_receives_weights(ray_session, tiny_random_model):
+    config = _vllm_config(tiny_random_model, engine_kwargs={"logprobs_k": 20})
     algo = config.build_algo()
     try:
         for _ in range(2):
@@ -63,27 +69,10 @@ def test_bf16_on_cpu_trains_fp32_master_weights_with_a_bf16_engine(ray_session, 
     """dtype='bfloat16' on CPU (bench_throughput's --dtype bfloat16): vLLM samples in bf16, the learner keeps fp32
     weights and updates under bf16 autocast, and the engine's sampling policy stays within the library's own bar of
     the learner's (health_mismatch_k3_max: k3 KL 0.01, ~10x a bf16 engine against an fp32 learner in BENCHMARKS
-    27) after two updates."""
+    27) after three updates."""
     import torch
 
-    config = (
-        R3Config.grpo_preset()
-        .environment("arithmetic", env_config={"num_queries": 64})
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
-        .learners(num_learners=0)
-        .r3(
-            ranking=True, ranking_start_epoch=0
-        )  # the random model's all-wrong groups train on ranking rewards
-        .training(
-            model_path=tiny_random_model,
-            engine="vllm",
-            dtype="bfloat16",
-            group_size=4,
-            queries_per_iteration=8,
-            max_new_tokens=5,
-            lr=1e-3,
-        )
-    )
+    config = _vllm_config(tiny_random_model, dtype="bfloat16")
     algo = config.build_algo()
     try:
         for _ in range(3):

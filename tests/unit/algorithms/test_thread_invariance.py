@@ -82,14 +82,19 @@ def one_thread(tiny_random_model, samples) -> tuple[list[torch.Tensor], dict]:
         torch.set_num_threads(before)
 
 
-def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model, samples, one_thread):
-    runs = {1: one_thread} | {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS[1:]}
+def _assert_equal_to_one_thread(runs: dict[int, tuple[list[torch.Tensor], dict]]) -> None:
+    """Every thread count's weights, loss, gradient norm and entropy equal to the bit the 1-thread update's."""
     weights, metrics = runs[1]
     assert metrics["grad_norm"] > 0
     for t in THREADS[1:]:
         assert all(torch.equal(a, b) for a, b in zip(weights, runs[t][0], strict=True)), f"{t} threads"
         for key in ("loss", "grad_norm", "entropy"):
             assert metrics[key] == runs[t][1][key], (key, t)
+
+
+def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model, samples, one_thread):
+    runs = {1: one_thread} | {t: _updated_weights(tiny_random_model, t, samples) for t in THREADS[1:]}
+    _assert_equal_to_one_thread(runs)
 
 
 @pytest.mark.skipif(
@@ -99,12 +104,7 @@ def test_a_learner_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_mode
 def test_a_bf16_update_is_bit_identical_at_1_2_and_3_threads(tiny_random_model, samples):
     """dtype='bfloat16' on CPU (fp32 weights, bf16 autocast): oneDNN's bf16 matrix products too."""
     runs = {t: _updated_weights(tiny_random_model, t, samples, dtype="bfloat16") for t in THREADS}
-    weights, metrics = runs[1]
-    assert metrics["grad_norm"] > 0
-    for t in THREADS[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(weights, runs[t][0], strict=True)), f"{t} threads"
-        for key in ("loss", "grad_norm", "entropy"):
-            assert metrics[key] == runs[t][1][key], (key, t)
+    _assert_equal_to_one_thread(runs)
 
 
 def test_an_update_whose_threads_change_while_it_runs_is_bit_identical(
