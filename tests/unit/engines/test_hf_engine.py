@@ -260,3 +260,27 @@ def test_chat_template_prompt_with_the_r1_tokenizer():
         c.logprobs, lp, rtol=0, atol=forward_atol(lp)
     )  # FORWARD_ULPS (tests/numeric.py)
     assert c.text == tok.decode(c.token_ids)
+
+
+def test_a_folder_loaded_in_bf16_samples_with_fp32_logprobs_and_entropies(tiny_random_model, caplog):
+    """dtype='bfloat16' on CPU (BENCHMARKS 39): the engine holds bf16 weights and reports float32 log-probs and
+    entropies of the tokens it sampled (each a log-probability, each entropy within [0, log V]); no warning where
+    the CPU has bf16 instructions."""
+    import logging
+
+    from r3_rllib.models.dtypes import cpu_has_native_bf16
+
+    with caplog.at_level(logging.WARNING, logger="r3_rllib.models.dtypes"):
+        engine = HFEngine(tiny_random_model, dtype="bfloat16")
+    assert engine.model.dtype == torch.bfloat16
+    assert bool(caplog.records) != cpu_has_native_bf16()  # the warning where bf16 is emulated, only there
+    vocab = engine.model.config.vocab_size
+    out = engine.generate([[5, 6, 7], [8, 9]], 2, SamplingParams(max_new_tokens=6, seed=0))
+    for c in (c for row in out for c in row):
+        assert c.logprobs.dtype == np.float32 and c.entropies.dtype == np.float32
+        assert len(c.logprobs) == len(c.token_ids) == len(c.entropies) > 0
+        assert np.all(np.isfinite(c.logprobs)) and np.all(c.logprobs <= 0.0)
+        # The entropy is a float32 sum over the V tokens: its rounding, at most ~V ulps of log V.
+        assert np.all(c.entropies >= 0.0) and np.all(
+            c.entropies <= math.log(vocab) + f32_tol(math.log(vocab), vocab)
+        )
