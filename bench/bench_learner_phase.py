@@ -136,17 +136,22 @@ def build_floor(s: bench_throughput.Setting):
     return model, torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
 
 
-def ab_times(learner, floor, ro: Rollouts, threads: Sequence[int], reps: int, warmup: int) -> dict:
-    """Seconds per update of each side at each thread count, interleaved, the first side alternating."""
+def ab_times(
+    learner, floor, ro: Rollouts, threads: Sequence[int], reps: int, warmup: int, bf16: bool = False
+) -> dict:
+    """Seconds per update of each side at each thread count, interleaved, the first side alternating. ``bf16``:
+    the floor's update under bf16 autocast (ours autocasts itself with ``dtype='bfloat16'``)."""
     import torch
 
     model, opt = floor
-    sides = {
-        "ours": lambda k: learner.update_from_samples(ro.batch, seed=k),
-        "floor": lambda k: common.floor_update(
-            model, opt, ro.input_ids, ro.attention_mask, ro.response_mask, ro.advantages, ro.prompt_width
-        ),
-    }
+
+    def floor_update(k: int) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            common.floor_update(
+                model, opt, ro.input_ids, ro.attention_mask, ro.response_mask, ro.advantages, ro.prompt_width
+            )
+
+    sides = {"ours": lambda k: learner.update_from_samples(ro.batch, seed=k), "floor": floor_update}
     times: dict[tuple[str, int], list[float]] = {(n, t): [] for n in sides for t in threads}
     for k in range(warmup + reps):
         for t in threads:
@@ -263,7 +268,7 @@ def run_setting(s: bench_throughput.Setting, args: argparse.Namespace) -> dict[s
     threads = [int(t) for t in args.threads.split(",")]
     reps = args.reps if s.name == "tiny" else args.gen_reps
     load_start = os.getloadavg()[0]
-    times = ab_times(learner, floor, ro, threads, reps, args.warmup)
+    times = ab_times(learner, floor, ro, threads, reps, args.warmup, bf16=s.dtype == "bfloat16")
     load_end = os.getloadavg()[0]
     profile = profile_ours(learner, ro, threads[0], args.profile_reps)
     torch.set_num_threads(1)
@@ -275,7 +280,7 @@ def run_setting(s: bench_throughput.Setting, args: argparse.Namespace) -> dict[s
     rows_b = len(ro.batch)
     print(
         f"\n## setting {s.name}: {rows_b} rows trained, {ro.trained_tokens} response tokens, "
-        f"{int(ro.batch.lengths.sum())} tokens (prompt + response), model {s.model_path}"
+        f"{int(ro.batch.lengths.sum())} tokens (prompt + response), dtype {s.dtype}, model {s.model_path}"
     )
     print(
         common.markdown_table(["threads", "ours s (median)", "floor s (median)", "ours/floor", "reps"], rows)
@@ -310,6 +315,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--gen-tokens", type=int, default=128, help="gen setting: response length (bench_throughput's)"
     )
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="both updates' compute dtype (bfloat16: fp32 weights, bf16 autocast; bench_throughput's --dtype)",
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed reps per side first")
     ap.add_argument("--profile-reps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -329,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.print_header("bench_learner_phase", args)
     tp_argv = ["--setting", args.setting, "--paths", "floor"] + (["--smoke"] if args.smoke else [])
     tp_argv += ["--model", args.model] if args.model else []
-    tp_argv += ["--gen-tokens", str(args.gen_tokens)]
+    tp_argv += ["--gen-tokens", str(args.gen_tokens), "--dtype", args.dtype]
     settings = bench_throughput.build_settings(bench_throughput.parse_args(tp_argv))
     out: dict[str, Any] = {"machine": common.machine(), "versions": common.versions(), "settings": []}
     for s in settings:

@@ -230,11 +230,13 @@ def test_learner_entropy_smoke(capsys):
     assert "| without |" in out and "without / with entropy pass" in out
 
 
-def test_learner_phase_smoke(tiny_random_model, capsys):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_learner_phase_smoke(tiny_random_model, capsys, dtype):
     mod = load("bench_learner_phase")
-    assert mod.main(["--smoke", "--model", tiny_random_model]) == 0
+    assert mod.main(["--smoke", "--model", tiny_random_model, "--dtype", dtype]) == 0
     out = capsys.readouterr().out
     assert "| 1 thread |" in out and "ours/floor learner phase, tiny" in out and "| optimizer step |" in out
+    assert f"dtype {dtype}," in out
 
 
 def test_micro_batches_smoke(tiny_random_model, capsys):
