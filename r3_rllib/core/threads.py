@@ -17,9 +17,10 @@ Following the load is safe for seeded runs because the numbers do not follow the
 reductions along a dimension are thread-invariant on CPU, and whole-tensor sums go through
 :func:`r3_rllib.core.reductions.invariant_sum` (tests/unit/algorithms/test_thread_invariance.py: a learner's
 two-epoch update, bit-identical at 1, 2 and 3 threads, in fp32 and bf16, and with its thread count changing inside
-its forwards and backwards). The HF engine's sampled log-probs are not (one ulp apart between 1 and 2 threads), so under
-``cpu_threads='auto'`` its runners keep their reservation; an engine whose samples are the same bits at any count
-(``thread_invariant_sampling``: vLLM's) has its runners take their share of the cores in the synchronous loop.
+its forwards and backwards). The HF engine's sampled log-probs are not (one ulp apart between 1 and 2 threads), so
+under ``cpu_threads='auto'`` its runners keep their reservation; an engine whose samples are the same bits at any
+count (``thread_invariant_sampling``: vLLM's) has its runners take their share of the cores in the synchronous
+loop.
 """
 
 from __future__ import annotations
