@@ -5,6 +5,7 @@
     python bench/bench_throughput.py --setting gen --paths ours-vllm,ours-vllm-overlap,trl,trl-2t
     python bench/bench_throughput.py --setting tiny --paths ours-hf,floor --iterations 60 --rounds 6
                                                           # the paths take turns, 6 blocks of 10 each
+    python bench/bench_throughput.py --setting gen --dtype bfloat16   # every path in bf16 (fp32 weights, autocast)
     python bench/bench_throughput.py --scaling            # also fit and check the cost-per-iteration model
     python bench/bench_throughput.py --smoke              # CI: one tiny iteration per path
 
