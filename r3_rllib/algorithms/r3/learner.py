@@ -109,8 +109,9 @@ class R3Learner(TorchLearner):
         self._lora = lora_policy(self._module[DEFAULT_MODULE_ID].model, self.config)  # peft wrapper, or None
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._world = dist.get_world_size() if dist.is_initialized() else 1
-        self._dtype = resolve_dtype(self.config.dtype, torch.device(self._device).type)
-        warn_if_emulated_bf16(self._dtype, torch.device(self._device).type, "the learner")
+        device_type = torch.device(self._device).type
+        self._dtype = resolve_dtype(self.config.dtype, device_type)
+        warn_if_emulated_bf16(self._dtype, device_type, "the learner")
         policy = self.policy
         num_params = sum(p.numel() for p in policy.parameters())
         if use_gradient_checkpointing(self.config.gradient_checkpointing, self.config.model_path, num_params):

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from r3_rllib.algorithms.r3.heldout import eval_seed, eval_shard
 from r3_rllib.algorithms.r3.runner_setup import build_env, eval_env_config
-from r3_rllib.core.threads import phase_start_threads
 
 
 class HeldOutEvaluation:
     """`evaluate` for `LLMEnvRunner`, which provides ``config``, ``engine``, ``tokenizer``, ``sampling_params``,
-    ``kind`` (its `RolloutKind`), ``rollout_context()`` and ``_threads`` (its plan and reservation)."""
+    ``kind`` (its `RolloutKind`), ``rollout_context()`` and ``phase_threads()`` (the engine's threads for a phase)."""
 
     def evaluate(
         self,
@@ -31,11 +30,8 @@ class HeldOutEvaluation:
         (None: the config's rollout_head_eval_with_head); training rollouts go back to the head afterwards.
 
         Threads as for a rollout: the cores free now, up to the runner's plan, then back to its reservation."""
-        self.engine.set_threads(phase_start_threads(*self._threads))
-        try:
+        with self.phase_threads():
             return self._evaluate_policy(num_queries, with_head, samples, shard)
-        finally:
-            self.engine.set_threads(self._threads[1])
 
     def _evaluate_policy(
         self, num_queries: int, with_head: bool | None, samples: int, shard: tuple[int, int]
