@@ -34,7 +34,8 @@ judge failed on keeps the entropy ranking.
 
 Metrics (``reward_server/...``): ``<term>_mean`` (the term's mean score over the graded samples, failures as 0),
 ``failures/<reason>`` (count), ``reward_mean`` (composed), ``env_reward_mean``, ``wait_s`` (seconds the learner
-waited in :meth:`resolve` for grading), ``grade_s`` (the workers' grading seconds, summed), ``judge_ranked_groups``.
+waited in :meth:`resolve`, a replacement worker's start included), ``worker_start_s`` (of them, waiting for
+replacement workers to start: not counted against ``reward_timeout_s``), ``grade_s`` (the workers' grading seconds, summed), ``judge_ranked_groups``.
 """
 
 from __future__ import annotations
@@ -243,11 +244,11 @@ class RewardServer:
         """Wait for the replacements among workers ``indices`` that are still building their scorers (a judge
         loading its model is not grading time); the seconds waited. One that fails to start fails its batch
         (``worker_died``: :meth:`_collect`)."""
+        refs = [ref for i in sorted(set(indices)) if (ref := self._starting.pop(i, None)) is not None]
+        if not refs:
+            return 0.0
         start = time.perf_counter()
-        for i in sorted(set(indices)):
-            ref = self._starting.pop(i, None)
-            if ref is not None:
-                ray.wait([ref], timeout=START_TIMEOUT_S)
+        ray.wait(refs, num_returns=len(refs), timeout=START_TIMEOUT_S)
         return time.perf_counter() - start
 
     def submit(self, groups: Sequence[Group]) -> PendingGrades:
@@ -265,9 +266,9 @@ class RewardServer:
         ]
         return PendingGrades(batches, time.perf_counter())
 
-    def _collect(self, pending: PendingGrades) -> tuple[list[list[list[Graded]]], float]:
-        """Every batch's grades, per term (failed batches filled with their reason), and the workers' seconds; a
-        worker that timed out or died is replaced."""
+    def _collect(self, pending: PendingGrades) -> tuple[list[list[list[Graded]]], float, float]:
+        """Every batch's grades, per term (failed batches filled with their reason), the workers' seconds and the
+        seconds waited for replacement workers to start; a worker that timed out or died is replaced."""
         starting_s = self._await_started([b.worker for b in pending.batches])
         deadline = pending.submitted_at + starting_s + self.timeout_s
         refs = [b.ref for b in pending.batches]
@@ -297,7 +298,7 @@ class RewardServer:
                     self._replace_worker(b.worker)
                 grades = [[(0.0, reason)] * b.size for _ in self.specs]
             out.append(grades)
-        return out, grade_s
+        return out, grade_s, starting_s
 
     def resolve(
         self, pending: PendingGrades, groups: Sequence[Group]
@@ -305,7 +306,7 @@ class RewardServer:
         """Wait for the grades (until ``reward_timeout_s`` after the submit) and return ``groups`` with the
         composed rewards, and the metrics (see the module docstring)."""
         start = time.perf_counter()
-        batches, grade_s = self._collect(pending)
+        batches, grade_s, starting_s = self._collect(pending)
         wait_s = time.perf_counter() - start
         per_group: dict[int, list[list[Graded]]] = {}  # group index -> per term, its samples' grades
         for b, grades in zip(pending.batches, batches, strict=True):
@@ -316,7 +317,7 @@ class RewardServer:
                 offset += n
         out = [self._apply(g, per_group[i]) for i, g in enumerate(groups)]
         metrics = self._metrics(out, [per_group[i] for i in range(len(groups))])
-        metrics.update(wait_s=wait_s, grade_s=grade_s)
+        metrics.update(wait_s=wait_s, worker_start_s=starting_s, grade_s=grade_s)
         return out, metrics
 
     def _apply(self, group: Group, grades: list[list[Graded]]) -> Group:

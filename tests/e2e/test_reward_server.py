@@ -86,7 +86,10 @@ def test_composed_rewards_reach_the_batch_and_a_hanging_term_costs_a_timeout(
     servers = [r["reward_server"] for r in results]
     for i in (0, 1, 3):
         assert servers[i]["failures/timeout"] == 0.0 and servers[i]["slow_mean"] == 1.0
-        assert servers[i]["wait_s"] < TIMEOUT_S
+        # Iteration 3 first waits for the replacement of the worker killed at iteration 2: an actor start (seconds
+        # on a loaded 2-core machine) that the timeout does not count, so neither does this bound.
+        assert servers[i]["wait_s"] - servers[i]["worker_start_s"] < TIMEOUT_S
+    assert servers[0]["worker_start_s"] == servers[1]["worker_start_s"] == 0.0
     # 16 samples x 3 terms timed out; the iteration trained on what it had
     assert servers[2]["failures/timeout"] == 48.0 and servers[2]["wait_s"] >= TIMEOUT_S - 0.5
     assert all(0.0 <= s["digits_mean"] <= 1.0 and "reward_mean" in s and "grade_s" in s for s in servers)

@@ -147,11 +147,13 @@ def test_a_hanging_scorer_costs_a_timeout_and_a_fresh_worker_grades_the_next_bat
         assert [s.reward for s in out[0].samples] == [1.0, 0.0]  # the env's reward, the term scored 0
         assert [s.grade_reason for s in out[0].samples] == ["length:timeout"] * 2
         assert metrics["failures/timeout"] == 2.0
-        assert 2.5 < metrics["wait_s"] < 30.0
+        assert 2.5 < metrics["wait_s"] < 30.0 and metrics["worker_start_s"] == 0.0
         assert server.workers[0] is not first
         out, metrics = _grade(server, [_group("q1", ["abcd"], rewards=[1.0])])
         assert out[0].samples[0].reward == pytest.approx(1.0 + 0.5 * 0.4)
         assert metrics["failures/timeout"] == 0.0
+        # the replacement's start is waited for first and reported apart from the grading
+        assert 0.0 < metrics["worker_start_s"] <= metrics["wait_s"]
     finally:
         server.stop()
 
