@@ -37,8 +37,44 @@ def dtype_name(dtype: str | torch.dtype, device_type: str | None = None) -> str:
     return str(resolve_dtype(dtype, device_type)).removeprefix("torch.")
 
 
+#: oneDNN's ISA names (``ONEDNN_MAX_CPU_ISA``) at or above which it multiplies bf16 in hardware; ``ALL`` and
+#: ``DEFAULT`` set no cap. A lower cap (``AVX2``, ``AVX512_CORE``, ...) makes oneDNN emulate bf16 even on a CPU
+#: that has avx512_bf16 (BENCHMARKS.md section 39 measured it so).
+_ONEDNN_BF16_ISAS = frozenset(
+    {
+        "ALL",
+        "DEFAULT",
+        "AVX512_CORE_BF16",
+        "AVX512_CORE_FP16",
+        "AVX512_CORE_AMX",
+        "AVX512_CORE_AMX_FP16",
+        "AVX10_1_512",
+        "AVX10_1_512_AMX",
+        "AVX10_1_512_AMX_FP16",
+        "AVX10_2_512",
+        "AVX10_2_512_AMX_2",
+    }
+)
+#: Caps below bf16 in hardware (a name in neither set is taken as no cap: better no warning than a false one).
+_ONEDNN_SUB_BF16_ISAS = frozenset(
+    {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+)
+
+
+def onednn_isa_cap() -> str | None:
+    """The cap ``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``) puts below bf16 in hardware, upper
+    case; None when unset or not below it."""
+    import os
+
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return cap if cap in _ONEDNN_SUB_BF16_ISAS else None
+
+
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (avx512_bf16 or AMX); True where torch cannot tell."""
+    """Whether this CPU multiplies bf16 matrices in hardware (avx512_bf16 or AMX) and oneDNN may use it (no
+    ``ONEDNN_MAX_CPU_ISA`` cap below it); True where torch cannot tell."""
+    if onednn_isa_cap() is not None:
+        return False
     probes = [
         getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     ]
@@ -58,9 +94,17 @@ def warn_if_emulated_bf16(dtype: str | torch.dtype, device_type: str, who: str) 
         return False
     if cpu_has_native_bf16():
         return False
+    cap = onednn_isa_cap()
+    where = (
+        f"with oneDNN held to {cap} (ONEDNN_MAX_CPU_ISA)"
+        if cap is not None
+        else "on a CPU without avx512_bf16 or AMX"
+    )
     logger.warning(
-        "%s computes in bfloat16 on a CPU without avx512_bf16 or AMX: bf16 matrix products are emulated there, "
-        "many times slower than float32 (BENCHMARKS.md section 39). Set dtype='float32' (or 'auto') for this CPU.",
+        "%s computes in bfloat16 %s: bf16 matrix products are emulated there, many times slower than float32 "
+        "(BENCHMARKS.md section 39). Set dtype='float32' (or 'auto')%s.",
         who,
+        where,
+        " or lift the cap" if cap is not None else " for this CPU",
     )
     return True

@@ -21,6 +21,13 @@ def test_names_and_auto():
         dtypes.resolve_dtype("half")
 
 
+@pytest.fixture(autouse=True)
+def no_onednn_cap(monkeypatch):
+    """Each test sets the cap it is about (the suite may run under one)."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+
+
 @pytest.fixture
 def emulating_cpu(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
@@ -53,4 +60,34 @@ def test_no_warning_where_the_cpu_has_avx512_bf16_or_amx(monkeypatch, caplog):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
     with caplog.at_level(logging.WARNING, logger=dtypes.__name__):
         assert not dtypes.warn_if_emulated_bf16(torch.bfloat16, "cpu", "the HF engine")
+    assert caplog.records == []
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("variable", "cap"), [("ONEDNN_MAX_CPU_ISA", "AVX2"), ("DNNL_MAX_CPU_ISA", "avx512_core")]
+)
+def test_a_onednn_cap_below_bf16_warns_on_a_cpu_that_has_it(bf16_cpu, monkeypatch, caplog, variable, cap):
+    """oneDNN held below AVX512_CORE_BF16 emulates bf16 on a CPU with avx512_bf16 (BENCHMARKS.md section 39's
+    26x): the warning names the cap, not the CPU."""
+    monkeypatch.setenv(variable, cap)
+    assert dtypes.onednn_isa_cap() == cap.upper() and not dtypes.cpu_has_native_bf16()
+    with caplog.at_level(logging.WARNING, logger=dtypes.__name__):
+        assert dtypes.warn_if_emulated_bf16("bf16", "cpu", "the learner")
+    (record,) = caplog.records
+    assert f"with oneDNN held to {cap.upper()} (ONEDNN_MAX_CPU_ISA)" in record.getMessage()
+    assert "lift the cap" in record.getMessage()
+
+
+@pytest.mark.parametrize("cap", ["AVX512_CORE_BF16", "avx512_core_amx", "ALL", "DEFAULT", "NOT_AN_ISA", ""])
+def test_a_cap_at_or_above_bf16_or_unknown_does_not_warn(bf16_cpu, monkeypatch, caplog, cap):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert dtypes.onednn_isa_cap() is None and dtypes.cpu_has_native_bf16()
+    with caplog.at_level(logging.WARNING, logger=dtypes.__name__):
+        assert not dtypes.warn_if_emulated_bf16("bfloat16", "cpu", "the HF engine")
     assert caplog.records == []
