@@ -69,10 +69,11 @@ def test_bf16_on_cpu_trains_fp32_master_weights_with_a_bf16_engine(ray_session, 
     """dtype='bfloat16' on CPU (bench_throughput's --dtype bfloat16): vLLM samples in bf16, the learner keeps fp32
     weights and updates under bf16 autocast, and the engine's sampling policy stays within the library's own bar of
     the learner's (health_mismatch_k3_max: k3 KL 0.01, ~10x a bf16 engine against an fp32 learner in BENCHMARKS
-    27) after three updates."""
+    27) after three updates. Sampled at T = 0.7, near the 1.5B run file's 0.6: both sides score the tempered
+    distribution in bf16 (the fp32 check of the tempered log-probs: tests/e2e/test_temperature_logprobs.py)."""
     import torch
 
-    config = _vllm_config(tiny_random_model, dtype="bfloat16")
+    config = _vllm_config(tiny_random_model, dtype="bfloat16", temperature=0.7)
     algo = config.build_algo()
     try:
         for _ in range(3):
