@@ -38,6 +38,7 @@ from r3_rllib.algorithms.r3.groups import build_training_batch, rescore_ranking_
 from r3_rllib.algorithms.r3.health_monitor import observe_health
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
 from r3_rllib.algorithms.r3.iteration_settings import iteration_settings, max_staleness_of
+from r3_rllib.algorithms.r3.learner_calls import all_results, first_result, to_learners
 from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
@@ -237,25 +238,25 @@ class R3(R3Console, Algorithm):
 
     def _learner_entropies(self, samples: list[Sample]) -> list[np.ndarray]:
         """The learners' exact entropies of the samples' response tokens (ranking_entropy_source='learner')."""
-        ref = ray.put(TrainingBatch.from_samples(samples))
-        return _first_result(
-            self.learner_group.foreach_learner(lambda learner, _ref=ref: learner.score_entropies(_ref))
+        sent = to_learners(self.learner_group, TrainingBatch.from_samples(samples))
+        return first_result(
+            self.learner_group.foreach_learner(lambda learner, _sent=sent: learner.score_entropies(_sent))
         )
 
     def _update_learners(self, batch: list[Sample], phase: TrainingPhase | None = None) -> dict[str, float]:
         """One update of every learner on `batch`, sent to them as one columnar `TrainingBatch`, in `phase`."""
         pending = getattr(self, "_pending_ranking", None)
         ranking = pending and pending.description
-        ref = ray.put(replace(TrainingBatch.from_samples(batch), ranking=ranking))
+        sent = to_learners(self.learner_group, replace(TrainingBatch.from_samples(batch), ranking=ranking))
         seed = int(self._rng.integers(2**31))
         results = None
         try:
             results = self.learner_group.foreach_learner(
-                lambda learner, _ref=ref, _seed=seed, _phase=phase: learner.update_from_samples(
-                    _ref, seed=_seed, phase=_phase
+                lambda learner, _sent=sent, _seed=seed, _phase=phase: learner.update_from_samples(
+                    _sent, seed=_seed, phase=_phase
                 )
             )
-            return _first_result(results)
+            return first_result(results)
         except Exception as err:
             # A learner process that died: name its rank (the others only report a broken collective), unless
             # Ray's memory monitor killed it (then what to lower is the useful message).
@@ -385,7 +386,7 @@ class R3(R3Console, Algorithm):
         state file (checkpoint.py); then the manifest of these files, which save() writes once they are in place."""
         self._checkpoint_target = checkpoint_dir
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
-        _all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p)))
+        all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p)))
         # The rollout in flight: its queries are already consumed from the runners' env order, keep its samples.
         self.coordinator.drain()
         replay = self._replay.client.get_state() if self._replay_available else None
@@ -424,7 +425,7 @@ class R3(R3Console, Algorithm):
         self._verified = None
         state = read_algorithm_state(checkpoint_dir)
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
-        _all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
+        all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
         self.weights.version = state.policy_version
         self._rng.bit_generator.state = state.rng
         self._iteration = state.iteration
@@ -446,7 +447,7 @@ class R3(R3Console, Algorithm):
         results = self.learner_group.foreach_learner(
             lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
         )
-        assert any(r is not None for r in _all_results(results))
+        assert any(r is not None for r in all_results(results))
         from r3_rllib.algorithms.r3.export import make_readable
         from r3_rllib.algorithms.r3.runner_setup import load_policy_tokenizer
         from r3_rllib.models.tiny import save_portable_tokenizer
@@ -469,7 +470,7 @@ class R3(R3Console, Algorithm):
 
     def learner_call(self, fn) -> list[Any]:
         """Run `fn(learner)` on every learner (collective helpers, tests)."""
-        return _all_results(self.learner_group.foreach_learner(fn))
+        return all_results(self.learner_group.foreach_learner(fn))
 
 
 def _env_size(env) -> int | None:
@@ -478,19 +479,6 @@ def _env_size(env) -> int | None:
         return len(env)
     except TypeError:
         return None
-
-
-def _all_results(results) -> list[Any]:
-    out = []
-    for r in results:
-        if not r.ok:
-            raise r.get()
-        out.append(r.get())
-    return out
-
-
-def _first_result(results) -> Any:
-    return _all_results(results)[0]
 
 
 def log_learner_metrics(metrics: Any, learner_metrics: dict[str, float]) -> None:
