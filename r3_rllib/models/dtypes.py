@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -37,25 +38,10 @@ def dtype_name(dtype: str | torch.dtype, device_type: str | None = None) -> str:
     return str(resolve_dtype(dtype, device_type)).removeprefix("torch.")
 
 
-#: oneDNN's ISA names (``ONEDNN_MAX_CPU_ISA``) at or above which it multiplies bf16 in hardware; ``ALL`` and
-#: ``DEFAULT`` set no cap. A lower cap (``AVX2``, ``AVX512_CORE``, ...) makes oneDNN emulate bf16 even on a CPU
-#: that has avx512_bf16 (BENCHMARKS.md section 39 measured it so).
-_ONEDNN_BF16_ISAS = frozenset(
-    {
-        "ALL",
-        "DEFAULT",
-        "AVX512_CORE_BF16",
-        "AVX512_CORE_FP16",
-        "AVX512_CORE_AMX",
-        "AVX512_CORE_AMX_FP16",
-        "AVX10_1_512",
-        "AVX10_1_512_AMX",
-        "AVX10_1_512_AMX_FP16",
-        "AVX10_2_512",
-        "AVX10_2_512_AMX_2",
-    }
-)
-#: Caps below bf16 in hardware (a name in neither set is taken as no cap: better no warning than a false one).
+#: oneDNN's ISA names (``ONEDNN_MAX_CPU_ISA``) below bf16 in hardware: such a cap makes oneDNN emulate bf16 even on a
+#: CPU that has avx512_bf16 (BENCHMARKS.md section 39 measured it so). ``ALL``, ``DEFAULT``, ``AVX512_CORE_BF16`` and
+#: the newer names (AMX, AVX10) leave bf16 in hardware; a name not listed is taken as no cap (better no warning than a
+#: false one).
 _ONEDNN_SUB_BF16_ISAS = frozenset(
     {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
 )
@@ -64,8 +50,6 @@ _ONEDNN_SUB_BF16_ISAS = frozenset(
 def onednn_isa_cap() -> str | None:
     """The cap ``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``) puts below bf16 in hardware, upper
     case; None when unset or not below it."""
-    import os
-
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
     return cap if cap in _ONEDNN_SUB_BF16_ISAS else None
 

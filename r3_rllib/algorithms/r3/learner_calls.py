@@ -1,9 +1,9 @@
 """How the driver reaches its learners through RLlib's ``LearnerGroup``: what it hands them, what it gets back.
 
 - :func:`to_learners`: a value every learner reads (a training batch): the object itself for a learner in the
-  driver's process, which would otherwise copy it into Ray's object store and back out within the same process
-  (~1.6 ms of the shipped tiny model's iteration, BENCHMARKS.md section 40, and a full copy each way of a large
-  batch); an ObjectRef, put once, for remote learners, which each fetch it from the store;
+  driver's process, which would otherwise copy it into Ray's object store and read it back within the same process
+  (the shipped tiny model's learner phase went 85.5 -> 76.5 ms, median of six runs: BENCHMARKS.md section 40); an
+  ObjectRef, put once, for remote learners, which each fetch it from the store;
 - :func:`all_results` / :func:`first_result`: the values of a ``foreach_learner`` call, raising the first failure.
 """
 
@@ -31,5 +31,5 @@ def all_results(results: Any) -> list[Any]:
 
 
 def first_result(results: Any) -> Any:
-    """Rank 0's value (the ranks agree: their results are reduced over all of them)."""
+    """Rank 0's value: what the driver reads of a call every rank makes together (an update, a save)."""
     return all_results(results)[0]
