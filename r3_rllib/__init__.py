@@ -13,9 +13,17 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 __version__ = "0.1.0"
+
+# MKL's strict conditional numerical reproducibility: its matrix products give the same bits at every thread count,
+# which cpu_threads='auto' relies on (core/threads.py). Without it some shapes round differently at 1 and 2
+# threads (12 of 96 small ones tried, e.g. 10 x 100 @ 100 x 128), which gave a seeded HGPO update other last bits
+# (BENCHMARKS.md section 40); large products ran as fast with it. MKL reads it when it starts, at its first call, so
+# it is set on import, before any product; a value the user set wins.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 _LAZY = {"R3": "r3_rllib.algorithms.r3", "R3Config": "r3_rllib.algorithms.r3"}
 _TUNE_REGISTRY = "ray.tune.registry"

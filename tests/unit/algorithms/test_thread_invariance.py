@@ -151,3 +151,23 @@ def test_an_update_polls_from_at_most_poll_points_modules_and_parameters(monkeyp
     assert len(model[4]._forward_pre_hooks) == 0  # 3 * 40 // 32 = 3, 4 * 40 // 32 = 5
     threads.stop()
     assert hooks() == (0, 0)
+
+
+def test_matrix_products_of_small_shapes_are_the_same_bits_at_1_and_2_threads():
+    """MKL without strict reproducibility (MKL_CBWR, set by importing r3_rllib) rounds some shapes differently at 1
+    and 2 threads: 12 of these 96 on an AMD EPYC with AVX-512 (BENCHMARKS.md section 40), among them the response
+    head's backward that gave a seeded HGPO update other last bits."""
+    import r3_rllib  # noqa: F401  (sets MKL_CBWR before MKL's first call in this process)
+
+    gen = torch.Generator().manual_seed(0)
+    differ = []
+    for m in (1, 3, 10, 17, 33, 64, 100, 1024):
+        for k in (50, 100, 128, 333):
+            for n in (64, 100, 128):
+                a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+                torch.set_num_threads(1)
+                one = a @ b
+                torch.set_num_threads(2)
+                if not torch.equal(one, a @ b):
+                    differ.append((m, k, n))
+    assert differ == [], differ
