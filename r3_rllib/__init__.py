@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 # which cpu_threads='auto' relies on (core/threads.py). Without it some shapes round differently at 1 and 2
 # threads (12 of 96 small ones tried, e.g. 10 x 100 @ 100 x 128), which gave a seeded HGPO update other last bits
 # (BENCHMARKS.md section 40); large products ran as fast with it. MKL reads it when it starts, at its first call, so
-# it is set on import, before any product; a value the user set wins.
+# it is set on import, before any product; a value the user set wins. A product run before this import keeps MKL's
+# default mode in that process: the learner then warns (core/mkl_mode.py).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 _LAZY = {"R3": "r3_rllib.algorithms.r3", "R3Config": "r3_rllib.algorithms.r3"}

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from r3_rllib.core.mkl_mode import warn_if_mkl_not_strict
 from r3_rllib.core.threads import FreeCoreFollower, phase_start_threads
 
 #: The most modules (forward) and parameters (backward) that poll the follower, spread evenly over the model: a
@@ -37,6 +38,8 @@ class UpdateThreads:
         self.start_plan, self.most, self.reserved = start, max(start, most), reserved
         self._follower: FreeCoreFollower | None = None
         self._hooks: list[Any] = []
+        if self.most > reserved:  # the thread count moves: the products must not round by it
+            warn_if_mkl_not_strict("The learner")
 
     def start(self, policy: torch.nn.Module) -> None:
         """Set the threads for an update of `policy` starting now, and follow the free cores during it."""
