@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -237,6 +238,49 @@ def _build_model(args) -> int:
     return 0
 
 
+#: The commands whose options and code live in their own module: (module, its add-options function, its run
+#: function, help). A module is imported only when its command runs: together they import torch and transformers
+#: (~6 CPU-s), which `r3 --help`, `r3 samples` or a typo in a run file then waited for.
+MODULE_COMMANDS = {
+    "sft": (
+        "r3_rllib.warmstart.arithmetic",
+        "add_sft_args",
+        "run_sft",
+        "warm-start the tiny arithmetic model (supervised)",
+    ),
+    "eval": (
+        "r3_rllib.eval.evaluate",
+        "add_eval_args",
+        "run_eval",
+        "pass@1 over n samples on math benchmarks (the base policy; --with-head: R^2PO's rollout head on)",
+    ),
+    "plot": (
+        "r3_rllib.eval.plot",
+        "add_plot_args",
+        "run_plot",
+        "learning curves of one or more runs into a PNG",
+    ),
+    "report": (
+        "r3_rllib.eval.report",
+        "add_report_args",
+        "run_report",
+        "one self-contained HTML page of a run: curves, health checks, samples",
+    ),
+    "samples": (
+        "r3_rllib.eval.samples",
+        "add_samples_args",
+        "run_samples",
+        "a run's recorded completions, filtered (iteration, reward, reason, group)",
+    ),
+    "export": (
+        "r3_rllib.algorithms.r3.export",
+        "add_export_args",
+        "run_export",
+        "a Hugging Face folder (model, tokenizer, card) of a run's checkpoint",
+    ),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="r3", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,47 +300,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.set_defaults(func=_train)
 
-    from r3_rllib.warmstart.arithmetic import add_sft_args, run_sft
-
-    p = sub.add_parser("sft", help="warm-start the tiny arithmetic model (supervised)")
-    add_sft_args(p)
-    p.set_defaults(func=run_sft)
-
     p = sub.add_parser("build-model", help="build a named model into its cache (e.g. gridworld-tiny-sft)")
     p.add_argument("name", help="a named model (see r3_rllib.models.hub.named_models)")
     p.set_defaults(func=_build_model)
 
-    from r3_rllib.eval.evaluate import add_eval_args, run_eval
-
-    p = sub.add_parser(
-        "eval",
-        help="pass@1 over n samples on math benchmarks (the base policy; --with-head: R^2PO's rollout head on)",
-    )
-    add_eval_args(p)
-    p.set_defaults(func=run_eval)
-    from r3_rllib.eval.plot import add_plot_args, run_plot
-
-    p = sub.add_parser("plot", help="learning curves of one or more runs into a PNG")
-    add_plot_args(p)
-    p.set_defaults(func=run_plot)
-    from r3_rllib.eval.report import add_report_args, run_report
-
-    p = sub.add_parser("report", help="one self-contained HTML page of a run: curves, health checks, samples")
-    add_report_args(p)
-    p.set_defaults(func=run_report)
-    from r3_rllib.eval.samples import add_samples_args, run_samples
-
-    p = sub.add_parser(
-        "samples", help="a run's recorded completions, filtered (iteration, reward, reason, group)"
-    )
-    add_samples_args(p)
-    p.set_defaults(func=run_samples)
-
-    from r3_rllib.algorithms.r3.export import add_export_args, run_export
-
-    p = sub.add_parser("export", help="a Hugging Face folder (model, tokenizer, card) of a run's checkpoint")
-    add_export_args(p)
-    p.set_defaults(func=run_export)
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for name, (module, add_args, run, help_text) in MODULE_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == chosen:  # only the command that runs imports its module
+            loaded = importlib.import_module(module)
+            getattr(loaded, add_args)(p)
+            p.set_defaults(func=getattr(loaded, run))
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -18,6 +18,10 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   } >/dev/null 2>&1 || echo "chromium was not installed: tests/e2e/test_report_browser.py will skip" >&2
 fi
 export RAY_AUTH_MODE=token HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Ray starts no idle worker processes ahead of tasks (the tests run few tasks; their actors get processes of their
+# own): each idle one imported Ray and then used ~0.7 CPU-s a minute doing nothing (measured with psutil, 2 per
+# Ray session, for the whole ~25 min of each of the three e2e processes' sessions).
+export RAY_enable_worker_prestart=0 RAY_prestart_worker_first_driver=0
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 if [ "$#" -gt 0 ]; then

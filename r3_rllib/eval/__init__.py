@@ -1,45 +1,57 @@
 """Evaluation on math benchmarks and on any text env (``r3 eval``, ``r3 eval --env``) and training-curve plots
-(``r3 plot``)."""
+(``r3 plot``).
 
-from r3_rllib.eval.benchmarks import (
-    BENCHMARKS,
-    PAPER_BENCHMARKS,
-    Benchmark,
-    get_benchmark,
-    load_benchmark,
-    parse_benchmark_names,
-)
-from r3_rllib.eval.env_eval import evaluate_env
-from r3_rllib.eval.evaluate import (
-    BenchmarkResult,
-    EvalReport,
-    add_eval_args,
-    evaluate,
-    pass_at_k,
-    render_prompts,
-    run_eval,
-)
-from r3_rllib.eval.plot import DEFAULT_METRICS, add_plot_args, build_figure, load_runs, plot_runs, run_plot
+The names below are imported from their modules on first use: evaluation loads models (torch, transformers), which
+reading a run's files (``r3 plot``, ``r3 report``, ``r3 samples``) does not need.
+"""
 
-__all__ = [
-    "BENCHMARKS",
-    "DEFAULT_METRICS",
-    "PAPER_BENCHMARKS",
-    "Benchmark",
-    "BenchmarkResult",
-    "EvalReport",
-    "add_eval_args",
-    "add_plot_args",
-    "build_figure",
-    "evaluate",
-    "evaluate_env",
-    "get_benchmark",
-    "load_benchmark",
-    "load_runs",
-    "parse_benchmark_names",
-    "pass_at_k",
-    "plot_runs",
-    "render_prompts",
-    "run_eval",
-    "run_plot",
-]
+from __future__ import annotations
+
+import importlib
+
+_MODULE_OF = {
+    **dict.fromkeys(
+        (
+            "BENCHMARKS",
+            "PAPER_BENCHMARKS",
+            "Benchmark",
+            "get_benchmark",
+            "load_benchmark",
+            "parse_benchmark_names",
+        ),
+        "r3_rllib.eval.benchmarks",
+    ),
+    "evaluate_env": "r3_rllib.eval.env_eval",
+    **dict.fromkeys(
+        (
+            "BenchmarkResult",
+            "EvalReport",
+            "add_eval_args",
+            "evaluate",
+            "pass_at_k",
+            "render_prompts",
+            "run_eval",
+        ),
+        "r3_rllib.eval.evaluate",
+    ),
+    **dict.fromkeys(
+        ("DEFAULT_METRICS", "add_plot_args", "build_figure", "load_runs", "plot_runs", "run_plot"),
+        "r3_rllib.eval.plot",
+    ),
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+        # Bound here, as an eager import would: importing r3_rllib.eval.evaluate set the package's `evaluate` to the
+        # submodule, and the name means the function.
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'r3_rllib.eval' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))

@@ -69,3 +69,58 @@ def test_a_full_disk_under_tunes_own_writes_ends_with_a_message_not_a_traceback(
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "is full" in err and "--resume" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["samples", "--help"], ["report", "--help"], ["plot", "--help"]],
+    ids=["help", "samples", "report", "plot"],
+)
+def test_commands_that_read_files_import_no_torch_or_transformers(argv):
+    """`r3 --help` and the commands that read a run's files start without torch and transformers (~6 CPU-s of
+    imports): each command's module is imported only when that command runs (cli.MODULE_COMMANDS)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from r3_rllib.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(json.dumps([m for m in ('torch', 'transformers', 'ray') if m in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "usage: r3" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_each_module_command_parses_its_own_options():
+    """The chosen command's module adds its options, so they parse; another command's module stays unimported."""
+    import argparse
+
+    from r3_rllib import cli
+
+    seen = {}
+
+    def parse(args):
+        seen.update(vars(args))
+        return 0
+
+    for name, (module, add_args, _run, _help) in cli.MODULE_COMMANDS.items():
+        sub = argparse.ArgumentParser()
+        getattr(__import__(module, fromlist=[add_args]), add_args)(sub)
+        assert sub.format_help(), name
+    import r3_rllib.eval.samples as samples
+
+    original = samples.run_samples
+    samples.run_samples = parse
+    try:
+        assert cli.main(["samples", "some_run", "--full"]) == 0
+    finally:
+        samples.run_samples = original
+    assert seen["full"] is True and seen["command"] == "samples"
