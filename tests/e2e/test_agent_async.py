@@ -25,12 +25,13 @@ def chat_tiny_model(tmp_path_factory) -> str:
     return save_chat_tiny(tmp_path_factory)
 
 
-def _config(model_path: str, **training) -> R3Config:
-    """The calculator agent (two calls of up to 5 tokens per episode) on two HF runners, T = 0.6, GRPO, seeded."""
+def _config(model_path: str, num_env_runners: int = 2, **training) -> R3Config:
+    """The calculator agent (two calls of up to 5 tokens per episode) on HF runners (two by default), four queries
+    per iteration, T = 0.6, GRPO, seeded."""
     return (
         R3Config.grpo_preset()
         .environment("agent", env_config={"run": _calculator_agent(), "tasks": TASKS, "test_size": 0})
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .debugging(seed=7)
         .training(
@@ -48,8 +49,8 @@ def _config(model_path: str, **training) -> R3Config:
 
 def test_an_agent_trains_with_overlap_generation(ray_session, chat_tiny_model):
     """Each batch after the first was requested before the previous update (policy lag 1): its samples carry the
-    version their gateway recorded, one behind the learner."""
-    algo = _config(chat_tiny_model, overlap_generation=True).build_algo()
+    version their gateway recorded, one behind the learner. One runner: the streaming test below runs two."""
+    algo = _config(chat_tiny_model, num_env_runners=1, overlap_generation=True).build_algo()
     try:
         results, batches, records = train_keeping_calls(algo, 3)
     finally:

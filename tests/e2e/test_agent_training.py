@@ -85,19 +85,20 @@ def _record_keeper():
 TASKS = [{"id": f"q{i}", "question": f"{i}+{i + 1}=", "answer": str(2 * i + 1)} for i in range(8)]
 
 
-def _config(model_path: str) -> R3Config:
-    """Two HF runners, T = 0.6, R^3 (replay, ranking, reflection) on from the start, seeded."""
+def _config(model_path: str, num_env_runners: int = 2) -> R3Config:
+    """HF runners (two by default; two queries each per iteration), T = 0.6, R^3 (replay, ranking, reflection) on
+    from the start, seeded."""
     return (
         R3Config.r3_preset()
         .environment("agent", env_config={"run": _calculator_agent(), "tasks": TASKS, "test_size": 0})
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .r3(replay_start_epoch=0, ranking_start_epoch=0, reflection_start_epoch=0, reflection_tau=1.0)
         .debugging(seed=3)
         .training(
             model_path=model_path,
             group_size=4,
-            queries_per_iteration=4,
+            queries_per_iteration=2 * num_env_runners,
             max_new_tokens=5,
             temperature=0.6,
             lr=1e-3,
@@ -190,9 +191,10 @@ _MEASURED = ("update_s", "train_tokens_per_s", "peak_", "torch_threads")
 
 
 def _seeded_run(model_path: str) -> tuple[list[dict], list[list[tuple]]]:
-    """Two iterations; each iteration's trained-batch digest and learner metrics (timings left out), and every
-    call each runner's gateway recorded."""
-    algo = _config(model_path).build_algo()
+    """Two iterations on one runner; each iteration's trained-batch digest and learner metrics (timings left out),
+    and every call its gateway recorded. (Runs on several runners merge their groups in runner order, seeded:
+    tests/e2e/test_algorithm.py.)"""
+    algo = _config(model_path, num_env_runners=1).build_algo()
     try:
         algo.env_runner_group.foreach_env_runner(_call_keeper(), local_env_runner=False)
         results = [algo.train() for _ in range(2)]
@@ -213,7 +215,7 @@ def test_seeded_agent_runs_are_reproducible(ray_session, chat_tiny_model):
     identical tokens, log-probs and learner metrics, bit for bit."""
     first, second = _seeded_run(chat_tiny_model), _seeded_run(chat_tiny_model)
     metrics, calls = first
-    assert [len(c) for c in calls] == [2 * 2 * 4 * 2] * 2  # runners x iterations x G x 2 calls each
+    assert [len(c) for c in calls] == [2 * 2 * 4 * 2]  # iterations x queries x G x 2 calls each
     assert sum(m["trained_tokens"] for m in metrics) > 0
     assert calls == second[1]
     differ = {
@@ -283,19 +285,19 @@ def train_keeping_calls(algo, iterations: int) -> tuple[list[dict], list[list], 
     return results, batches, [c for runner in calls for c in runner]
 
 
-def verifiers_config(model_path: str, **training) -> R3Config:
+def verifiers_config(model_path: str, num_env_runners: int = 2, **training) -> R3Config:
     """The verifiers taskset vf_e2e_sums (agent_modules/) through verifiers' episodes and the in-process chat
-    harness, on two runners at T = 0.6, GRPO, seeded."""
+    harness, on `num_env_runners` runners (two queries each per iteration) at T = 0.6, GRPO, seeded."""
     return (
         R3Config.grpo_preset()
         .environment("verifiers", env_config={"env": {"taskset": {"id": "vf_e2e_sums"}}})
-        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
+        .env_runners(num_env_runners=num_env_runners, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .debugging(seed=11)
         .training(
             model_path=model_path,
             group_size=4,
-            queries_per_iteration=4,
+            queries_per_iteration=2 * num_env_runners,
             max_new_tokens=5,
             temperature=0.6,
             lr=1e-3,
@@ -306,10 +308,10 @@ def verifiers_config(model_path: str, **training) -> R3Config:
     )
 
 
-def check_verifiers_run(results, batches, records) -> None:
+def check_verifiers_run(results, batches, records, num_env_runners: int = 2) -> None:
     """Two iterations of 2 queries x G = 4 verifiers episodes per runner, one chat call each at T = 0.6 (what the
     config sets: the harness sends no sampling parameter of its own); what the learner trained is recorded."""
-    assert len(records) == 2 * 2 * 2 * 4
+    assert len(records) == 2 * num_env_runners * 2 * 4
     assert all(r.endpoint == "chat" and r.temperature == pytest.approx(0.6) for r in records)
     rollout = results[-1]["rollout"]
     assert rollout["agent_calls_mean"] == 1.0 and rollout["agent_steps_mean"] == 1.0

@@ -119,12 +119,12 @@ def test_the_agent_trains_through_vllm_runners_gateways(ray_session, chat_tiny_m
 
 
 def test_a_verifiers_env_trains_through_vllm_runners_gateways(ray_session, chat_tiny_model):
-    """The verifiers taskset of the HF test (agent_modules/vf_e2e_sums.py) trains two iterations on two vLLM
-    runners at T = 0.6; every trained token is a recorded one."""
+    """The verifiers taskset of the HF test (agent_modules/vf_e2e_sums.py) trains two iterations on a vLLM runner
+    at T = 0.6; every trained token is a recorded one. (Two vLLM runners behind gateways: the test above.)"""
     pytest.importorskip("verifiers.v1")
-    algo = verifiers_config(chat_tiny_model, engine="vllm").build_algo()
+    algo = verifiers_config(chat_tiny_model, num_env_runners=1, engine="vllm").build_algo()
     try:
-        check_verifiers_run(*train_keeping_calls(algo, 2))
+        check_verifiers_run(*train_keeping_calls(algo, 2), num_env_runners=1)
     finally:
         algo.stop()
 
