@@ -8,6 +8,8 @@ reading a run's files (``r3 plot``, ``r3 report``, ``r3 samples``) does not need
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 _MODULE_OF = {
     **dict.fromkeys(
@@ -46,11 +48,23 @@ __all__ = sorted(_MODULE_OF)
 def __getattr__(name: str):
     if name in _MODULE_OF:
         value = getattr(importlib.import_module(_MODULE_OF[name]), name)
-        # Bound here, as an eager import would: importing r3_rllib.eval.evaluate set the package's `evaluate` to the
-        # submodule, and the name means the function.
         globals()[name] = value
         return value
     raise AttributeError(f"module 'r3_rllib.eval' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """The package's ``evaluate`` is the function of that name, whenever the submodule ``r3_rllib.eval.evaluate``
+    is imported: the import system sets the package's attribute to the submodule once it has loaded it, which the
+    eager imports this package had before replaced with the function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "evaluate" and isinstance(value, types.ModuleType):
+            value = value.evaluate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:

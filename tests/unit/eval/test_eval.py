@@ -446,3 +446,22 @@ def test_cli_vllm_engine(tmp_path):
     assert run_eval(parse(argv)) == 0
     data = check_report_file(out, n=2, num_problems=2, max_new_tokens=6)
     assert data["config"]["engine"] == "vllm"
+
+
+@pytest.mark.slow  # three new processes, each importing transformers
+@pytest.mark.parametrize(
+    "first",
+    ["import r3_rllib.eval.evaluate", "from r3_rllib.eval import run_eval", "import r3_rllib.eval"],
+    ids=["submodule-first", "other-name-first", "package-only"],
+)
+def test_the_packages_evaluate_is_the_function_whatever_was_imported_first(first):
+    """`r3_rllib.eval.evaluate` names the function (as when the package imported it eagerly), also after its
+    submodule was imported on its own (as `r3 eval` does): new processes, since imports are once per process."""
+    import subprocess
+    import sys
+
+    code = f"{first}\nfrom r3_rllib.eval import evaluate\nimport r3_rllib.eval as e\nprint(callable(evaluate), type(e.evaluate).__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["True", "function"], done.stderr[-2000:]
