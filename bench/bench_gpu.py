@@ -22,6 +22,7 @@ Parts:
 - ``algo``: ``R3Config.grpo_preset()`` on 2-digit arithmetic, 2 EnvRunners with the HF engine on the GPU (0.25 GPU
   each) and one remote learner (0.5 GPU), 4 iterations: the whole loop (placement, bf16 engines, weight sync from a
   CUDA learner) with its metrics per iteration.
+- ``algo_local``: the same with ``num_learners=0``: the learner in the driver's process, on the GPU.
 
 Results print as they come and go to ``--out`` as JSON.
 """
@@ -376,7 +377,8 @@ def part_learner_sweep(sizes: Sizes, shape: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def part_algo(sizes: Sizes) -> dict[str, Any]:
+def part_algo(sizes: Sizes, num_learners: int = 1) -> dict[str, Any]:
+    """`num_learners=1`: one remote learner actor (0.5 GPU); 0: the learner in the driver's process on the GPU."""
     import r3_rllib  # noqa: F401  (registers R3)
 
     gpu = _device() == "cuda"
@@ -390,7 +392,9 @@ def part_algo(sizes: Sizes) -> dict[str, Any]:
             engine_kwargs={"device": "cuda"} if gpu else {},
         )
         config.env_runners(num_env_runners=2, num_gpus_per_env_runner=0.25 if gpu else 0)
-        config.learners(num_learners=1, num_gpus_per_learner=0.5 if gpu else 0)
+        config.learners(
+            num_learners=num_learners, num_gpus_per_learner=(0.5 if num_learners else 1) if gpu else 0
+        )
         algo = config.build_algo()
         rows = []
         for _ in range(sizes.algo_iterations):
@@ -480,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": lambda: part_engine(sizes),
         "learner_1p5b": lambda: part_learner_1p5b(sizes, shape),
         "algo": lambda: part_algo(sizes),
+        "algo_local": lambda: part_algo(sizes, num_learners=0),
         "learner_sweep": lambda: part_learner_sweep(sizes, shape),
     }
     return run_parts(parts, args.parts.split(","), results, args.out)

@@ -1,9 +1,11 @@
 """Name -> factory registry of text environments.
 
-Factories come from two places: :func:`register_text_env` calls, and installed packages that declare an entry point
-in the group ``r3_rllib.text_envs`` (``name = "package.module:Factory"``; this package declares ``arithmetic``,
-``chat_arithmetic``, ``math``, ``reward_fn``, ``gridworld``, ...). Entry points are loaded on first use, so listing
-names imports nothing. An explicit registration takes precedence over an entry point of the same name only when it
+Factories come from three places: this package's own envs (:data:`BUILT_IN_TEXT_ENVS`: ``arithmetic``,
+``chat_arithmetic``, ``math``, ``reward_fn``, ``gridworld``, ...), :func:`register_text_env` calls, and installed
+packages that declare an entry point in the group ``r3_rllib.text_envs`` (``name = "package.module:Factory"``). The
+built-in names are read from the code, not from installed metadata, so a checkout run from ``PYTHONPATH`` or shipped
+to a cluster by Ray's ``runtime_env={"working_dir": ...}`` knows them in every process; an entry point cannot take a
+built-in name. All are loaded on first use, so listing names imports nothing. An explicit registration takes precedence over an entry point of the same name only when it
 is the same factory or ``overwrite=True``. The registry is a :class:`~r3_rllib.core.registry.Registry`, the
 package's one implementation of named entries.
 
@@ -28,15 +30,39 @@ ENTRY_POINT_GROUP = "r3_rllib.text_envs"
 TextEnvFactory = Callable[..., TextEnv]
 
 
+#: The text envs this package ships: name -> ``"module:Factory"``, imported on first use.
+BUILT_IN_TEXT_ENVS: dict[str, str] = {
+    "agent": "r3_rllib.envs.agent:AgentTextEnv",
+    "arithmetic": "r3_rllib.envs.arithmetic:ArithmeticEnv",
+    "chat_arithmetic": "r3_rllib.envs.chat_arithmetic:ChatArithmeticEnv",
+    "math": "r3_rllib.envs.math_env:MathEnv",
+    "python_tool": "r3_rllib.envs.python_tool:PythonToolEnv",
+    "gridworld": "r3_rllib.envs.gridworld:GridWorldEnv",
+    "reasoning_gym": "r3_rllib.envs.reasoning_gym:ReasoningGymEnv",
+    "reward_fn": "r3_rllib.envs.reward_fn:RewardFnEnv",
+    "textworld": "r3_rllib.envs.textworld_env:TextWorldEnv",
+    "verifiers": "r3_rllib.envs.adapters.verifiers_env:VerifiersEnv",
+    "openenv": "r3_rllib.envs.adapters.openenv_env:OpenEnvEnv",
+    "gem": "r3_rllib.envs.adapters.gem_env:GemEnv",
+    "mcp": "r3_rllib.envs.adapters.mcp_tools:McpToolEnv",
+}
+
+
 def _entry_points() -> dict[str, EntryPoint]:
     """Installed entry points of the group (a function so tests can substitute their own)."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _declared() -> dict[str, EntryPoint]:
+    """The installed entry points, then the built-in envs over them (a built-in name is not taken by a plugin)."""
+    built_in = {n: EntryPoint(n, value, ENTRY_POINT_GROUP) for n, value in BUILT_IN_TEXT_ENVS.items()}
+    return {**_entry_points(), **built_in}
+
+
 def new_text_env_registry() -> Registry:
-    """An empty text-env registry that also knows the installed entry points (looked up through
-    :func:`_entry_points` at each use)."""
-    return Registry("text env", entry_points=lambda: _entry_points())
+    """An empty text-env registry that also knows the built-in envs and the installed entry points (looked up
+    through :func:`_entry_points` at each use)."""
+    return Registry("text env", entry_points=_declared)
 
 
 _REGISTRY = new_text_env_registry()
@@ -60,7 +86,7 @@ def register_text_env(name: str, factory: TextEnvFactory, *, overwrite: bool = F
 
 
 def registered_text_envs() -> list[str]:
-    """Every known name, sorted: registered ones and those declared by installed entry points."""
+    """Every known name, sorted: the built-in envs, registered ones and those declared by installed entry points."""
     return _REGISTRY.names()
 
 
@@ -93,9 +119,9 @@ def get_text_env_factory(name: str) -> TextEnvFactory:
 
 
 def registered_only_here(name: str) -> bool:
-    """True when ``name`` was registered in this process with a factory that other processes cannot find (no
-    installed entry point declares it): the registry is per process, so such a name must be shipped to Ray
-    workers another way (``R3Config.environment`` puts it in Ray Tune's cluster-wide env registry)."""
+    """True when ``name`` was registered in this process with a factory that other processes cannot find (neither
+    a built-in env nor an installed entry point declares it): the registry is per process, so such a name must be
+    shipped to Ray workers another way (``R3Config.environment`` puts it in Ray Tune's cluster-wide env registry)."""
     factory = _REGISTRY.get(name)
     if factory is None:
         return False

@@ -27,12 +27,13 @@ def tiny_arithmetic(**config):
     return ArithmeticEnv(num_queries=3, **config)
 
 
-def test_builtin_envs_come_from_the_installed_entry_points():
-    # pyproject.toml declares them; they are found without any register call.
-    installed = registry._entry_points()
-    assert installed["arithmetic"].value == "r3_rllib.envs.arithmetic:ArithmeticEnv"
-    assert installed["math"].value == "r3_rllib.envs.math_env:MathEnv"
-    assert {"arithmetic", "math"} <= set(registered_text_envs())
+def test_builtin_envs_are_known_without_installed_metadata(monkeypatch):
+    """A checkout on PYTHONPATH, or shipped by Ray's runtime_env working_dir, has no installed entry points: the
+    package's own envs are found from its code, in every process, without a register call. (Found on a GPU
+    machine where the checkout ran from PYTHONPATH: every EnvRunner failed with "unknown text env 'arithmetic'".)"""
+    monkeypatch.setattr(registry, "_entry_points", dict)
+    assert set(registry.BUILT_IN_TEXT_ENVS) == set(registered_text_envs())
+    assert {"arithmetic", "math", "gridworld", "reward_fn"} <= set(registered_text_envs())
     assert get_text_env_factory("arithmetic") is ArithmeticEnv
     assert get_text_env_factory("math") is MathEnv
     env = make_text_env("arithmetic", num_queries=4, digits=1)
@@ -88,8 +89,12 @@ def test_plugin_entry_points_are_discovered(monkeypatch):
         name="plugin", value="r3_rllib.envs.arithmetic:ArithmeticEnv", group=ENTRY_POINT_GROUP
     )
     broken = EntryPoint(name="broken", value="no_such_package.envs:Env", group=ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry, "_entry_points", lambda: {"plugin": plugin, "broken": broken})
-    assert registered_text_envs() == ["broken", "plugin"]
+    taken = EntryPoint(name="math", value="no_such_package.envs:Math", group=ENTRY_POINT_GROUP)
+    monkeypatch.setattr(
+        registry, "_entry_points", lambda: {"plugin": plugin, "broken": broken, "math": taken}
+    )
+    assert registered_text_envs() == sorted({"broken", "plugin", *registry.BUILT_IN_TEXT_ENVS})
+    assert get_text_env_factory("math") is MathEnv  # a plugin does not take a built-in name
     assert isinstance(make_text_env("plugin", num_queries=2), ArithmeticEnv)
     with pytest.raises(
         ImportError, match=r"text env 'broken': cannot load entry point 'no_such_package\.envs:Env'"
