@@ -100,8 +100,10 @@ def test_commands_that_read_files_import_no_torch_or_transformers(argv):
 
 
 def test_each_module_command_parses_its_own_options():
-    """The chosen command's module adds its options, so they parse; another command's module stays unimported."""
+    """Every command's table entry names a module with its argument adder and its run function, and the chosen
+    command's options parse through `main`."""
     import argparse
+    import importlib
 
     from r3_rllib import cli
 
@@ -111,10 +113,13 @@ def test_each_module_command_parses_its_own_options():
         seen.update(vars(args))
         return 0
 
-    for name, (module, add_args, _run, _help) in cli.MODULE_COMMANDS.items():
+    for name, (module, add_args, run, _help) in cli.MODULE_COMMANDS.items():
+        loaded = importlib.import_module(module)
+        assert callable(getattr(loaded, run, None)), f"{name}: {module} has no {run}"
         sub = argparse.ArgumentParser()
-        getattr(__import__(module, fromlist=[add_args]), add_args)(sub)
-        assert sub.format_help(), name
+        getattr(loaded, add_args)(sub)
+        own = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
+        assert own, f"{name}: {add_args} adds no argument"
     import r3_rllib.eval.samples as samples
 
     original = samples.run_samples
