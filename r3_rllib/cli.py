@@ -304,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", help="a named model (see r3_rllib.models.hub.named_models)")
     p.set_defaults(func=_build_model)
 
-    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    # The first argument that names a command is the chosen one (not merely the first without a dash: a top-level
+    # option's value would be taken for it).
+    commands = {*sub.choices, *MODULE_COMMANDS}
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if a in commands), None)
     for name, (module, add_args, run, help_text) in MODULE_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         if name == chosen:  # only the command that runs imports its module
