@@ -5,9 +5,10 @@ Factories come from three places: this package's own envs (:data:`BUILT_IN_TEXT_
 packages that declare an entry point in the group ``r3_rllib.text_envs`` (``name = "package.module:Factory"``). The
 built-in names are read from the code, not from installed metadata, so a checkout run from ``PYTHONPATH`` or shipped
 to a cluster by Ray's ``runtime_env={"working_dir": ...}`` knows them in every process; an entry point cannot take a
-built-in name. All are loaded on first use, so listing names imports nothing. An explicit registration takes precedence over an entry point of the same name only when it
-is the same factory or ``overwrite=True``. The registry is a :class:`~r3_rllib.core.registry.Registry`, the
-package's one implementation of named entries.
+built-in name. All are loaded on first use, so listing names imports nothing. An explicit registration takes
+precedence over a built-in env or an entry point of the same name only when it is the same factory or
+``overwrite=True``. The registry is a :class:`~r3_rllib.core.registry.Registry`, the package's one implementation
+of named entries.
 
 A name written ``"module:attribute"`` (``"my_tasks:SortEnv"``, ``"my_pkg.envs:make_env"``) needs no registration:
 wherever an env name is accepted (``R3Config.environment``, run files, ``make_text_env``, ``r3 eval --env``) it names
