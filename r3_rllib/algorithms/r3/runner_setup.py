@@ -27,8 +27,9 @@ def _text_env_factory(name: str):
 def build_env(name, env_config: dict, tokenizer) -> TextEnv:
     """Make the TextEnv, handing it the policy's tokenizer when it takes one and none is configured."""
     cfg = dict(env_config)
-    # The env class/factory itself (it reaches remote runners by pickling), or a name registered in this process
-    # (built-in envs, entry points) or in Ray Tune's cluster-wide registry (names the driver registered, see R3Config.environment).
+    # The env class/factory itself (it reaches remote runners by pickling), or a name known in this process
+    # (built-in envs, entry points) or in Ray Tune's cluster-wide registry (names the driver registered, see
+    # R3Config.environment).
     factory = name if callable(name) else _text_env_factory(name)
     try:
         params = inspect.signature(factory).parameters
