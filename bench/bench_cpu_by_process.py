@@ -6,17 +6,20 @@
     python bench/bench_cpu_by_process.py --smoke         # the tiny model, a few tokens
 
 Prints the CPU-seconds per timed iteration of every process that worked during them (this process, which holds the
-driver and its learner; the EnvRunner; Ray's raylet, GCS and agents; anything else on the machine), the machine's
-busy CPU-seconds over the same span, and the algorithm's own phase timers. On a 2-core machine an iteration cannot
+driver and its learner; the EnvRunner; Ray's raylet, GCS and agents; anything else on the machine), their sums by
+part (driver, actors, Ray's own processes, the rest), the machine's busy CPU-seconds over the same span, and the
+algorithm's own phase timers. On a 2-core machine an iteration cannot
 take less than its CPU-seconds / 2: the split shows which process that time is spent in (BENCHMARKS.md section 43).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import bench_throughput
@@ -24,17 +27,41 @@ import common
 import psutil
 
 
+def process_label(name: str, argv: list[str]) -> str:
+    """A process's name and what it runs: the script's file name for a Python process (Ray's daemons are Python
+    scripts under an interpreter path too long to tell apart), else its command line's start."""
+    script = next((a for a in argv[1:] if a.endswith(".py")), None)
+    if script is not None:
+        return f"{name} {Path(script).name}" + (" (ray)" if "/ray/" in script else "")
+    command = " ".join(argv)
+    return (command if command.startswith(name or "\0") else f"{name} {command}").strip()[:70]
+
+
+def process_group(row: str) -> str:
+    """Which part of the run a row of :func:`cpu_by_process` is: this process (the driver and its learner), a Ray
+    actor (``ray::Class``: the EnvRunner, the replay actor), Ray's own processes (raylet, GCS, its Python services,
+    its agents and idle workers), or the rest of the machine."""
+    pid, _, label = row.partition(" ")
+    if int(pid) == os.getpid():
+        return "driver"
+    ray_own = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+    if label.startswith("ray::") and not label.startswith(ray_own):
+        return "actors"
+    if label.startswith(("raylet", "gcs_server", *ray_own)) or label.endswith("(ray)"):
+        return "ray's own"
+    return "rest"
+
+
 def process_cpu_s() -> dict[int, tuple[str, float]]:
-    """Every process's name (with its command line's start) and its CPU-seconds so far (user + system)."""
+    """Every process's label (:func:`process_label`) and its CPU-seconds so far (user + system)."""
     out = {}
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             times = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone, or not ours to read
             continue
-        command = " ".join(proc.info["cmdline"] or [])
-        label = command if command.startswith(proc.info["name"] or "\0") else f"{proc.info['name']} {command}"
-        out[proc.pid] = (label.strip()[:70], times.user + times.system)
+        argv = proc.info["cmdline"] or []
+        out[proc.pid] = (process_label(proc.info["name"] or "", argv), times.user + times.system)
     return out
 
 
@@ -92,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown = rows[: args.top]
     rest = sum(cpu for _, cpu in rows[args.top :])
     print(common.markdown_table(["process", "CPU-s / iteration"], [*shown, ("(the others)", rest)]))
+    groups = {g: 0.0 for g in ("driver", "actors", "ray's own", "rest")}
+    for row, cpu in rows:
+        groups[process_group(row)] += cpu
+    print("by part (CPU-s / iteration):", ", ".join(f"{g} {cpu:.2f}" for g, cpu in groups.items()))
     phases = {k: common.median(v) for k, v in session.res.phases.items()}
     print("phase timers (median s):", ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
     if session.res.learner_threads:
@@ -105,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "summary": summary,
         "busy_cpu_s_per_iter": busy / iterations,
         "processes": rows,
+        "groups": groups,
         "phases": phases,
     }
     common.write_json(args.json, out)

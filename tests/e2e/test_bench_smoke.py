@@ -506,6 +506,26 @@ def test_cpu_by_process_counts_each_process_from_its_first_reading():
     assert mod.cpu_by_process(before, after, iterations=2) == [("1 driver", 1.5), ("3 new actor", 1.0)]
 
 
+def test_cpu_by_process_names_and_groups_ray_s_processes():
+    import os
+
+    mod = load("bench_cpu_by_process")
+    log_monitor = ["/x/bin/python", "-u", "/x/site-packages/ray/_private/log_monitor.py", "--logs-dir=/tmp"]
+    assert mod.process_label("python", log_monitor) == "python log_monitor.py (ray)"
+    assert mod.process_label("python", ["/x/bin/python", "bench/run.py"]) == "python run.py"
+    assert mod.process_label("ray::LLMEnvRunner", ["ray::LLMEnvRunner"]) == "ray::LLMEnvRunner"
+    assert mod.process_group(f"{os.getpid()} python run.py") == "driver"
+    assert mod.process_group("7 ray::LLMEnvRunner.apply") == "actors"
+    for daemon in (
+        "ray::IDLE",
+        "raylet /x/raylet --raylet_sock",
+        "gcs_server /x",
+        "python log_monitor.py (ray)",
+    ):
+        assert mod.process_group(f"7 {daemon}") == "ray's own", daemon
+    assert mod.process_group("1 process_api /process_api") == "rest"
+
+
 @pytest.mark.bench
 @pytest.mark.slow
 def test_cpu_by_process_smoke(ray_session, capsys):
@@ -513,6 +533,7 @@ def test_cpu_by_process_smoke(ray_session, capsys):
     assert mod.main(["--smoke", "--engine", "hf"]) == 0
     out = capsys.readouterr().out
     assert "| process | CPU-s / iteration |" in out and "ray::LLMEnvRunner" in out
+    assert "by part (CPU-s / iteration): driver" in out
 
 
 @pytest.mark.bench
