@@ -18,6 +18,7 @@ from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
+from r3_rllib.core.schedules import schedule_error
 from r3_rllib.engines.registry import EngineCapabilities, engine_capabilities, engines_where
 from r3_rllib.reward_models.specs import RewardModelsError, parse_reward_models
 
@@ -263,6 +264,12 @@ def r3_parts_are_single_step(config: Any) -> str | None:
     return None
 
 
+def lr_schedule_is_well_formed(config: Any) -> str | None:
+    """``lr`` as a schedule (RLlib's ``[[timestep, value], ...]``, core/schedules.py): pairs of finite numbers
+    from timestep 0, nondecreasing, values >= 0. RLlib's own check leaves out the values' sign and type."""
+    return schedule_error("lr", config.lr)
+
+
 def head_schedule_has_a_stage(config: Any) -> str | None:
     """R^2PO's cycle runs at least one of its two stages (checked while rollout_head is off too)."""
     if config.rollout_head_head_iters == 0 and config.rollout_head_base_iters == 0:
@@ -485,6 +492,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     renamed_estimators_name_the_new_one,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,
+    lr_schedule_is_well_formed,
     head_schedule_has_a_stage,
     head_advantage_is_single_step,
     rollout_head_needs_single_step_estimator,

@@ -6,9 +6,13 @@ import sys
 
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
+#: RLlib's lr schedule over the samples so far: each of the first iterations trains at its own rate.
+LR_SCHEDULE = [[0, 1e-3], [512, 1e-4]]
+
 
 def make_config(model_path: str):
-    """GRPO + all R^3 parts from epoch 0 (so the replay actor's state is part of the checkpoint)."""
+    """GRPO + all R^3 parts from epoch 0 (so the replay actor's state is part of the checkpoint), `lr` scheduled
+    (the samples counted so far are part of the checkpoint too)."""
     from r3_rllib import R3Config
 
     return (
@@ -17,7 +21,7 @@ def make_config(model_path: str):
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)
         .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
-        .training(model_path=model_path, group_size=4, queries_per_iteration=8, max_new_tokens=5, lr=1e-3)
+        .training(model_path=model_path, group_size=4, queries_per_iteration=8, max_new_tokens=5, lr=LR_SCHEDULE)
     )
 
 
@@ -35,5 +39,6 @@ if __name__ == "__main__":
     result = algo.train()
     out["next_iteration"] = result["training_iteration"]
     out["policy_version"] = float(result["rollout"]["policy_version"])
+    out["lr"] = result["learner"]["lr"]
     algo.stop()
     print("RESULT " + json.dumps(out))

@@ -18,7 +18,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 from algo_checks import checkpoint_fingerprint  # noqa: E402
 from numeric import EPS32, GRAD_ULPS, f32_tol, forward_atol  # noqa: E402
-from resume_child import make_config  # noqa: E402
+from resume_child import LR_SCHEDULE, make_config  # noqa: E402
 
 GROUP_SIZE = 4
 
@@ -130,10 +130,15 @@ def test_two_fsdp_learners_with_lora_match_one(ray_session, tiny_random_model):
 
 
 def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_random_model, tmp_path):
+    from r3_rllib.core.schedules import scheduled_value
+
     algo = make_config(tiny_random_model).build_algo()
     try:
-        for _ in range(2):
-            algo.train()
+        results = [algo.train() for _ in range(2)]
+        # Each update trains at the schedule's value at the samples of the batches before it.
+        samples = [0.0] + [r["num_env_steps_sampled_lifetime"] for r in results]
+        assert 0 < samples[1] < samples[2] < LR_SCHEDULE[-1][0]
+        assert [r["learner"]["lr"] for r in results] == [scheduled_value(LR_SCHEDULE, n) for n in samples[:2]]
         checkpoint = algo.save(str(tmp_path / "ckpt")).checkpoint.path
         saved = checkpoint_fingerprint(algo)
     finally:
@@ -158,6 +163,7 @@ def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_rand
     assert child["optim"] == saved["optim"]
     assert child["replay_size"] == saved["replay_size"]
     assert child["policy_version"] == 3.0  # two updates before the save, one after
+    assert child["lr"] == scheduled_value(LR_SCHEDULE, samples[2])  # the samples so far came back with it
 
 
 def test_two_fsdp_learners_reject_like_one(ray_session, tiny_random_model):

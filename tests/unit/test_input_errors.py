@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -38,6 +39,15 @@ BAD_VALUES = [
     ("debugging", "seed", "abc", "seed must be a number"),
     ("training", "replay", "yes", "replay must be true or false"),
     ("training", "rollout_timeout_s", 0, "rollout_timeout_s must be finite and > 0 or None"),
+]
+
+#: Values refused by a rule of the whole config (RLlib's evaluation copy is exempt from it, or the value is a
+#: schedule): the message names the setting, not the run file's section.
+BAD_CONFIGS = [
+    # RLlib's local runner is never asked: 0 remote runners failed at the first rollout ("no healthy EnvRunner").
+    ("env_runners", "num_env_runners", 0, "num_env_runners must be >= 1"),
+    ("training", "lr", [[0, 1e-5], [100, -1e-6]], "lr schedule values must be >= 0"),
+    ("training", "lr", [[0, 1e-5], [100, "x"]], "lr schedule points must be [timestep, value] pairs"),
 ]
 
 
@@ -228,3 +238,16 @@ def test_rollout_timeout_is_finite_by_default():
     # A hanging reward function or engine is bounded by default (None still opts out).
     assert R3Config().rollout_timeout_s == 1800
     R3Config().training(rollout_timeout_s=None).validate()
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), BAD_CONFIGS)
+def test_a_bad_config_is_refused_in_python_and_in_a_run_file(section, key, value, message, tmp_path):
+    import yaml
+
+    with pytest.raises(ValueError, match=rf"\b{key}\b") as error:
+        getattr(R3Config(), section)(**{key: value}).validate()
+    assert message in str(error.value)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({section: {key: value}}))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_run_file(path)

@@ -70,8 +70,10 @@ _AlgorithmNameOnly.__name__ = "R3"
 
 @functools.cache
 def _ignored_rllib_defaults() -> dict[str, Any]:
-    """The defaults of the RLlib settings R3 ignores, read from a fresh `R3Config` (once per process)."""
-    return rllib_field_defaults(vars(R3Config()))
+    """The defaults of the RLlib settings R3 ignores, read from a fresh `R3Config` (once per process). R3's own
+    settings are not among them even where their default is RLlib's deprecated marker (``top_k``'s -1 is "off")."""
+    own = set(default_values())
+    return {k: v for k, v in rllib_field_defaults(vars(R3Config())).items() if k not in own}
 
 
 def rllib_settings_are_used(config: Any) -> str | None:
@@ -82,6 +84,15 @@ def rllib_settings_are_used(config: Any) -> str | None:
     if getattr(config, "in_evaluation", False):
         return None
     return "; ".join(ignored_field_errors(config, _ignored_rllib_defaults())) or None
+
+
+def runners_sample(config: Any) -> str | None:
+    """R3 samples on remote EnvRunner actors only (the driver holds no engine, and RLlib's local runner is never
+    asked), so a run needs one. RLlib's evaluation copy (0 evaluation runners by default) is not a run."""
+    runners = config.num_env_runners
+    if getattr(config, "in_evaluation", False) or not isinstance(runners, int) or runners >= 1:
+        return None
+    return f"num_env_runners must be >= 1 (R3 samples on remote EnvRunner actors only), got {runners}"
 
 
 @contextlib.contextmanager
@@ -255,7 +266,7 @@ class R3Config(AlgorithmConfig):
         whatever RLlib's code makes of it."""
         check_config(
             self,
-            extra_rules=(stage_b_wrapper_is_internal, rllib_settings_are_used),
+            extra_rules=(stage_b_wrapper_is_internal, rllib_settings_are_used, runners_sample),
             field_rules=ALGORITHM_FIELD_RULES,
         )
         with _algorithm_named_only(self):

@@ -46,9 +46,10 @@ from r3_rllib.algorithms.r3.distributed import (
     metrics_as_floats,
     shard_policy,
 )
+from r3_rllib.algorithms.r3.learner_chunks import MicroBatches, chunk_or_dummy
 from r3_rllib.algorithms.r3.learner_distill import DistillTerm
 from r3_rllib.algorithms.r3.learner_kl import KLReference, RowCache, agg_count, kl_weight_ratio
-from r3_rllib.algorithms.r3.learner_memory import PeakMemory, tokens_per_pass, use_gradient_checkpointing
+from r3_rllib.algorithms.r3.learner_memory import PeakMemory, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingUpdate, score_entropies
 from r3_rllib.algorithms.r3.learner_rows import ProximalRows, proximal_logprobs
 from r3_rllib.algorithms.r3.learner_state import PolicyState, state_method
@@ -56,11 +57,11 @@ from r3_rllib.algorithms.r3.learner_threads import UpdateThreads
 from r3_rllib.algorithms.r3.ranking_deferred import RANKING_RESULT
 from r3_rllib.algorithms.r3.rl_module import lora_policy, pack_batch
 from r3_rllib.core import mismatch
-from r3_rllib.core.batching import row_count_chunks, token_budget_chunks
 from r3_rllib.core.logprobs import token_logprobs
 from r3_rllib.core.losses import LOSS_FNS, rl_objective
 from r3_rllib.core.method import DEFAULT_PHASE, KLTerm, TrainingPhase, method_for
 from r3_rllib.core.reductions import invariant_masked_mean
+from r3_rllib.core.schedules import scheduled_value
 from r3_rllib.models.dtypes import resolve_dtype, warn_if_emulated_bf16
 from r3_rllib.types import TrainingBatch
 
@@ -129,8 +130,12 @@ class R3Learner(TorchLearner):
         self._phase: TrainingPhase = (
             DEFAULT_PHASE  # the phase of the update in progress (update_from_samples)
         )
+        groups = self._extras.param_groups(policy)
+        # The groups without a learning rate of their own follow `lr` (a number, or the schedule the algorithm
+        # reads for each update: core/schedules.py); a rollout head's rollout_head_lr stays as set.
+        self._lr_groups = [i for i, group in enumerate(groups) if "lr" not in group]
         self._optimizer = torch.optim.AdamW(
-            self._extras.param_groups(policy), lr=self.config.lr, weight_decay=self.config.weight_decay
+            groups, lr=scheduled_value(self.config.lr, 0), weight_decay=self.config.weight_decay
         )
         # The KL term's reference model (none held unless a term compares with it: learner_kl.py).
         self._reference = KLReference.load(
@@ -140,6 +145,9 @@ class R3Learner(TorchLearner):
         self._distill = DistillTerm(self.config)  # the teacher's term (learner_distill.py)
         self._ranked = DeferredRankingUpdate(
             self.config, rank=self._rank, world=self._world, device=self._device
+        )
+        self._micro = MicroBatches(
+            self.config, self._ranked, rank=self._rank, world=self._world, device=self._device
         )
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
         self.policy_state = PolicyState(
@@ -193,10 +201,16 @@ class R3Learner(TorchLearner):
 
     # -- training -----------------------------------------------------------------------------------------------
     def update_from_samples(
-        self, batch: TrainingBatch | ray.ObjectRef, *, seed: int, phase: TrainingPhase | None = None
+        self,
+        batch: TrainingBatch | ray.ObjectRef,
+        *,
+        seed: int,
+        phase: TrainingPhase | None = None,
+        lr: float | None = None,
     ) -> dict[str, float]:
         """PPO-style epochs over `batch` (a `TrainingBatch` or an ObjectRef to one); returns metrics (same on every
-        rank: losses are reduced over ranks).
+        rank: losses are reduced over ranks). `lr`: this update's learning rate (`lr`'s schedule at this point of
+        the run); None keeps the last one.
 
         `phase` (the method's, `r3_rllib.core.method`): which parameters train and which logits are scored, its KL
         term and rollout correction. The parameters it does not train get no gradient, and AdamW leaves parameters
@@ -207,6 +221,8 @@ class R3Learner(TorchLearner):
         cfg = self.config
         t0 = time.perf_counter()
         self._start_update(batch, phase or DEFAULT_PHASE)
+        for i in self._lr_groups if lr is not None else ():
+            self._optimizer.param_groups[i]["lr"] = float(lr)
         # One shuffled split for all epochs: each rank then owns the same samples throughout the update, so the
         # old log-probs it recomputes once cover every sample it trains on.
         plan = self._ranked.plan(batch, seed)  # deferred ranked groups whole
@@ -232,6 +248,7 @@ class R3Learner(TorchLearner):
         metrics = {k: v / steps for k, v in totals.items()}
         metrics["grad_norm"] = float(np.mean(grad_norms))
         metrics["optimizer_steps"] = float(steps)
+        metrics["lr"] = float(self._optimizer.param_groups[0]["lr"])
         # Steps skipped for a NaN/inf gradient (_apply_gradients): the health checks stop on them (health_monitor.py).
         metrics["nonfinite_grad_steps"] = float(sum(not np.isfinite(g) for g in grad_norms))
         ranking = self._ranked.result()
@@ -268,32 +285,14 @@ class R3Learner(TorchLearner):
         self.policy_state.version += 1
         return metrics
 
-    def _micro_chunks(self, mb: np.ndarray, batch: TrainingBatch) -> list[np.ndarray]:
-        """Split this rank's part of a minibatch into micro-batches (micro_batch_size rows, or the
-        micro_batch_max_tokens budget); every rank gets the same number of chunks (FSDP's collectives must line
-        up), padded with empty chunks where a rank has fewer."""
-        local = mb[self._rank :: self._world]
-        budget = tokens_per_pass(self.config.micro_batch_max_tokens, self.config.model_path)
-        if batch.ranking is not None:  # its ranked groups stay whole (learner_ranking.py)
-            return self._ranked.chunks(mb, batch, budget)
-        if not budget:
-            return row_count_chunks(local, len(mb), self._world, self.config.micro_batch_size)
-        chunks = [local[c] for c in token_budget_chunks(batch.lengths[local], budget)]
-        n_chunks = max(1, len(chunks))
-        if self._world > 1:  # the ranks' samples differ in length, so their chunk counts may differ too
-            count = torch.tensor([n_chunks], dtype=torch.int64, device=self._device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            n_chunks = int(count.item())
-        return chunks + [np.array([], dtype=np.int64)] * (n_chunks - len(chunks))
-
     @torch.no_grad()
     def _recompute_old_logprobs(self, batch: TrainingBatch, plan) -> tuple[RowCache, RowCache]:
         """The proximal (and KL reference) log-probs of this rank's rows of minibatches `plan`, before any step."""
         old: RowCache = {}
         ref: RowCache = {}
         for mb in plan:
-            for chunk in self._micro_chunks(mb, batch):
-                idx, real = _chunk_or_dummy(chunk)
+            for chunk in self._micro.chunks(mb, batch):
+                idx, real = chunk_or_dummy(chunk)
                 packed = pack_batch(batch, idx, self._pad_id, self._device)
                 ranks = self._ranked.needs_entropy(
                     idx, real
@@ -374,8 +373,8 @@ class R3Learner(TorchLearner):
         )
         acc: dict[str, torch.Tensor | float] = {}
         local_tokens = 0
-        for chunk in self._micro_chunks(mb, batch):
-            idx, real = _chunk_or_dummy(chunk)
+        for chunk in self._micro.chunks(mb, batch):
+            idx, real = chunk_or_dummy(chunk)
             metrics, weight, tokens = self._micro_batch_backward(batch, idx, real, step)
             local_tokens += tokens
             # Padding chunks add their metrics with weight 0: every rank then all-reduces the same keys.
@@ -492,8 +491,3 @@ class R3Learner(TorchLearner):
 def _fetched(batch: TrainingBatch | ray.ObjectRef) -> TrainingBatch:
     """`batch`, fetched when an ObjectRef."""
     return ray.get(batch) if isinstance(batch, ray.ObjectRef) else batch
-
-
-def _chunk_or_dummy(chunk: np.ndarray) -> tuple[np.ndarray, bool]:
-    # An empty chunk still runs one forward/backward (on row 0, weighted 0) to keep collectives in step.
-    return (chunk, True) if len(chunk) else (np.array([0]), False)

@@ -53,6 +53,7 @@ from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.method import TrainingPhase, method_for
+from r3_rllib.core.schedules import scheduled_value
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Group, Sample
@@ -249,11 +250,14 @@ class R3(R3Console, Algorithm):
         ranking = pending and pending.description
         sent = to_learners(self.learner_group, replace(TrainingBatch.from_samples(batch), ranking=ranking))
         seed = int(self._rng.integers(2**31))
+        # `lr` as a schedule (RLlib's form) reads num_env_steps_sampled_lifetime: the samples of the batches
+        # before this one (restored with the metrics from a checkpoint).
+        lr = scheduled_value(self.config.lr, self.metrics.peek("num_env_steps_sampled_lifetime", default=0.0))
         results = None
         try:
             results = self.learner_group.foreach_learner(
-                lambda learner, _sent=sent, _seed=seed, _phase=phase: learner.update_from_samples(
-                    _sent, seed=_seed, phase=_phase
+                lambda learner, _sent=sent, _seed=seed, _phase=phase, _lr=lr: learner.update_from_samples(
+                    _sent, seed=_seed, phase=_phase, lr=_lr
                 )
             )
             return first_result(results)

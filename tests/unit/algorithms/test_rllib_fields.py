@@ -100,3 +100,18 @@ def test_a_default_config_and_its_copies_validate():
 def test_rllibs_evaluation_copy_validates():
     """Algorithm.setup validates RLlib's evaluation copy (batch_mode, rollout_fragment_length set by RLlib)."""
     R3Config.grpo_preset().get_evaluation_config_object().validate()
+
+
+@pytest.mark.parametrize("top_k", [1, 20])
+def test_r3_settings_are_not_taken_for_deprecated_rllib_ones(top_k):
+    """``top_k``'s default -1 ("off") equals RLlib's deprecated marker; R3's own settings stay settable (a run
+    file's ``training: {top_k: 20}`` was refused as a deprecated RLlib setting before)."""
+    from r3_rllib.config import default_values
+
+    config = R3Config().training(top_k=top_k)
+    config.validate()
+    assert config.top_k == top_k
+    defaults = rllib_field_defaults(vars(R3Config()))
+    own_markers = [n for n, v in default_values().items() if _is_deprecated(v)]
+    assert own_markers == ["top_k"]
+    assert not ignored_field_errors(config, {n: v for n, v in defaults.items() if n not in default_values()})
