@@ -21,7 +21,9 @@ def make_config(model_path: str):
         .env_runners(num_env_runners=1)
         .learners(num_learners=0)
         .r3(replay_start_epoch=0, reflection_start_epoch=0, ranking_start_epoch=0)
-        .training(model_path=model_path, group_size=4, queries_per_iteration=8, max_new_tokens=5, lr=LR_SCHEDULE)
+        .training(
+            model_path=model_path, group_size=4, queries_per_iteration=8, max_new_tokens=5, lr=LR_SCHEDULE
+        )
     )
 
 
