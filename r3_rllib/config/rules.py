@@ -18,7 +18,9 @@ from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
+from r3_rllib.core.reflection import build_reflection_prompt
 from r3_rllib.core.schedules import schedule_error
+from r3_rllib.engines.options import engine_kwargs_error
 from r3_rllib.engines.registry import EngineCapabilities, engine_capabilities, engines_where
 from r3_rllib.reward_models.specs import RewardModelsError, parse_reward_models
 
@@ -264,10 +266,29 @@ def r3_parts_are_single_step(config: Any) -> str | None:
     return None
 
 
+def engine_kwargs_fit_the_engine(config: Any) -> str | None:
+    """``engine_kwargs`` the engine takes (engines/options.py): named now, not by every runner as it starts."""
+    return engine_kwargs_error(config.engine, config.engine_kwargs or {})
+
+
+def reflection_template_fills(config: Any) -> str | None:
+    """A reflection template of one's own must fill (its placeholders known, ``{query}`` and ``{wrong_answer}``
+    present, braces balanced): checked here, where it is set, not in every runner."""
+    if config.reflection_template is None:
+        return None
+    try:
+        build_reflection_prompt(
+            "q", "a", guidance=config.reflection_guidance, template=config.reflection_template
+        )
+    except ValueError as e:
+        return f"reflection_template: {e}"
+    return None
+
+
 def lr_schedule_is_well_formed(config: Any) -> str | None:
     """``lr`` as a schedule (RLlib's ``[[timestep, value], ...]``, core/schedules.py): pairs of finite numbers
     from timestep 0, nondecreasing, values >= 0. RLlib's own check leaves out the values' sign and type."""
-    return schedule_error("lr", config.lr)
+    return schedule_error("lr", getattr(config, "lr", None))  # an R3Settings alone has no lr
 
 
 def head_schedule_has_a_stage(config: Any) -> str | None:
@@ -493,6 +514,8 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     registry_entries_find_their_fields,
     r3_parts_are_single_step,
     lr_schedule_is_well_formed,
+    engine_kwargs_fit_the_engine,
+    reflection_template_fills,
     head_schedule_has_a_stage,
     head_advantage_is_single_step,
     rollout_head_needs_single_step_estimator,

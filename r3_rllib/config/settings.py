@@ -86,7 +86,11 @@ class R3Settings:
     engine_kwargs: dict = setting(default_factory=dict, types=(dict,))
     """Passed to the engine: vLLM's (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, ...) or the HF
     engine's (max_batch_size, kv_cache: 'preallocated' or 'dynamic')."""
-    dtype: str = setting("auto", types=(str,))
+    dtype: str = setting(
+        "auto",
+        choices=("auto", "float32", "fp32", "bfloat16", "bf16"),
+        note="float16 would need a gradient scaler, which the learner does not have",
+    )
     """Learner/engine dtype: 'auto' (bf16 on GPUs that support it, fp32 on CPU), 'float32', 'bfloat16'. 'bfloat16'
     on CPU: fp32 master weights updated under bf16 autocast, and a bf16 engine; where the CPU has avx512_bf16 or AMX
     it updated 1.5-1.6x and generated (vLLM) 1.3-1.5x as fast as fp32 (BENCHMARKS 39); elsewhere bf16 is emulated
@@ -482,12 +486,12 @@ class R3Settings:
     reference's rule on its binary reward) or 'reward' (exact task reward values, the reference code's literal rule:
     with a shaped reward, e.g. the math env's length bonus, every correct answer is its own value and counts as
     rare)."""
-    rollout_head_skip_range: float = setting(DEFAULT_SKIP_RANGE, range=">= 0")
+    rollout_head_skip_range: float = setting(DEFAULT_SKIP_RANGE, range=">= 0", finite=True)
     """R^2PO: stage B leaves out groups whose reward range (max - min, after R^3's replay and ranking) is below
     this: they carry no task signal, only noise scaled up by a tiny std (0: skip only all-equal groups)."""
     rollout_head_init_std: float = setting(1e-6, range="> 0", finite=True, note="a zero head never learns")
     """R^2PO: std of the head's normal init (> 0; near zero so a fresh head samples what the base samples)."""
-    rollout_head_lr: float | None = setting(None, range="> 0", none_ok=True)
+    rollout_head_lr: float | None = setting(None, range="> 0", finite=True, none_ok=True)
     """R^2PO: AdamW learning rate of the head's parameters (None: the policy's `lr`)."""
     rollout_head_kl_coef: float = setting(0.04, range=">= 0", finite=True)
     """R^2PO: stage A adds this times the k3 estimate of the KL from the rollout distribution (head on) to
@@ -647,6 +651,7 @@ RLLIB_FIELD_RULES: dict[str, Rule] = {
     "num_epochs": Rule(range=">= 1", integer=True, note="0 epochs would run no optimizer step"),
     "num_learners": Rule(range=">= 0", integer=True, note="0: one learner in the driver process"),
     "num_env_runners": Rule(range=">= 0", integer=True),
+    "env_config": Rule(types=(dict,), note="the env's keyword arguments"),
     "seed": Rule(range=">= 0", integer=True, none_ok=True),
     "grad_clip": Rule(range="> 0", finite=True, none_ok=True),
     "num_cpus_per_env_runner": Rule(range=">= 0", finite=True),

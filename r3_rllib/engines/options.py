@@ -9,10 +9,37 @@ from typing import Any
 
 from r3_rllib.engines.registry import ENGINE_KINDS, EngineCapabilities, engine_capabilities
 
-__all__ = ["ENGINE_KINDS", "ENGINE_OPTIONS_FORMAT", "EngineOptions"]
+__all__ = ["ENGINE_KINDS", "ENGINE_OPTIONS_FORMAT", "EngineOptions", "engine_kwargs_error"]
 
 #: Format of :class:`EngineOptions`; a reader refuses another one.
 ENGINE_OPTIONS_FORMAT = 1
+
+#: What the runner sets itself (engine options of their own): ``engine_kwargs`` may not carry them.
+RESERVED_ENGINE_KWARGS = frozenset({"dtype", "rollout_head", "head_seed", "budget", "lora_rank"})
+
+#: The HF engine's options the runner passes itself (the policy folder, its tokenizer, the dtype setting).
+_HF_SET_BY_RUNNER = frozenset({"self", "model", "tokenizer", "dtype"})
+
+
+def engine_kwargs_error(kind: str, kwargs: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``engine_kwargs`` for the engine ``kind`` (None: nothing found), checked where the config
+    is validated rather than when every runner builds its engine: a name the runner sets itself, and for the
+    built-in HF engine a name its constructor does not take (a typo, or a vLLM option with ``engine='hf'``). vLLM's
+    options are vLLM's own, many and version-dependent: vLLM names an unknown one when the engine starts."""
+    reserved = sorted(RESERVED_ENGINE_KWARGS & set(kwargs))
+    if reserved:
+        return f"engine_kwargs may not set {reserved}: they are engine options of their own (dtype: the dtype setting)"
+    if kind != "hf":
+        return None
+    import inspect
+
+    from r3_rllib.engines.hf_engine import HFEngine
+
+    accepted = set(inspect.signature(HFEngine.__init__).parameters) - _HF_SET_BY_RUNNER
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        return f"engine_kwargs {unknown} are not options of the 'hf' engine, which takes {sorted(accepted)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -41,7 +68,7 @@ class EngineOptions:
         engine_capabilities(self.kind)  # ValueError naming the registered engines when unknown
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}")
-        reserved = {"dtype", "rollout_head", "head_seed", "budget", "lora_rank"} & set(self.backend_kwargs)
+        reserved = RESERVED_ENGINE_KWARGS & set(self.backend_kwargs)
         if reserved:
             raise ValueError(
                 f"engine_kwargs may not set {sorted(reserved)}: they are engine options of their own"

@@ -21,6 +21,7 @@ RLLIB_SECTIONS = {
     "num_cpus_per_learner": "learners",
     "num_gpus_per_learner": "learners",
     "num_env_runners": "env_runners",
+    "env_config": "environment",
     "num_cpus_per_env_runner": "env_runners",
     "num_gpus_per_env_runner": "env_runners",
     "seed": "debugging",
@@ -39,6 +40,11 @@ BAD_VALUES = [
     ("debugging", "seed", "abc", "seed must be a number"),
     ("training", "replay", "yes", "replay must be true or false"),
     ("training", "rollout_timeout_s", 0, "rollout_timeout_s must be finite and > 0 or None"),
+    # Found accepted, then failing in the learner or in every runner (or moving the weights to inf):
+    ("training", "dtype", "floaty", "dtype must be one of"),
+    ("training", "dtype", "float16", "gradient scaler"),
+    ("training", "rollout_head_lr", float("inf"), "rollout_head_lr must be finite and > 0 or None"),
+    ("training", "rollout_head_skip_range", float("inf"), "rollout_head_skip_range must be finite"),
 ]
 
 #: Values refused by a rule of the whole config (RLlib's evaluation copy is exempt from it, or the value is a
@@ -48,6 +54,11 @@ BAD_CONFIGS = [
     ("env_runners", "num_env_runners", 0, "num_env_runners must be >= 1"),
     ("training", "lr", [[0, 1e-5], [100, -1e-6]], "lr schedule values must be >= 0"),
     ("training", "lr", [[0, 1e-5], [100, "x"]], "lr schedule points must be [timestep, value] pairs"),
+    ("training", "engine_kwargs", {"gpu_memory_utilization": 0.5}, "are not options of the 'hf' engine"),
+    ("training", "engine_kwargs", {"dtype": "bfloat16"}, "engine_kwargs may not set ['dtype']"),
+    ("training", "reflection_template", "{query} only", "must contain the {query} and {wrong_answer}"),
+    ("training", "reflection_template", "{query} {wrong_answer} {oops}", "bad reflection template"),
+    ("environment", "env_config", [1, 2], "env_config must be a mapping"),
 ]
 
 

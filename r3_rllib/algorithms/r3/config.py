@@ -169,6 +169,12 @@ class R3Config(AlgorithmConfig):
         EnvRunners and Tune trials that build the env run in other processes, with registries of their own. A
         ``"module:Class"`` path is imported here once, so a module or class that cannot be found is named now
         (a ValueError), not by every EnvRunner; the runners import it again by its path."""
+        env_config = kwargs.get("env_config", NotProvided)
+        if env_config is not NotProvided and not isinstance(env_config, Mapping):
+            # RLlib merges it into a dict and fails with an AttributeError on anything else.
+            raise ValueError(
+                f"env_config must be a mapping of the env's keyword arguments, got {type(env_config).__name__}"
+            )
         if isinstance(env, str):
             from r3_rllib.envs.registry import get_text_env_factory, is_object_path, registered_only_here
 
