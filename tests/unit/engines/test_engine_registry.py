@@ -265,3 +265,19 @@ def test_the_base_class_declares_partial_rollouts_and_rollout_logits(tiny_random
     assert engine.between_steps is None and engine.between_steps_every == 2
     with pytest.raises(ValueError, match="between_steps_every"):
         engine.set_between_steps(hook, every=0)
+
+
+def test_the_hf_engine_options_a_config_may_set_are_its_constructors():
+    """`engine_kwargs_error` checks engine='hf' options against a written-out list (validating imports no
+    transformers): it must stay the constructor's keyword options but those the runner passes itself."""
+    import inspect
+
+    from r3_rllib.engines.hf_engine import HFEngine
+    from r3_rllib.engines.options import HF_ENGINE_OPTIONS, engine_kwargs_error
+
+    runner_sets = {"self", "model", "tokenizer", "dtype"}
+    assert set(inspect.signature(HFEngine.__init__).parameters) - runner_sets == set(HF_ENGINE_OPTIONS)
+    assert engine_kwargs_error("hf", {"kv_cache": "dynamic", "max_batch_size": 4}) is None
+    assert "not options of the 'hf' engine" in engine_kwargs_error("hf", {"tensor_parallel_size": 2})
+    assert engine_kwargs_error("vllm", {"tensor_parallel_size": 2}) is None  # vLLM names its own unknowns
+    assert "may not set ['lora_rank']" in engine_kwargs_error("vllm", {"lora_rank": 8})
