@@ -13,13 +13,15 @@ A run file has one section per builder method of `R3Config` plus `preset`, `stop
 
 Paths written as relative paths (``./...``, ``../...``) in `training.model_path`, `training.tokenizer_path`,
 `environment.env_config.data`, `.heldout`, `.tokenizer` and `.tasks` (an agent env's task rows) are resolved
-against the run file's folder; other strings are left as they are (they may be hub names).
+against the run file's folder, and ``~/...`` against the home folder; other strings are left as they are (they may
+be hub names). A key written twice in one mapping (two ``training:`` sections) is an error naming it and its line.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +45,36 @@ TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run"}
 PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping of a run file (or a ``--set`` value) names the same key twice: the later one would silently
+    replace the earlier (a second ``training:`` section drops every key of the first)."""
+
+    def __init__(self, key: Any, line: int, first_line: int, mark: yaml.Mark) -> None:
+        super().__init__(None, None, f"duplicate key {key!r} (first at line {first_line})", mark)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-4` (no dot) as a string; learning rates are written that way, so read it as a float."""
+    """A SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently) and reads `1e-4` as a
+    float (YAML 1.1 reads it, with no dot, as a string; learning rates are written that way)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """The mapping of ``node``, refusing a key written twice; merge keys (``<<: *anchor``) are left to YAML,
+        whose rule is that explicit keys override merged ones."""
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in first:
+                        raise DuplicateKeyError(key, line, first[key], key_node.start_mark)
+                    first[key] = line
+                except TypeError:  # an unhashable key: SafeConstructor raises its own clear error for it
+                    continue
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -136,9 +166,20 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
     path = Path(path)
     try:
-        raw = _load_yaml(path.read_text()) or {}
+        raw = _load_yaml(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError as e:
         raise ConfigError(f"run file not found: {path}") from e
+    except IsADirectoryError as e:
+        raise ConfigError(f"{path}: is a folder, not a run file") from e
+    except OSError as e:  # permissions, a socket, ...: say which file and why, not a traceback
+        raise ConfigError(f"{path}: cannot read the run file: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): a run file is UTF-8 YAML") from e
+    except DuplicateKeyError as e:
+        raise ConfigError(
+            f"{path}: line {e.line}: duplicate key {e.key!r} (first at line {e.first_line}); the later one "
+            "would replace the earlier: merge them into one"
+        ) from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
@@ -192,6 +233,8 @@ def _preset_config(preset: Any):
 
     if preset is None:
         return R3Config()
+    if not isinstance(preset, str):  # a list or mapping is unhashable: `in PRESETS` would raise a TypeError
+        raise ConfigError(f"preset must be one of {', '.join(PRESETS)} (a name), got {preset!r}")
     if preset in PRESETS:
         return getattr(R3Config, PRESETS[preset])()
     raise _unknown(str(preset), PRESETS, "preset")
@@ -220,8 +263,7 @@ def _apply_section(config: Any, section: str, values: Any, base_dir: Path | None
     if not isinstance(values, dict):
         raise ConfigError(f"section {section!r} must be a mapping")
     values = _current_names(section, values)
-    if base_dir is not None:
-        _resolve_paths(section, values, base_dir)
+    _resolve_paths(section, values, base_dir)
     known = _section_keys(config, section)
     for key in values:
         if key not in known:
@@ -233,6 +275,12 @@ def _apply_section(config: Any, section: str, values: Any, base_dir: Path | None
         getattr(config, section)(**values)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"section {section!r}: {e}") from e
+    except AttributeError as e:
+        # RLlib's builders deep-merge dict-valued keys (``optimizer``, ...) with ``deep_update``, which calls
+        # ``.items()`` on whatever the run file gave: a list there must not end in a traceback.
+        raise ConfigError(
+            f"section {section!r}: a value has the wrong type (a mapping expected?): {e}"
+        ) from e
 
 
 def _current_names(section: str, values: dict) -> dict:
@@ -247,9 +295,17 @@ def _current_names(section: str, values: dict) -> dict:
         raise ConfigError(str(e)) from e
 
 
-def _resolve_paths(section: str, values: dict, base_dir: Path) -> None:
-    def fix(p):
-        if isinstance(p, str) and (p.startswith("./") or p.startswith("../")):
+def _resolve_paths(section: str, values: dict, base_dir: Path | None) -> None:
+    """The section's path keys made absolute: ``./``/``../`` against ``base_dir`` (the run file's folder), ``~``
+    against the home folder. ``~`` is expanded here, once, because not every loader expands it (the data loader
+    does, the model loader does not): the existence check and every loader then see the same path."""
+
+    def fix(p: Any) -> Any:
+        if not isinstance(p, str):
+            return p
+        if p.startswith("~"):
+            return os.path.expanduser(p)
+        if base_dir is not None and (p.startswith("./") or p.startswith("../")):
             return str((base_dir / p).resolve())
         return p
 
@@ -267,12 +323,13 @@ def _resolve_paths(section: str, values: dict, base_dir: Path) -> None:
 
 def _check_paths(config) -> None:
     """Local paths that do not exist are named now, not deep inside a remote actor."""
+    # `~` is expanded as the loaders expand it (a config set in code may still hold one, unlike a run file's).
     data = (config.env_config or {}).get("data")
-    if isinstance(data, str) and _looks_local(data) and not Path(data).exists():
+    if isinstance(data, str) and _looks_local(data) and not Path(data).expanduser().exists():
         raise ConfigError(f"environment.env_config.data: file not found: {data}")
     for key in ("model_path", "tokenizer_path"):
         value = getattr(config, key)
-        if isinstance(value, str) and _looks_local(value) and not Path(value).exists():
+        if isinstance(value, str) and _looks_local(value) and not Path(value).expanduser().exists():
             raise ConfigError(f"training.{key}: folder not found: {value}")
 
 

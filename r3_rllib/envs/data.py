@@ -14,7 +14,8 @@ Answer normalisation (the ``answer`` column and the optional ``answers`` column,
 - ``list``/``tuple`` of the above: several accepted forms (duplicates dropped, order kept).
 - ``None``, ``bool``, ``dict`` and anything else: a bad row.
 
-A bad row (missing or empty problem or answer, wrong types, duplicate id, a JSON line that does not parse) raises
+A bad row (missing or empty problem or answer, wrong types, duplicate id, text that is not valid Unicode (a lone
+surrogate), a key written twice in one JSON object, a JSON line that does not parse or is nested too deeply) raises
 :class:`DataError` naming the file, the 0-based row (and the line for JSONL) and the field. With
 ``on_bad_row="skip"`` it is skipped instead, counted, and logged once per load (``logging.warning`` with the count
 and the first reasons); :func:`load_math_problems_with_report` also returns a :class:`LoadReport` with the counts.
@@ -101,10 +102,51 @@ def _json_int(digits: str) -> int | str:
         return digits
 
 
+class _JsonObject(dict):
+    """A JSON object whose text names a key twice: ``json`` keeps the last value silently (``{"answer": "1",
+    "answer": "2"}`` grades against "2"), so the object remembers the first such key and the row is refused."""
+
+    duplicate_key: str | None = None
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a plain dict, or a :class:`_JsonObject` naming the first key written twice."""
+    out: dict[str, Any] = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    marked = _JsonObject(out)
+    marked.duplicate_key = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return marked
+
+
+def duplicate_key(row: Any) -> str | None:
+    """The key a JSON row's text names twice (read by this module's readers), else None."""
+    return row.duplicate_key if isinstance(row, _JsonObject) else None
+
+
 def _loads(text: str) -> Any:
     """``json.loads`` reading over-long integers as strings (:func:`_json_int`) instead of raising a ValueError
-    that names neither file nor row."""
-    return json.loads(text, parse_int=_json_int)
+    that names neither file nor row, and marking objects with a duplicate key (:func:`_json_object`)."""
+    return json.loads(text, parse_int=_json_int, object_pairs_hook=_json_object)
+
+
+def invalid_text(value: str) -> str | None:
+    """Why ``value`` is not valid Unicode text, or None. A lone surrogate (the JSON escape ``"\\ud800"``, found
+    in scraped data) loads as a str but fails later, in the tokenizer or the sample log, naming no row."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid Unicode text ({exc.reason} at character {exc.start})"
+    return None
+
+
+def _check_text(value: str, field: str) -> str:
+    """``value``, or a bad row naming ``field`` when it is not valid Unicode text."""
+    reason = invalid_text(value)
+    if reason is not None:
+        raise _BadRow(field, reason)
+    return value
 
 
 def _integer_text(item: numbers.Integral, field: str) -> str:
@@ -125,7 +167,7 @@ def normalize_answer_value(value: Any, field: str = "answer") -> tuple[str, ...]
     out: list[str] = []
     for item in items:
         if isinstance(item, str):
-            text = item.strip()
+            text = _check_text(item, field).strip()
             if not text:
                 raise _BadRow(field, "empty string")
         elif isinstance(item, bool) or item is None:
@@ -149,12 +191,16 @@ def _parse_row(
 ) -> MathProblem:
     if not isinstance(row, Mapping):
         raise _BadRow("<row>", f"expected an object, got {type(row).__name__}")
+    if duplicate_key(row) is not None:
+        raise _BadRow(
+            duplicate_key(row), "the key appears twice in the row (JSON would keep the last silently)"
+        )
     problem = row.get(problem_key)
     if problem is None:
         raise _BadRow(problem_key, "missing")
     if not isinstance(problem, str):
         raise _BadRow(problem_key, f"expected a string, got {type(problem).__name__}")
-    if not problem.strip():
+    if not _check_text(problem, problem_key).strip():
         raise _BadRow(problem_key, "empty string")
 
     answer_value, answers_value = row.get(answer_key), row.get(answers_key)
@@ -171,7 +217,9 @@ def _parse_row(
     elif isinstance(raw_id, bool) or not isinstance(raw_id, str | numbers.Integral):
         raise _BadRow(id_key, f"expected a string or integer, got {type(raw_id).__name__}")
     else:
-        qid = (raw_id if isinstance(raw_id, str) else _integer_text(raw_id, id_key)).strip()
+        qid = (
+            _check_text(raw_id, id_key) if isinstance(raw_id, str) else _integer_text(raw_id, id_key)
+        ).strip()
         if not qid:
             raise _BadRow(id_key, "empty string")
     return MathProblem(id=qid, problem=problem, answers=answers)
@@ -204,6 +252,8 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, str, Any]]:
                     value = _loads(line)
                 except json.JSONDecodeError as exc:
                     value = _BadRow("<json>", f"invalid JSON: {exc}")
+                except RecursionError:  # `[[[[...` thousands deep: a bad row like any other, not a crash
+                    value = _BadRow("<json>", "invalid JSON: nested too deeply to parse")
                 yield row, where, value
                 row += 1
         except UnicodeDecodeError as exc:
@@ -217,6 +267,8 @@ def _read_json(path: Path) -> Iterator[tuple[int, str, Any]]:
         raise DataError(f"{path}: cannot read: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    except RecursionError:  # one document: there is no row to skip, but the file is named
+        raise DataError(f"{path}: invalid JSON: nested too deeply to parse") from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
@@ -254,6 +306,13 @@ def _open_source(
     source: str | os.PathLike, split: str, hub_config: str | None = None
 ) -> tuple[str, str, Iterator[tuple[int, str, Any]]]:
     """(display name, id stem, row iterator)."""
+    # Anything else would become a hub name ('None', '5') and cost the hub client's retries before failing.
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(
+            f"a data source is a file path or a hub dataset name, got {type(source).__name__} {source!r}"
+        )
+    if not str(source).strip():
+        raise DataError("a data source is a file path or a hub dataset name, got an empty string")
     if not _is_local(source):
         name = str(source)
         return f"{name}[{split}]", name.rsplit("/", 1)[-1], _read_hub(name, split, hub_config)
@@ -283,6 +342,8 @@ def load_math_problems_with_report(
     """Like :func:`load_math_problems`, plus a :class:`LoadReport` with the row counts and skip reasons."""
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, numbers.Integral)):
+        raise TypeError(f"max_rows must be an int >= 0 or None, got {type(max_rows).__name__} {max_rows!r}")
     if max_rows is not None and max_rows < 0:
         raise ValueError(f"max_rows must be >= 0 or None, got {max_rows}")
     display, stem, rows = _open_source(source, split)
@@ -454,6 +515,14 @@ def runner_shards(batch_size: int, num_runners: int) -> list[Shard]:
     return shards
 
 
+def _int_seed(seed: Any) -> int:
+    """``int(seed)``, or an error naming ``seed`` (``int("abc")``'s own message names no key)."""
+    try:
+        return int(seed)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"seed must be an integer, got {type(seed).__name__} {seed!r}") from None
+
+
 class QueryOrder:
     """Epoch-wise order over ``size`` queries, optionally one shard of a global order (see :class:`Shard`).
 
@@ -478,7 +547,12 @@ class QueryOrder:
         if size < 1:
             raise ValueError(f"a query pool needs at least one query, got {size}")
         self.size = size
-        self.seed = int(seed)
+        self.seed = _int_seed(seed)
+        # bool("false") is True: a string (an env_config written by hand) must not turn shuffling on silently.
+        if (
+            not isinstance(shuffle, bool) and type(shuffle).__name__ != "bool_"
+        ):  # numpy's bool is accepted too
+            raise TypeError(f"shuffle must be true or false, got {type(shuffle).__name__} {shuffle!r}")
         self.shuffle = bool(shuffle)
         self.shard = Shard.of(shard)
         self.steps_per_epoch = size // self.shard.batch_size
@@ -520,7 +594,7 @@ class QueryOrder:
         return index
 
     def restart(self, seed: int) -> None:
-        self.seed, self.cursor, self.epoch = int(seed), 0, 0
+        self.seed, self.cursor, self.epoch = _int_seed(seed), 0, 0
         self._order = None
 
     def state(self) -> dict[str, Any]:

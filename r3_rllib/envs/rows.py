@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from r3_rllib.envs.data import DataError, read_rows
+from r3_rllib.envs.data import DataError, duplicate_key, invalid_text, read_rows
 
 #: The held-out share carved from the data when neither ``heldout`` nor a ``test`` split is given.
 DEFAULT_TEST_SIZE = 0.1
@@ -87,6 +87,9 @@ def load_rows(
         place = f"{display}: {where}"
         if not isinstance(value, Mapping):
             raise DataError(f"{place}: expected a mapping of columns, got {type(value).__name__}")
+        if duplicate_key(value) is not None:
+            raise DataError(f"{place}: field {duplicate_key(value)!r}: the key appears twice in the row")
+        _check_row_text(value, place)
         qid = _row_id(value, id_key, f"{stem}:{index}", place)
         if qid in first_seen:
             raise DataError(f"{place}: duplicate id {qid!r} (first in {first_seen[qid]})")
@@ -95,6 +98,32 @@ def load_rows(
     if not rows:
         raise DataError(f"{display}: no rows")
     return rows
+
+
+def _bad_text(value: Any) -> str | None:
+    """Why a string in ``value`` (a cell: a string, or lists and mappings of them) is not valid Unicode text.
+    Walked with a stack, not recursion: a cell nested thousands deep must not raise a RecursionError."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            reason = invalid_text(item)
+            if reason is not None:
+                return reason
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
+def _check_row_text(row: Mapping[str, Any], place: str) -> None:
+    """Refuse a row with a lone surrogate in any column now, naming it, rather than in the tokenizer later."""
+    for column, cell in row.items():
+        reason = _bad_text(column) or _bad_text(cell)
+        if reason is not None:
+            raise DataError(f"{place}: field {column!r}: {reason}")
 
 
 def _row_id(row: Mapping[str, Any], id_key: str, default: str, place: str) -> str:
@@ -187,21 +216,11 @@ def format_prompt(spec: PromptSpec, row: Row) -> str | Messages:
     list of chat messages. A missing column or a value of the wrong type is a DataError naming the row."""
     values = row.values
     if callable(spec):
-        value = spec(values)
+        value = _call_prompt(spec, row)
     elif not isinstance(spec, str) or not spec:
         raise TypeError(f"prompt must be a column name, a template or a callable, got {spec!r}")
     elif "{" in spec:
-        try:
-            value = spec.format_map(values)
-        except KeyError as e:
-            raise DataError(
-                f"{row.where}: prompt template {spec!r} names column {e.args[0]!r}, which the row lacks; "
-                f"columns: {sorted(values)}"
-            ) from None
-        except (ValueError, IndexError, AttributeError) as e:
-            raise DataError(
-                f"{row.where}: prompt template {spec!r}: {e} (write a literal brace as '{{{{')"
-            ) from None
+        value = _fill_template(spec, row)
     elif spec not in values:
         raise DataError(
             f"{row.where}: prompt {spec!r} is neither a column of the row (columns: {sorted(values)}) nor a "
@@ -212,12 +231,43 @@ def format_prompt(spec: PromptSpec, row: Row) -> str | Messages:
     return _checked_prompt(value, row)
 
 
+def _call_prompt(spec: Callable[[Mapping[str, Any]], Any], row: Row) -> Any:
+    """``spec(row)``; an error of the user's callable is a DataError naming the row (chained, so its traceback
+    stays), not a bare ``KeyError: 'missing'`` from somewhere in the data."""
+    try:
+        return spec(row.values)
+    except Exception as e:
+        name = getattr(spec, "__qualname__", None) or type(spec).__name__
+        raise DataError(f"{row.where}: prompt callable {name} raised {type(e).__name__}: {e}") from e
+
+
+def _fill_template(spec: str, row: Row) -> str:
+    """``spec.format_map(row)``, every way it can fail being a DataError naming the row and the template."""
+    values = row.values
+    try:
+        return spec.format_map(values)
+    except KeyError as e:
+        raise DataError(
+            f"{row.where}: prompt template {spec!r} names column {e.args[0]!r}, which the row lacks; "
+            f"columns: {sorted(values)}"
+        ) from None
+    except (ValueError, IndexError, AttributeError, TypeError) as e:
+        # TypeError: "{q[x]}" indexes a string column with a str; the others: a stray brace, a bad field spec.
+        hint = " (write a literal brace as '{{')" if isinstance(e, ValueError) else ""
+        raise DataError(f"{row.where}: prompt template {spec!r}: {type(e).__name__}: {e}{hint}") from None
+
+
 def _checked_prompt(value: Any, row: Row) -> str | Messages:
     if isinstance(value, str):
         if not value.strip():
             raise DataError(f"{row.where}: the prompt is empty")
+        if invalid_text(value) is not None:  # a callable's output is not checked at load time
+            raise DataError(f"{row.where}: the prompt is {invalid_text(value)}")
         return value
     if isinstance(value, Sequence) and value and all(_is_message(m) for m in value):
+        reason = _bad_text([m["content"] for m in value])
+        if reason is not None:
+            raise DataError(f"{row.where}: a prompt message is {reason}")
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise DataError(
         f"{row.where}: a prompt is a string or a list of {{'role', 'content'}} messages, got {type(value).__name__}"
@@ -232,5 +282,7 @@ def user_text(prompt: str | Messages) -> str:
     """The user turn of a prompt: the string itself, or the last user message's content."""
     if isinstance(prompt, str):
         return prompt
+    if not prompt:
+        raise ValueError("a prompt is a string or a non-empty list of messages, got an empty list")
     users = [m["content"] for m in prompt if m["role"] == "user"]
     return users[-1] if users else prompt[-1]["content"]

@@ -82,8 +82,8 @@ def register_named_model(name: str, resolver: Callable[[], Path], *, overwrite: 
 
 def resolve_model_path(model: str | Path) -> Path:
     """A local model folder as is; a named model (see :func:`named_models`) as its cached folder; otherwise a hub
-    name, fetched into (or found in) the Hugging Face cache."""
-    path = Path(model)
+    name, fetched into (or found in) the Hugging Face cache. A leading ``~`` is the user's home, as in a shell."""
+    path = Path(model).expanduser()
     if path.is_dir():
         return path
     if path.exists():

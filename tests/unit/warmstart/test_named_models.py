@@ -104,3 +104,13 @@ def test_r3_eval_builds_a_named_model_before_resolving_it(cache, monkeypatch, ca
     args = add_eval_args(argparse.ArgumentParser()).parse_args(["--model", NAME])
     assert run_eval(args, engine_factory=lambda *a, **k: pytest.fail("no engine")) == 2
     assert "builder ran" in capsys.readouterr().err
+
+
+def test_a_model_folder_under_home_written_with_a_tilde_resolves(tmp_path, monkeypatch):
+    """`model_path: ~/models/x` (a config built in code keeps the `~`) is the folder under $HOME, not a hub name."""
+    folder = tmp_path / "models" / "x"
+    folder.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert hub.resolve_model_path("~/models/x") == folder
+    with pytest.raises(FileNotFoundError, match="no model folder"):
+        hub.resolve_model_path("~/models/missing/y")
