@@ -1,4 +1,6 @@
-"""The `r3` command: train (through Ray Tune), sft (tiny warm start), eval (benchmarks), plot (learning curves)."""
+"""The `r3` command: train (through Ray Tune), build-model (a named model into its cache), sft (tiny warm
+start), eval (benchmarks), plot (learning curves), report (a run's HTML page), samples (its recorded
+completions), export (a Hugging Face folder of a checkpoint)."""
 
 from __future__ import annotations
 
