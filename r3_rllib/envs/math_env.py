@@ -27,7 +27,7 @@ from r3_rllib.envs.data import (
     load_math_problems_with_report,
     parse_reset_options,
 )
-from r3_rllib.rewards.math_grader import DEFAULT_TIMEOUT_S, shared_grader
+from r3_rllib.rewards.math_grader import DEFAULT_TIMEOUT_S, check_timeout, shared_grader
 
 # DeepScaleR's instruction; rendered text: "... output the final answer within \boxed{}."
 DEFAULT_PROMPT_TEMPLATE = "{problem} Let's think step by step and output the final answer within \\boxed{}."
@@ -63,15 +63,15 @@ def _check_options(
     max_prompt_tokens: int | None,
     grading_timeout_s: float,
 ) -> None:
-    """Refuse a template without ``{problem}`` and non-positive token limits or grading timeout."""
+    """Refuse a template without ``{problem}``, non-positive token limits and a grading timeout that is not a
+    finite number > 0 (NaN passed ``<= 0`` and failed at the first grade)."""
     if "{problem}" not in prompt_template:
         raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
     if length_bonus_max_tokens is not None and length_bonus_max_tokens <= 0:
         raise ValueError(f"length_bonus_max_tokens must be > 0 or None, got {length_bonus_max_tokens}")
     if max_prompt_tokens is not None and max_prompt_tokens <= 0:
         raise ValueError(f"max_prompt_tokens must be > 0 or None, got {max_prompt_tokens}")
-    if grading_timeout_s <= 0:
-        raise ValueError(f"grading_timeout_s must be > 0, got {grading_timeout_s}")
+    check_timeout("grading_timeout_s", grading_timeout_s)
 
 
 class MathEnv(PooledTextEnv):

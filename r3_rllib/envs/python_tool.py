@@ -15,6 +15,8 @@ earlier turns are never re-tokenized); without a chat template it is a plain ```
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.math_env import MathEnv
 from r3_rllib.rewards.math_grader import shared_grader
+from r3_rllib.tools.sandbox import LIMIT_MAXIMA as SANDBOX_MAX
 from r3_rllib.tools.sandbox import resolve_isolation, run_python
 
 logger = logging.getLogger(__name__)
@@ -130,17 +133,14 @@ class PythonToolEnv(MathEnv):
         max_new_tokens: int = 0,
         **math_config: Any,
     ) -> None:
+        # before the data is loaded: a bad limit is a config error, found without reading a file
+        _check_tool_limits(tool_timeout_s, tool_memory_mb, max_tool_output_chars)
         super().__init__(
             prompt_template=prompt_template,
             model_max_positions=model_max_positions,
             max_new_tokens=max_new_tokens,
             **math_config,
         )
-        if not tool_timeout_s > 0 or tool_memory_mb < 64 or max_tool_output_chars < 1:
-            raise ValueError(
-                "need tool_timeout_s > 0, tool_memory_mb >= 64 and max_tool_output_chars >= 1; got "
-                f"{tool_timeout_s}, {tool_memory_mb}, {max_tool_output_chars}"
-            )
         self.tool_timeout_s, self.tool_memory_mb = float(tool_timeout_s), int(tool_memory_mb)
         self.max_tool_output_chars = int(max_tool_output_chars)
         self.tool_isolation = _isolation_for_tools(tool_isolation)
@@ -161,6 +161,34 @@ class PythonToolEnv(MathEnv):
             self.grading_timeout_s,
             self.tool_isolation,
         )
+
+
+def _check_tool_limits(timeout_s: Any, memory_mb: Any, max_output_chars: Any) -> None:
+    """A ValueError naming the first tool setting outside its range. The ranges are the sandbox's own
+    (:func:`~r3_rllib.tools.sandbox.run_python` checks them on every call): a value it refuses would otherwise be
+    accepted here and turn every tool call of the run into a "(tool error: ...)" message to the model."""
+    top_s, top_mb = SANDBOX_MAX["timeout_s"], SANDBOX_MAX["memory_mb"]
+    if not (_is_number(timeout_s) and math.isfinite(timeout_s) and 0 < timeout_s <= top_s):
+        raise ValueError(
+            f"tool_timeout_s must be a finite number > 0 and <= {top_s} (seconds), got {timeout_s!r}"
+        )
+    if not (_is_whole(memory_mb) and 64 <= memory_mb <= top_mb):
+        # 64: the sandbox's floor, the interpreter alone needs ~30 MB of address space
+        raise ValueError(
+            f"tool_memory_mb must be a whole number >= 64 and <= {top_mb} (MiB), got {memory_mb!r}"
+        )
+    if not (_is_whole(max_output_chars) and max_output_chars >= 1):
+        raise ValueError(f"max_tool_output_chars must be a whole number >= 1, got {max_output_chars!r}")
+
+
+def _is_number(value: Any) -> bool:
+    """A real number and not a bool (True would pass as 1 second or 1 MiB)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_whole(value: Any) -> bool:
+    """An int, or a float with no fraction (a run file may write ``512.0``); not a bool, NaN or inf."""
+    return _is_number(value) and math.isfinite(value) and float(value).is_integer()
 
 
 def _isolation_for_tools(requested: str) -> str:

@@ -26,11 +26,13 @@ single-step text env with epochs, sharding over the EnvRunners, checkpointed dat
   completion is ``[{"role": "assistant", "content": text}]``, as in TRL).
 
 **A reward function that fails costs a sample, not the run**: one that raises, or returns something other than a
-number or a dict of numbers, gives reward 0 with grade reason ``reward_error``; one that has not returned after
+number or a dict of numbers (``"correct"`` not a bool or 0/1, a TRL result not a list of one number), or calls
+``sys.exit()``, gives reward 0 with grade reason ``reward_error``; one that has not returned after
 ``reward_timeout_s`` seconds (default 30; :func:`~r3_rllib.rewards.bounded.bounded_call`) gives 0 with reason
 ``timeout``. The exception or the limit is in ``info["grade_detail"]``; both are counted (``reward_failures`` on the
 env, ``rollout/grade_reason/reward_error_frac`` and ``.../timeout_frac`` in the metrics) and logged at the 1st,
 10th, 100th, ... failure. ``on_reward_error="raise"`` stops at the first one instead (to debug a reward function).
+A KeyboardInterrupt is not a failure of the reward function: it stops the run as anywhere else.
 
 **Data**: train and held-out rows, ids, prompt columns and templates are :mod:`r3_rllib.envs.rows`'s; the held-out
 env (``eval_env_config: {split: test}``, the default) serves the held-out rows.
@@ -49,6 +51,7 @@ import math
 import numbers
 from collections import Counter
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,6 +75,10 @@ FAILURE_REASONS = ("reward_error", "timeout")
 RESERVED_KEYS = ("correct", "reason")
 #: Columns not passed to the reward function again (they are its positional arguments), as in TRL.
 POSITIONAL_COLUMNS = ("prompt", "completion")
+#: What the reward function's own code may raise and still cost only its sample. SystemExit too: a ``sys.exit()``
+#: in a reward function must not end the EnvRunner process. KeyboardInterrupt is left out: a Ctrl-C (delivered to
+#: the main thread, where an untimed reward call runs) must still stop the run.
+USER_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
 
 class RewardFailure(Exception):
@@ -126,9 +133,25 @@ def score_value(value: Any, correct_threshold: float) -> tuple[float, dict[str, 
         )
     if not math.isfinite(total):
         raise RewardFailure("reward_error", f"returned a reward of {total}")
-    correct = bool(extra["correct"]) if "correct" in extra else total >= correct_threshold
+    correct = _correct_flag(extra["correct"]) if "correct" in extra else total >= correct_threshold
     reason = extra.get("reason") or ("correct" if correct else "wrong")
     return float(total), parts, correct, reason
+
+
+def _correct_flag(item: Any) -> bool:
+    """A reward dict's ``"correct"`` entry as a bool: a bool or a number 0 or 1 (numpy scalars and 0-d arrays or
+    tensors included); a RewardFailure naming the type otherwise. Not ``bool(item)``: ``bool("False")`` is True,
+    which would count a wrong sample as correct, and ``bool`` of a longer array raises."""
+    if getattr(item, "shape", None) == () and hasattr(item, "item"):
+        item = item.item()  # np.bool_ (not a numbers.Real), a numpy number, a 0-d array or tensor
+    if isinstance(item, bool):
+        return item
+    if isinstance(item, numbers.Real) and item in (0, 1):
+        return bool(item)
+    raise RewardFailure(
+        "reward_error",
+        f"'correct' must be a bool (or a number 0 or 1), got {type(item).__name__} {item!r}"[:500],
+    )
 
 
 def _parts(value: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -159,10 +182,19 @@ def _check_options(
         raise ValueError(
             f"env_config 'on_reward_error' must be one of {list(ON_REWARD_ERROR)}, got {on_reward_error!r}"
         )
-    if timeout_s is not None and not (isinstance(timeout_s, numbers.Real) and timeout_s > 0):
-        raise ValueError(f"env_config 'reward_timeout_s' must be > 0 or None (no limit), got {timeout_s!r}")
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
-        raise ValueError(f"env_config 'correct_threshold' must be a number, got {threshold!r}")
+    # inf would reach Thread.join, which raises OverflowError on every call: every sample a reward_error.
+    if timeout_s is not None and not (
+        isinstance(timeout_s, numbers.Real)
+        and not isinstance(timeout_s, bool)
+        and math.isfinite(timeout_s)
+        and timeout_s > 0
+    ):
+        raise ValueError(
+            f"env_config 'reward_timeout_s' must be > 0 or None (no limit), a finite number, got {timeout_s!r}"
+        )
+    # NaN compares False with every reward and inf exceeds them all: every sample would be graded wrong, silently.
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not math.isfinite(threshold):
+        raise ValueError(f"env_config 'correct_threshold' must be a finite number, got {threshold!r}")
 
 
 class RewardFnEnv(PooledTextEnv):
@@ -316,11 +348,25 @@ class RewardFnEnv(PooledTextEnv):
         """Score ``response`` to row ``index`` with the reward function; a failed call grades 0 (see the module)."""
         try:
             value = self._call_reward(self.prompts[index], self.completion(response), self.rows[index].values)
-            reward, parts, correct, reason = score_value(value, self.correct_threshold)
+            reward, parts, correct, reason = self._score(value)
         except RewardFailure as failure:
             self._note_failure(failure, self.rows[index].id)
             return Grade(0.0, {"reward": 0.0}, False, failure.reason, failure.detail)
         return Grade(reward, parts, correct, reason)
+
+    def _score(self, value: Any) -> tuple[float, dict[str, float], bool, str]:
+        """:func:`score_value` of the reward function's result (its one item under ``reward_style="trl"``). The
+        result is the user's object: its ``len``, ``item()``, ``==`` or ``float`` may raise where no check foresaw
+        it, and that is a failed sample (``reward_error``), not a failed run."""
+        try:
+            if self.reward_style == "trl":
+                value = _trl_value(value)
+            return score_value(value, self.correct_threshold)
+        except RewardFailure:
+            raise
+        except USER_CODE_ERRORS as e:
+            detail = f"returned an unusable {type(value).__name__}: {type(e).__name__}: {e}"
+            raise RewardFailure("reward_error", detail[:500]) from e
 
     def completion(self, response: str) -> str:
         """The response as the reward function sees it: its trailing eos text(s) removed."""
@@ -357,9 +403,10 @@ class RewardFnEnv(PooledTextEnv):
                 value = bounded.value
         except RewardFailure:
             raise
-        except Exception as e:  # the reward function's own error: this sample scores 0, the run goes on
+        except USER_CODE_ERRORS as e:
+            # the reward function's own error (a sys.exit() too): this sample scores 0, the run goes on
             raise RewardFailure("reward_error", f"raised {type(e).__name__}: {e}"[:500]) from e
-        return _trl_value(value) if self.reward_style == "trl" else value
+        return value
 
     def _note_failure(self, failure: RewardFailure, query_id: str) -> None:
         self.reward_failures[failure.reason] += 1
@@ -384,8 +431,14 @@ class RewardFnEnv(PooledTextEnv):
 
 
 def _trl_value(value: Any) -> Any:
-    """The one value of a TRL-style reward function's list."""
-    if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__len__") or len(value) != 1:
+    """The one value of a TRL-style reward function's list (or tuple, 1-d array or tensor). A set has a length but
+    no order or indexing, and a 0-d array has ``__len__`` but no length: both are refused here, by type."""
+    if (
+        isinstance(value, str | bytes | Mapping | AbstractSet)
+        or getattr(value, "shape", None) == ()
+        or not (hasattr(value, "__len__") and hasattr(value, "__getitem__"))
+        or len(value) != 1
+    ):
         raise RewardFailure(
             "reward_error", f"reward_style='trl': expected a list of one reward, got {value!r}"[:500]
         )

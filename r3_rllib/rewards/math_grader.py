@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
+import numbers
 import os
 import re
 import subprocess
@@ -68,6 +70,26 @@ Gold = str | Sequence[str]
 class GradeResult:
     correct: bool
     reason: str
+
+
+#: The longest timeout a grader takes, in seconds (a day). Past ~2.1e6 s the waits on the worker's pipe overflow
+#: (``Connection.poll`` raises OverflowError), and no math answer needs more than a day.
+MAX_TIMEOUT_S = 86_400
+
+
+def check_timeout(name: str, value: object) -> float:
+    """``value`` as a float when it is a finite number of seconds > 0 and <= :data:`MAX_TIMEOUT_S`; else a
+    ValueError naming ``name``. Checked when a grader or env is built: NaN passes ``<= 0`` and then fails inside
+    ``selectors`` at the first grade, and a string fails with a bare TypeError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S)
+    ):
+        raise ValueError(
+            f"{name} must be a finite number > 0 and <= {MAX_TIMEOUT_S} (seconds), got {value!r}"
+        )
+    return float(value)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -311,10 +333,8 @@ class MathGrader:
         max_answer_chars: int = 1000,
         fast_path: bool = True,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.timeout_s = float(timeout_s)
-        self.startup_timeout_s = float(startup_timeout_s)
+        self.timeout_s = check_timeout("timeout_s", timeout_s)
+        self.startup_timeout_s = check_timeout("startup_timeout_s", startup_timeout_s)
         self.max_answer_chars = int(max_answer_chars)
         self.fast_path = bool(fast_path)
         self._lock = threading.Lock()
@@ -489,7 +509,8 @@ DEFAULT_TIMEOUT_S = 5.0
 
 def shared_grader(timeout_s: float = DEFAULT_TIMEOUT_S) -> MathGrader:
     """The process-wide grader for ``timeout_s`` (one worker subprocess per distinct timeout)."""
-    key = float(timeout_s)
+    # checked, not float(): float("5") would pass, and a NaN key never matches (a new worker per call)
+    key = check_timeout("timeout_s", timeout_s)
     with _SHARED_LOCK:
         if key not in _SHARED:
             _SHARED[key] = MathGrader(timeout_s=key)

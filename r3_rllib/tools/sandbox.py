@@ -72,8 +72,9 @@ Isolation = Literal["auto", "namespaces", "rlimits"]
 SANDBOX_UID_RANGE = (200_000, 260_000)
 _LAUNCHER = str(Path(__file__).with_name("sandbox_init.py"))
 _SETUP_FAILED = 125
-# Upper bounds of the arguments: far above any sensible use, low enough that no limit overflows a C long.
-_MAX = {
+#: Upper bounds of the arguments: far above any sensible use, low enough that no limit overflows a C long (the
+#: python tool env checks its own settings against them when it is built).
+LIMIT_MAXIMA = {
     "timeout_s": 86_400,
     "memory_mb": 2**20,
     "max_output_bytes": 2**30,
@@ -190,7 +191,7 @@ def run_python(
 
 def _check_limits(limits: _Limits) -> None:
     """ValueError naming the first argument that is not a finite number in its range."""
-    for name, top in _MAX.items():
+    for name, top in LIMIT_MAXIMA.items():
         value = getattr(limits, name)
         integer = name != "timeout_s"
         kind = int if integer else int | float

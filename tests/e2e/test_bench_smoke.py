@@ -18,9 +18,7 @@ from repo_paths import REPO
 
 BENCH = REPO / "bench"
 HAS_TRL = importlib.util.find_spec("trl") is not None
-NO_TRL_REASON = (
-    "trl is not installed (pip install -e '.[bench]' in the checkout); the TRL baseline of bench_throughput is skipped"
-)
+NO_TRL_REASON = "trl is not installed (pip install -e '.[bench]' in the checkout); the TRL baseline of bench_throughput is skipped"
 
 
 def load(name: str):

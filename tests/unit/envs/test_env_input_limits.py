@@ -193,6 +193,48 @@ def test_python_tool_messages_follow_the_envs_chat_mode(math_rows):
     assert episode.tokenizer is None and not episode.prompt.startswith("<|user|>")
 
 
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        (
+            "tool_timeout_s",
+            1e6,
+            "tool_timeout_s must be a finite number > 0 and <= 86400 (seconds), got 1000000.0",
+        ),
+        ("tool_timeout_s", float("inf"), "tool_timeout_s must be a finite number > 0 and <= 86400"),
+        ("tool_timeout_s", float("nan"), "tool_timeout_s must be a finite number"),
+        ("tool_timeout_s", 0, "tool_timeout_s must be a finite number > 0"),
+        ("tool_timeout_s", "5", "tool_timeout_s must be a finite number > 0 and <= 86400 (seconds), got '5'"),
+        (
+            "tool_memory_mb",
+            2**21,
+            "tool_memory_mb must be a whole number >= 64 and <= 1048576 (MiB), got 2097152",
+        ),
+        ("tool_memory_mb", 32, "tool_memory_mb must be a whole number >= 64"),
+        ("tool_memory_mb", 100.5, "tool_memory_mb must be a whole number"),
+        ("tool_memory_mb", True, "tool_memory_mb must be a whole number"),
+        ("max_tool_output_chars", 0, "max_tool_output_chars must be a whole number >= 1, got 0"),
+    ],
+)
+def test_python_tool_limits_the_sandbox_would_refuse_are_refused_when_the_env_is_built(
+    math_rows, setting, value, message
+):
+    # accepted, they turned every tool call of the run into a "(tool error: ...)" message to the model
+    with pytest.raises(ValueError) as error:
+        PythonToolEnv(data=math_rows, tool_isolation="rlimits", **{setting: value})
+    assert message in str(error.value)
+
+
+def test_python_tool_accepts_the_sandboxs_top_limits_and_the_sandbox_does_too(math_rows):
+    from r3_rllib.tools import sandbox
+
+    env = PythonToolEnv(
+        data=math_rows, tool_isolation="rlimits", tool_timeout_s=86_400, tool_memory_mb=float(2**20)
+    )
+    assert (env.tool_timeout_s, env.tool_memory_mb) == (86_400.0, 2**20)
+    sandbox._check_limits(sandbox._Limits(env.tool_timeout_s, env.tool_memory_mb))  # one set of bounds
+
+
 def test_math_env_and_the_shared_module_are_one_implementation():
     from r3_rllib.envs import math_env
 

@@ -109,3 +109,10 @@ def test_the_runner_hands_math_envs_the_models_context(tiny_random_model):
     assert (
         model_context_config(R3Config().environment(plain_env).training(model_path=tiny_random_model)) == {}
     )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0, "5", None])
+def test_a_grading_timeout_that_is_not_a_finite_number_is_refused_when_built(data, bad):
+    # NaN passed the old `<= 0` check and raised inside selectors at the first step; "5" raised a bare TypeError
+    with pytest.raises(ValueError, match="^grading_timeout_s must be a finite number > 0 and <= 86400"):
+        _env(data, grading_timeout_s=bad)

@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from gymnasium.wrappers.common import PassiveEnvChecker
 
@@ -243,6 +244,94 @@ def test_reward_that_raises_scores_zero_with_reason_and_count(data, caplog):
     with pytest.raises(RuntimeError, match="reward_error: raised ZeroDivisionError") as err:
         answer(strict, lambda q: "1")
     assert isinstance(err.value.__cause__, ZeroDivisionError)
+
+
+def _failure(env: RewardFnEnv) -> tuple[float, dict]:
+    """One sample graded by ``env``'s reward function, which must not raise here: (reward, info)."""
+    reward, info = answer(env, lambda q: "1")
+    assert reward == 0.0 and not info["correct"] and info["grade_reason"] == "reward_error"
+    return reward, info
+
+
+class _LenRaises:
+    """A result that looks like a list of one but whose ``len`` raises: no check foresees every such object."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len of a broken result")
+
+    def __getitem__(self, index: int) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize(
+    ("style", "result", "detail"),
+    [
+        (
+            "sample",
+            {"reward": 0.0, "correct": np.array([0, 0])},
+            "'correct' must be a bool (or a number 0 or 1)",
+        ),
+        ("sample", {"reward": 0.0, "correct": "False"}, "got str 'False'"),  # bool("False") is True
+        ("sample", {"reward": 0.0, "correct": "no"}, "got str 'no'"),
+        ("sample", {"reward": 1.0, "correct": 0.5}, "got float 0.5"),
+        ("sample", {"reward": 1.0, "correct": None}, "got NoneType"),
+        ("trl", {1.0}, "expected a list of one reward, got {1.0}"),  # a set: a length, no indexing
+        ("trl", np.array(0.5), "expected a list of one reward"),  # 0-d: __len__ that raises
+        ("trl", _LenRaises(), "returned an unusable _LenRaises: RuntimeError: len of a broken result"),
+    ],
+)
+def test_results_of_any_shape_or_type_are_reward_errors_not_exceptions(data, style, result, detail):
+    env = make(data, reward=lambda *a, **k: result, reward_style=style, test_size=0)
+    _, info = _failure(env)
+    assert detail in info["grade_detail"]
+    assert env.reward_failures == {"reward_error": 1}
+
+
+@pytest.mark.parametrize(
+    ("flag", "correct"),
+    [(True, True), (False, False), (np.bool_(True), True), (np.bool_(False), False), (1, True), (0.0, False)],
+)
+def test_correct_flag_takes_bools_and_0_or_1_and_overrides_the_threshold(data, flag, correct):
+    env = make(data, reward=lambda *a, **k: {"reward": 0.5, "correct": flag}, test_size=0)
+    reward, info = answer(env, lambda q: "1")
+    assert reward == 0.5 and info["correct"] is correct
+    assert info["grade_reason"] == ("correct" if correct else "wrong")
+
+
+def _exits(*args, **kwargs) -> float:
+    sys.exit(3)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])  # called in this thread, and in bounded_call's thread
+def test_sys_exit_in_a_reward_is_a_reward_error_not_the_end_of_the_runner(data, timeout_s):
+    env = make(data, reward=_exits, reward_timeout_s=timeout_s, test_size=0)
+    _, info = _failure(env)
+    assert info["grade_detail"] == "raised SystemExit: 3"
+
+
+def _interrupted(*args, **kwargs) -> float:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_keyboard_interrupt_in_a_reward_still_stops_the_run(data, timeout_s):
+    env = make(data, reward=_interrupted, reward_timeout_s=timeout_s, test_size=0)
+    with pytest.raises(KeyboardInterrupt):
+        answer(env, lambda q: "1")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), "1.0", True])
+def test_correct_threshold_must_be_a_finite_number(data, bad):
+    # NaN or inf would grade every sample wrong, silently
+    with pytest.raises(ValueError, match="env_config 'correct_threshold' must be a finite number"):
+        make(data, correct_threshold=bad)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), True, "5", 0, -1.0])
+def test_reward_timeout_must_be_a_finite_positive_number_or_none(data, bad):
+    # inf reached Thread.join, whose OverflowError made every sample a reward_error
+    with pytest.raises(ValueError, match="env_config 'reward_timeout_s' must be > 0 or None"):
+        make(data, reward_timeout_s=bad)
 
 
 def test_reward_that_hangs_scores_zero_with_reason_timeout(data):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from r3_rllib.rewards import GradeResult, MathGrader, extract_boxed, grade_math, grade_math_detailed
-from r3_rllib.rewards.math_grader import normalize_answer, strip_reasoning
+from r3_rllib.rewards.math_grader import normalize_answer, shared_grader, strip_reasoning
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,18 @@ def test_empty_gold_and_bad_types(grader):
     assert grader.grade(None, "5").reason == "error"  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="gold answers must be strings"):
         grader.grade(boxed("5"), [5])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0, -1.0, 1e7, "5", None, True])
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused_when_built(bad):
+    # NaN passed the old `<= 0` check, then the first grade raised inside selectors ("grading never raises");
+    # a string gave a bare TypeError; past ~2.1e6 s the wait on the worker's pipe overflows
+    with pytest.raises(ValueError, match=r"^timeout_s must be a finite number > 0 and <= 86400 \(seconds\)"):
+        MathGrader(timeout_s=bad)
+    with pytest.raises(ValueError, match="^startup_timeout_s must be a finite number > 0"):
+        MathGrader(startup_timeout_s=bad)
+    with pytest.raises(ValueError, match="^timeout_s must be a finite number > 0"):
+        shared_grader(bad)
 
 
 def test_module_level_helpers():
