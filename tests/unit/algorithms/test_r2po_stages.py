@@ -146,7 +146,9 @@ def test_defaults_validate_and_leave_r2po_off():
         ({"rollout_head_advantage": "nope"}, "rollout_head_advantage must be one of"),
         ({"rollout_head_rarity_count": "values"}, "rollout_head_rarity_count must be one of"),
         ({"rollout_head_init_std": 0.0}, "rollout_head_init_std must be finite and > 0"),
-        ({"rollout_head_skip_range": -1.0}, "rollout_head_skip_range must be >= 0"),
+        ({"rollout_head_skip_range": -1.0}, "rollout_head_skip_range must be finite and >= 0"),
+        ({"rollout_head_skip_range": float("inf")}, "rollout_head_skip_range must be finite and >= 0"),
+        ({"rollout_head_lr": float("inf")}, "rollout_head_lr must be finite and > 0"),
         ({"rollout_head_kl_coef": -0.1}, "rollout_head_kl_coef must be finite and >= 0"),
     ],
 )
