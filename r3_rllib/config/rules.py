@@ -105,6 +105,19 @@ def shortfall_needs_a_batch_limit(config: Any) -> str | None:
     return None
 
 
+def sleep_needs_an_engine_that_sleeps(config: Any) -> str | None:
+    """``sleep_between_rollouts`` frees memory only where the engine can: vLLM built with sleep mode. The HF engine
+    holds nothing it could free, and vLLM without ``enable_sleep_mode`` ignores the call, so either would keep the
+    GPU memory a colocated learner was promised. (An engine of another package decides for itself.)"""
+    if not config.sleep_between_rollouts:
+        return None
+    if config.engine == "hf":
+        return "sleep_between_rollouts does nothing with engine 'hf' (it has no sleep mode): use engine 'vllm'"
+    if config.engine == "vllm" and not (config.engine_kwargs or {}).get("enable_sleep_mode"):
+        return "sleep_between_rollouts with engine 'vllm' needs engine_kwargs enable_sleep_mode: true"
+    return None
+
+
 def overlap_needs_awake_engine(config: Any) -> str | None:
     """Overlapped generation samples while the learner trains: the engine cannot sleep between rollouts."""
     if config.overlap_generation and config.sleep_between_rollouts:
@@ -503,6 +516,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     refill_rounds_agree_with_gen_batches,
     shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,
+    sleep_needs_an_engine_that_sleeps,
     max_staleness_agrees_with_overlap,
     prefetch_is_for_the_synchronous_loop,
     streaming_excludes_dynamic_sampling,

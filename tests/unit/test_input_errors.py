@@ -59,6 +59,7 @@ BAD_CONFIGS = [
     ("training", "reflection_template", "{query} only", "must contain the {query} and {wrong_answer}"),
     ("training", "reflection_template", "{query} {wrong_answer} {oops}", "bad reflection template"),
     ("environment", "env_config", [1, 2], "env_config must be a mapping"),
+    ("training", "sleep_between_rollouts", True, "does nothing with engine 'hf'"),
 ]
 
 
@@ -262,3 +263,11 @@ def test_a_bad_config_is_refused_in_python_and_in_a_run_file(section, key, value
     path.write_text(yaml.safe_dump({section: {key: value}}))
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_run_file(path)
+
+
+def test_sleep_between_rollouts_needs_vllms_sleep_mode():
+    """vLLM ignores sleep() unless built with sleep mode: the memory a colocated learner counts on stays taken."""
+    config = R3Config().training(engine="vllm", sleep_between_rollouts=True)
+    with pytest.raises(ValueError, match="needs engine_kwargs enable_sleep_mode: true"):
+        config.validate()
+    config.training(engine_kwargs={"enable_sleep_mode": True}).validate()
