@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -292,8 +292,13 @@ def _load(data: DataSpec, split: str, options: dict[str, Any]) -> tuple[list[Mat
         )
     if isinstance(data, str | os.PathLike):
         sources: list[Any] = [data]
-    else:
+    elif isinstance(data, Iterable):
         sources = list(data)
+    else:  # None: env_config without 'data'
+        raise TypeError(
+            f"data must be a file, a folder, a hub dataset name, a list of them, a split mapping or MathProblems, "
+            f"got {type(data).__name__} (env_config needs a 'data' entry)"
+        )
     if sources and all(isinstance(s, MathProblem) for s in sources):
         problems = list(sources)
         ids = [p.id for p in problems]

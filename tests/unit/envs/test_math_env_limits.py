@@ -116,3 +116,12 @@ def test_a_grading_timeout_that_is_not_a_finite_number_is_refused_when_built(dat
     # NaN passed the old `<= 0` check and raised inside selectors at the first step; "5" raised a bare TypeError
     with pytest.raises(ValueError, match="^grading_timeout_s must be a finite number > 0 and <= 86400"):
         _env(data, grading_timeout_s=bad)
+
+
+@pytest.mark.parametrize("data", [None, 5])
+def test_no_data_is_named_not_a_bare_iteration_error(data):
+    """`math` without env_config 'data' failed with "'NoneType' object is not iterable"."""
+    from r3_rllib.envs.math_env import MathEnv
+
+    with pytest.raises(TypeError, match=r"data must be a file.*env_config needs a 'data' entry"):
+        MathEnv(data=data)
