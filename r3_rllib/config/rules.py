@@ -112,7 +112,9 @@ def sleep_needs_an_engine_that_sleeps(config: Any) -> str | None:
     if not config.sleep_between_rollouts:
         return None
     if config.engine == "hf":
-        return "sleep_between_rollouts does nothing with engine 'hf' (it has no sleep mode): use engine 'vllm'"
+        return (
+            "sleep_between_rollouts does nothing with engine 'hf' (it has no sleep mode): use engine 'vllm'"
+        )
     if config.engine == "vllm" and not (config.engine_kwargs or {}).get("enable_sleep_mode"):
         return "sleep_between_rollouts with engine 'vllm' needs engine_kwargs enable_sleep_mode: true"
     return None

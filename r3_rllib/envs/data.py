@@ -607,6 +607,16 @@ class QueryOrder:
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        """Resume the order a :meth:`state` describes; a ValueError naming what does not fit (another pool, shard or
+        position, or a damaged state: not a mapping, a count that is not a whole number)."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a data order state must be a mapping, got {type(state).__name__}")
+        for key in ("size", "cursor", "epoch", "seed"):
+            value = state.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"data order state {key!r} must be a whole number, got {value!r}")
+        if "cursor" not in state or "epoch" not in state:
+            raise ValueError(f"data order state lacks 'cursor' or 'epoch': {sorted(state)}")
         size = int(state.get("size", self.size))
         if size != self.size:
             raise ValueError(f"state is for a pool of {size} queries, this environment has {self.size}")

@@ -12,8 +12,10 @@ read with an allow-list unpickler (safe_pickle.py): it cannot run code. Pure (st
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import pickle
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,29 +113,92 @@ def write_algorithm_state(checkpoint_dir: str, state: AlgorithmState) -> str:
 def read_algorithm_state(checkpoint_dir: str) -> AlgorithmState:
     """The driver state of the checkpoint in ``checkpoint_dir``; CheckpointFormatError for a format version (of
     the file or of a runner state in it) this package does not read, or for a file that references a type other
-    than data (safe_pickle.py); CorruptCheckpointError for a truncated or corrupt file. The file is not checked
-    against the manifest here: :func:`verify_algorithm_checkpoint` does that for the whole directory."""
+    than data (safe_pickle.py); CorruptCheckpointError for a truncated or corrupt file, or a state missing a field
+    or holding one of the wrong type (naming the file and the field). The file is not checked against the manifest
+    here: :func:`verify_algorithm_checkpoint` does that for the whole directory."""
     path = os.path.join(checkpoint_dir, R3_STATE_FILE)
     if not os.path.isfile(path):
         raise CorruptCheckpointError(f"{path}: missing (not an r3_rllib checkpoint, or an interrupted save)")
-    data = safe_load(path)
+    data = _read_state_dict(path)
     checked_version(data, supported=SUPPORTED_ALGORITHM_STATE_VERSIONS, source=path)
-    runners = dict(data["runners"])
+    runners = dict(_field(data, "runners", Mapping, path))
     for wid, runner in runners.items():
+        if not isinstance(runner, Mapping):
+            raise _bad_field(path, f"runners[{wid!r}]", "a runner state dict", runner)
         checked_version(runner, supported=SUPPORTED_RUNNER_STATE_VERSIONS, source=f"{path} (runner {wid})")
     return AlgorithmState(
-        iteration=data["iteration"],
-        policy_version=data["policy_version"],
-        dataset_epoch=data["dataset_epoch"],
-        runner_epochs=dict(data.get("runner_epochs", {})),
-        rng=data["rng"],
+        iteration=_count(data, "iteration", path),
+        policy_version=_count(data, "policy_version", path),
+        dataset_epoch=_count(data, "dataset_epoch", path),
+        runner_epochs=dict(_field(data, "runner_epochs", Mapping, path, default={})),
+        rng=_field(data, "rng", Mapping, path),
         runners=runners,
-        replay=data["replay"],
-        metrics=data["metrics"],
-        r3_settings=data.get("r3_settings"),
+        replay=_field(data, "replay", object, path),  # any type: only their presence is checked
+        metrics=_field(data, "metrics", object, path),
+        r3_settings=_field(data, "r3_settings", (Mapping, type(None)), path, default=None),
         ready_rollout=data.get("ready_rollout"),
         stream_queue=data.get("stream_queue"),
     )
+
+
+def _read_state_dict(path: str) -> Mapping[str, Any]:
+    """The dict pickled in the state file ``path`` (safe_pickle.safe_load); CorruptCheckpointError when the file
+    holds anything else (its first bytes damaged)."""
+    data = safe_load(path)
+    if not isinstance(data, Mapping):
+        raise CorruptCheckpointError(
+            f"{path}: not a readable checkpoint file: expected a state dict, found a {type(data).__name__}"
+        )
+    return data
+
+
+_REQUIRED = object()
+#: How an error names the types state fields must have.
+_TYPE_NAMES: dict[type, str] = {Mapping: "dict", numbers.Integral: "int", type(None): "None"}
+
+
+def _field(
+    data: Mapping[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    path: str,
+    default: Any = _REQUIRED,
+) -> Any:
+    """``data[key]``, which must be an instance of ``kind`` (``default`` when absent and there is one: a field that
+    older formats lack); CorruptCheckpointError naming ``path`` and the field otherwise."""
+    if key not in data:
+        if default is _REQUIRED:
+            raise CorruptCheckpointError(f"{path}: not a complete checkpoint state: field {key!r} is missing")
+        return default
+    value = data[key]
+    if not isinstance(value, kind):
+        names = " or ".join(
+            _TYPE_NAMES.get(t, t.__name__) for t in (kind if isinstance(kind, tuple) else (kind,))
+        )
+        raise _bad_field(path, key, f"of type {names}", value)
+    return value
+
+
+def _count(data: Mapping[str, Any], key: str, path: str) -> int:
+    """``data[key]`` as an int >= 0 (iteration, version, epoch); numpy integers too. A bool is refused: it is an int
+    to Python, but never a count in a state this package wrote."""
+    value = _field(data, key, numbers.Integral, path)
+    if isinstance(value, bool) or value < 0:
+        raise _bad_field(path, key, "an int >= 0", value)
+    return int(value)
+
+
+def _bad_field(path: str, key: str, expected: str, value: Any) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{path}: not a readable checkpoint state: field {key!r} should be {expected}, found "
+        f"{type(value).__name__} {_short_repr(value)}"
+    )
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    """repr of ``value`` cut to ``limit`` characters: the value of a damaged field can be a large container."""
+    text = reprlib.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _FIELDS = (
@@ -155,18 +220,24 @@ def verify_algorithm_checkpoint(checkpoint_dir: str, *, hashes: bool = True) -> 
     """Check that the checkpoint in ``checkpoint_dir`` is complete and unchanged before anything is loaded from it:
     every file its manifest lists present with the listed size and (``hashes``) sha256. Return the manifest; None
     for a checkpoint of format 0/1 (written before manifests existed: loaded with a warning). CorruptCheckpointError
-    naming the file and what differs; for a directory without a manifest whose state file is of format 2 or
-    unreadable (a save that did not finish)."""
+    naming the file and what differs, or for a manifest that does not list the state file; for a directory without
+    a manifest whose state file is of format 2 or unreadable (a save that did not finish)."""
     manifest = verify_checkpoint(checkpoint_dir, hashes=hashes)
     if manifest is not None:
+        # A manifest that does not list the state file (damaged, or written over another directory) would let a
+        # restore read a state nothing vouches for, or none at all.
+        if R3_STATE_FILE not in {entry.path for entry in manifest.files}:
+            raise CorruptCheckpointError(
+                f"{os.path.join(checkpoint_dir, MANIFEST_FILE)}: does not list {R3_STATE_FILE}, which every "
+                f"algorithm checkpoint has: not the manifest of this checkpoint"
+            )
         return manifest
+    state_path = os.path.join(checkpoint_dir, R3_STATE_FILE)
     try:
         version = checked_version(
-            safe_load(os.path.join(checkpoint_dir, R3_STATE_FILE)),
-            supported=SUPPORTED_ALGORITHM_STATE_VERSIONS,
-            source=os.path.join(checkpoint_dir, R3_STATE_FILE),
+            _read_state_dict(state_path), supported=SUPPORTED_ALGORITHM_STATE_VERSIONS, source=state_path
         )
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # no state file: reported as the interrupted save below
         version = None
     if version is None or version > UNMANIFESTED_VERSION:
         raise CorruptCheckpointError(

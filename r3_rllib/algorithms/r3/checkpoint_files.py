@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import reprlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ class CheckpointFormatError(ValueError):
 
 class CorruptCheckpointError(CheckpointFormatError):
     """A checkpoint whose files differ from its manifest: a file missing, truncated or changed, or no manifest in a
-    checkpoint of a format that has one (an interrupted save)."""
+    checkpoint of a format that has one (an interrupted save); a manifest or state file that does not decode, or
+    lacks a field (a damaged file)."""
 
 
 class CheckpointDiskFullError(OSError):
@@ -192,30 +194,68 @@ def write_manifest(directory: str, manifest: Manifest) -> str:
 
 def read_manifest(directory: str) -> Manifest | None:
     """The manifest of the checkpoint in ``directory``; None when it has none; CorruptCheckpointError when it is not
-    a manifest (or lists a path outside the directory)."""
+    a manifest: not a file, not JSON, another format or version, no files listed, an entry without a path, a size
+    (an int >= 0) or a sha256 (64 hex digits), or a path outside the directory."""
     path = os.path.join(directory, MANIFEST_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
+    if not os.path.isfile(path):
+        raise CorruptCheckpointError(f"{path}: not a readable checkpoint manifest (not a regular file)")
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read())
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
         if data.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"format is {data.get('format')!r}, not {MANIFEST_FORMAT!r}")
         if data.get("version") != MANIFEST_VERSION:
             raise ValueError(
                 f"manifest version {data.get('version')!r} (this r3_rllib reads {MANIFEST_VERSION})"
             )
-        files = tuple(FileEntry(str(e["path"]), int(e["size"]), str(e["sha256"])) for e in data["files"])
-        meta = dict(data.get("meta") or {})
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CorruptCheckpointError(f"{path}: not a readable checkpoint manifest ({e})") from e
+        listed = data["files"]
+        # A manifest is built from the files of the directory it commits, and a checkpoint has at least its state
+        # file: one that lists nothing would vouch for whatever the directory holds.
+        if not isinstance(listed, list) or not listed:
+            raise ValueError(f"'files' should be a non-empty list, found {_short(listed)}")
+        files = tuple(_file_entry(e) for e in listed)
+        meta = data.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise ValueError(f"'meta' should be an object, found {_short(meta)}")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise CorruptCheckpointError(f"{path}: not a readable checkpoint manifest ({detail})") from e
     for entry in files:
         parts = entry.path.split("/")
         if os.path.isabs(entry.path) or ".." in parts or entry.path in ("", MANIFEST_FILE):
             raise CorruptCheckpointError(
                 f"{path}: lists {entry.path!r}, which is not a file inside the checkpoint"
             )
-    return Manifest(files, meta)
+    return Manifest(files, dict(meta))
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _file_entry(raw: Any) -> FileEntry:
+    """One entry of a manifest's ``files`` as written by :meth:`Manifest.to_json`; ValueError saying which part is
+    not (a size of 1e400 is a float, infinity: refused here rather than an OverflowError later)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"a file entry should be an object, found {_short(raw)}")
+    path, size, sha256 = raw["path"], raw["size"], raw["sha256"]
+    if not isinstance(path, str):
+        raise ValueError(f"a file path should be a string, found {_short(path)}")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"{path!r}: size should be an int >= 0, found {_short(size)}")
+    if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
+        raise ValueError(f"{path!r}: sha256 should be 64 hex digits, found {_short(sha256)}")
+    return FileEntry(path, size, sha256)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr of a value read from a damaged manifest, cut to ``limit`` characters (reprlib: a long list is not
+    rendered whole first)."""
+    text = reprlib.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 #: Files of a checkpoint directory that Tune's ``Trainable.restore`` reads with (cloud)pickle before our

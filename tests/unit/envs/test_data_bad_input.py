@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from r3_rllib.envs.data import (
@@ -127,3 +128,25 @@ def test_shuffle_must_be_a_bool_and_seed_an_integer() -> None:
     with pytest.raises(ValueError, match=r"seed must be an integer, got str 'abc'"):
         QueryOrder(3, seed="abc")  # type: ignore[arg-type]
     assert QueryOrder(3, shuffle=False).global_order(0) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("state", "says"),
+    [
+        ([1, 2], "must be a mapping"),
+        ({"cursor": 1.7, "epoch": 0}, "'cursor' must be a whole number"),
+        ({"cursor": 1, "epoch": "0"}, "'epoch' must be a whole number"),
+        ({"cursor": True, "epoch": 0}, "'cursor' must be a whole number"),
+        ({"epoch": 0}, "lacks 'cursor' or 'epoch'"),
+    ],
+)
+def test_a_damaged_data_order_state_is_named(state, says):
+    """A checkpoint's data position is restored exactly or refused: 1.7 was truncated to 1, a missing key was a
+    bare KeyError."""
+    from r3_rllib.envs.data import QueryOrder
+
+    order = QueryOrder(8, seed=0)
+    with pytest.raises(ValueError, match=says):
+        order.set_state(state)
+    order.set_state({"cursor": np.int64(3), "epoch": 1, "size": 8})  # numpy integers, as a state may hold
+    assert (order.cursor, order.epoch) == (3, 1)
