@@ -546,3 +546,12 @@ def test_vllm_threads_smoke(capsys):
     assert "| built 2, at 2 | 4 x 8 | True | True | True | 0 | True | 2 |" in out
     assert "| built 1, at 2 (set_threads) | 4 x 8 | True | True | True | 0 | True | 2 |" in out
     assert "| 1 | built 1, at 1 |" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_fp32_ceiling_smoke(capsys):
+    mod = load("bench_fp32_ceiling")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| torch.mm, 1 thread |" in out and "| 2 threads |" in out and "two threads / one" in out
