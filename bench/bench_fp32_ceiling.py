@@ -33,7 +33,8 @@ import common
 
 
 def gemm_gflops(shapes: Sequence[tuple[int, int, int]], reps: int) -> dict[str, float]:
-    """One thread's GFLOP/s of ``torch.mm`` for each (n, k, m) in ``shapes`` (median of ``reps`` after one warm-up)."""
+    """One thread's GFLOP/s of ``torch.mm`` for each (n, k, m) in ``shapes`` (median of ``reps`` after one warm-up;
+    at least 10: one product's speed moves with the core's clock)."""
     import torch
 
     torch.set_num_threads(1)
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hidden, inter = model.config.hidden_size, model.config.intermediate_size
     rows_x_tokens = args.rows * args.tokens
     shapes = [(rows_x_tokens, hidden, inter), (rows_x_tokens, inter, hidden), (2048, 2048, 2048)]
-    peak = gemm_gflops(shapes if not args.smoke else shapes[:2], max(args.reps, 3))
+    peak = gemm_gflops(shapes if not args.smoke else shapes[:2], max(args.reps, 10))
     flops = 6 * matrix_params(model) * rows_x_tokens
     ids = torch.randint(
         3, model.config.vocab_size, (args.rows, args.tokens), generator=torch.Generator().manual_seed(0)
