@@ -297,8 +297,8 @@ def _current_names(section: str, values: dict) -> dict:
 
 def _resolve_paths(section: str, values: dict, base_dir: Path | None) -> None:
     """The section's path keys made absolute: ``./``/``../`` against ``base_dir`` (the run file's folder), ``~``
-    against the home folder. ``~`` is expanded here, once, because not every loader expands it (the data loader
-    does, the model loader does not): the existence check and every loader then see the same path."""
+    against the home folder. ``~`` is expanded here, once, so that the existence check and every loader (some of
+    them another package's) see the same path."""
 
     def fix(p: Any) -> Any:
         if not isinstance(p, str):

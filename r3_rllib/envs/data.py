@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -114,9 +116,13 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = dict(pairs)
     if len(out) == len(pairs):
         return out
-    seen: set[str] = set()
     marked = _JsonObject(out)
-    marked.duplicate_key = next(k for k, _ in pairs if k in seen or seen.add(k))
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            marked.duplicate_key = key
+            break
+        seen.add(key)
     return marked
 
 
@@ -191,10 +197,9 @@ def _parse_row(
 ) -> MathProblem:
     if not isinstance(row, Mapping):
         raise _BadRow("<row>", f"expected an object, got {type(row).__name__}")
-    if duplicate_key(row) is not None:
-        raise _BadRow(
-            duplicate_key(row), "the key appears twice in the row (JSON would keep the last silently)"
-        )
+    twice = duplicate_key(row)
+    if twice is not None:
+        raise _BadRow(twice, "the key appears twice in the row (JSON would keep the last silently)")
     problem = row.get(problem_key)
     if problem is None:
         raise _BadRow(problem_key, "missing")
@@ -549,9 +554,7 @@ class QueryOrder:
         self.size = size
         self.seed = _int_seed(seed)
         # bool("false") is True: a string (an env_config written by hand) must not turn shuffling on silently.
-        if (
-            not isinstance(shuffle, bool) and type(shuffle).__name__ != "bool_"
-        ):  # numpy's bool is accepted too
+        if not isinstance(shuffle, bool | np.bool_):
             raise TypeError(f"shuffle must be true or false, got {type(shuffle).__name__} {shuffle!r}")
         self.shuffle = bool(shuffle)
         self.shard = Shard.of(shard)

@@ -25,7 +25,7 @@ from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.math_env import MathEnv
 from r3_rllib.rewards.math_grader import shared_grader
 from r3_rllib.tools.sandbox import LIMIT_MAXIMA as SANDBOX_MAX
-from r3_rllib.tools.sandbox import resolve_isolation, run_python
+from r3_rllib.tools.sandbox import MIN_MEMORY_MB, resolve_isolation, run_python
 
 logger = logging.getLogger(__name__)
 _warned_fallback = False
@@ -172,10 +172,9 @@ def _check_tool_limits(timeout_s: Any, memory_mb: Any, max_output_chars: Any) ->
         raise ValueError(
             f"tool_timeout_s must be a finite number > 0 and <= {top_s} (seconds), got {timeout_s!r}"
         )
-    if not (_is_whole(memory_mb) and 64 <= memory_mb <= top_mb):
-        # 64: the sandbox's floor, the interpreter alone needs ~30 MB of address space
+    if not (_is_whole(memory_mb) and MIN_MEMORY_MB <= memory_mb <= top_mb):
         raise ValueError(
-            f"tool_memory_mb must be a whole number >= 64 and <= {top_mb} (MiB), got {memory_mb!r}"
+            f"tool_memory_mb must be a whole number >= {MIN_MEMORY_MB} and <= {top_mb} (MiB), got {memory_mb!r}"
         )
     if not (_is_whole(max_output_chars) and max_output_chars >= 1):
         raise ValueError(f"max_tool_output_chars must be a whole number >= 1, got {max_output_chars!r}")

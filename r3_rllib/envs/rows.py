@@ -87,8 +87,9 @@ def load_rows(
         place = f"{display}: {where}"
         if not isinstance(value, Mapping):
             raise DataError(f"{place}: expected a mapping of columns, got {type(value).__name__}")
-        if duplicate_key(value) is not None:
-            raise DataError(f"{place}: field {duplicate_key(value)!r}: the key appears twice in the row")
+        twice = duplicate_key(value)
+        if twice is not None:
+            raise DataError(f"{place}: field {twice!r}: the key appears twice in the row")
         _check_row_text(value, place)
         qid = _row_id(value, id_key, f"{stem}:{index}", place)
         if qid in first_seen:
@@ -261,8 +262,9 @@ def _checked_prompt(value: Any, row: Row) -> str | Messages:
     if isinstance(value, str):
         if not value.strip():
             raise DataError(f"{row.where}: the prompt is empty")
-        if invalid_text(value) is not None:  # a callable's output is not checked at load time
-            raise DataError(f"{row.where}: the prompt is {invalid_text(value)}")
+        reason = invalid_text(value)  # a callable's output is not checked at load time
+        if reason is not None:
+            raise DataError(f"{row.where}: the prompt is {reason}")
         return value
     if isinstance(value, Sequence) and value and all(_is_message(m) for m in value):
         reason = _bad_text([m["content"] for m in value])

@@ -74,6 +74,8 @@ _LAUNCHER = str(Path(__file__).with_name("sandbox_init.py"))
 _SETUP_FAILED = 125
 #: Upper bounds of the arguments: far above any sensible use, low enough that no limit overflows a C long (the
 #: python tool env checks its own settings against them when it is built).
+#: The least address space a sandboxed interpreter gets (MiB).
+MIN_MEMORY_MB = 64
 LIMIT_MAXIMA = {
     "timeout_s": 86_400,
     "memory_mb": 2**20,
@@ -199,9 +201,9 @@ def _check_limits(limits: _Limits) -> None:
             raise ValueError(f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
         if not (math.isfinite(value) and 0 < value <= top):
             raise ValueError(f"{name} must be finite, > 0 and <= {top}, got {value!r}")
-    if limits.memory_mb < 64:
+    if limits.memory_mb < MIN_MEMORY_MB:
         raise ValueError(
-            f"memory_mb must be >= 64 (the interpreter alone needs ~30 MB), got {limits.memory_mb}"
+            f"memory_mb must be >= {MIN_MEMORY_MB} (the interpreter alone needs ~30 MB), got {limits.memory_mb}"
         )
 
 

@@ -15,7 +15,6 @@ import logging
 import numbers
 import os
 import pickle
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from r3_rllib.algorithms.r3.checkpoint_files import (
     Manifest,
     atomic_open,
     quarantine,
+    short_repr,
     trial_checkpoints,
     verify_checkpoint,
 )
@@ -191,14 +191,8 @@ def _count(data: Mapping[str, Any], key: str, path: str) -> int:
 def _bad_field(path: str, key: str, expected: str, value: Any) -> CorruptCheckpointError:
     return CorruptCheckpointError(
         f"{path}: not a readable checkpoint state: field {key!r} should be {expected}, found "
-        f"{type(value).__name__} {_short_repr(value)}"
+        f"{type(value).__name__} {short_repr(value, 80)}"
     )
-
-
-def _short_repr(value: Any, limit: int = 80) -> str:
-    """repr of ``value`` cut to ``limit`` characters: the value of a damaged field can be a large container."""
-    text = reprlib.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _FIELDS = (

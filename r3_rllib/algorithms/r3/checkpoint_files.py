@@ -216,11 +216,11 @@ def read_manifest(directory: str) -> Manifest | None:
         # A manifest is built from the files of the directory it commits, and a checkpoint has at least its state
         # file: one that lists nothing would vouch for whatever the directory holds.
         if not isinstance(listed, list) or not listed:
-            raise ValueError(f"'files' should be a non-empty list, found {_short(listed)}")
+            raise ValueError(f"'files' should be a non-empty list, found {short_repr(listed)}")
         files = tuple(_file_entry(e) for e in listed)
         meta = data.get("meta") or {}
         if not isinstance(meta, dict):
-            raise ValueError(f"'meta' should be an object, found {_short(meta)}")
+            raise ValueError(f"'meta' should be an object, found {short_repr(meta)}")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
         raise CorruptCheckpointError(f"{path}: not a readable checkpoint manifest ({detail})") from e
@@ -240,20 +240,20 @@ def _file_entry(raw: Any) -> FileEntry:
     """One entry of a manifest's ``files`` as written by :meth:`Manifest.to_json`; ValueError saying which part is
     not (a size of 1e400 is a float, infinity: refused here rather than an OverflowError later)."""
     if not isinstance(raw, dict):
-        raise ValueError(f"a file entry should be an object, found {_short(raw)}")
+        raise ValueError(f"a file entry should be an object, found {short_repr(raw)}")
     path, size, sha256 = raw["path"], raw["size"], raw["sha256"]
     if not isinstance(path, str):
-        raise ValueError(f"a file path should be a string, found {_short(path)}")
+        raise ValueError(f"a file path should be a string, found {short_repr(path)}")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ValueError(f"{path!r}: size should be an int >= 0, found {_short(size)}")
+        raise ValueError(f"{path!r}: size should be an int >= 0, found {short_repr(size)}")
     if not isinstance(sha256, str) or not _SHA256_HEX.fullmatch(sha256):
-        raise ValueError(f"{path!r}: sha256 should be 64 hex digits, found {_short(sha256)}")
+        raise ValueError(f"{path!r}: sha256 should be 64 hex digits, found {short_repr(sha256)}")
     return FileEntry(path, size, sha256)
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    """repr of a value read from a damaged manifest, cut to ``limit`` characters (reprlib: a long list is not
-    rendered whole first)."""
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr of a value read from a damaged checkpoint file, cut to ``limit`` characters (reprlib: a long list is
+    not rendered whole first)."""
     text = reprlib.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
