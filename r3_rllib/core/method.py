@@ -62,6 +62,13 @@ class TrainingPhase:
         (the same logits unless the method adds to them: :attr:`LearnerExtras.has_rollout_logits`)."""
         return False
 
+    @property
+    def distills(self) -> bool:
+        """Whether an on-policy teacher's term trains this phase's update: not where the rollout logits are scored
+        (R^2PO's stage A trains the head alone), since the teacher is distilled into the base logits, the policy
+        that is evaluated and exported (``r3_rllib.algorithms.r3.learner_distill``)."""
+        return not self.scores_rollout_logits
+
     def trainable(self, policy: torch.nn.Module) -> Iterable[torch.nn.Parameter] | None:
         """The parameters of ``policy`` this phase trains; None: those trainable when the learner was built."""
         return None

@@ -12,11 +12,14 @@ policy's logits (:mod:`r3_rllib.models.rollout_head`) and alternates two stages
   policy's task signal (past samples, graded failures), and with reward counting ranking's continuous rewards
   would make every reward distinct, which the rarity reward maps to zeros. Reflection groups (prompts of their own) stay in: rarity is
   defined within any group of G responses to one prompt. Every fresh sample of either stage enters the replay buffer
-  with its behaviour (head-on) log-probs, so stage B's importance weight also covers replayed ones;
+  with its behaviour (head-on) log-probs, so stage B's importance weight also covers replayed ones. A distillation
+  teacher (``distill_teacher``) adds nothing here: the teacher is distilled into the base, not the head
+  (:mod:`r3_rllib.algorithms.r3.learner_distill`, which leaves a phase that scores the rollout logits alone);
 - stage B trains the base only, on base log-probs, with the configured task estimator (R^3's parts included) and
   groups whose reward range is below ``rollout_head_skip_range`` left out. The tokens were drawn with the head on,
   so the behaviour policy is not the trained one: ``rollout_head_stage_b_weight`` says whether the truncated
-  importance weight ``min(pi_base_old / pi_rollout_behaviour, is_cap)`` corrects for it.
+  importance weight ``min(pi_base_old / pi_rollout_behaviour, is_cap)`` corrects for it. A distillation teacher's
+  term trains the base here, with the base's proximal log-probs as the student's and the same weight.
 
 Each stage is an :class:`R2POPhase`, the method :data:`R2PO` (selected by ``rollout_head=True``); the learner-side
 pieces (the head's own learning rate, scoring with the head on, the ``r2po_kl`` and ``rollout_head_norm`` metrics)

@@ -29,6 +29,7 @@ import numpy as np
 
 from r3_rllib.core.advantages import ADVANTAGE_FNS, apply_batch_step, compute_group_advantages
 from r3_rllib.core.iteration import IterationSettings
+from r3_rllib.core.method import DEFAULT_PHASE
 from r3_rllib.core.ranking import rank_rewards, ranked_group_scores, structural_entropy_rewards
 from r3_rllib.core.reward_shaping import OverlongShaping, keep_group
 from r3_rllib.rollout.kinds import kind_means
@@ -222,7 +223,7 @@ def assemble_training_batch(
         if not g.is_reflection:
             zero_after.append(degenerate)
         if degenerate:
-            if not (settings.keep_zero_advantage or _distilled(members)):
+            if not (settings.keep_zero_advantage or _distilled(members, settings)):
                 continue
             kept_zero += len(members)
         batch.extend(
@@ -245,10 +246,12 @@ def assemble_training_batch(
     return batch, metrics, deferred
 
 
-def _distilled(members: Sequence[Sample]) -> bool:
-    """Whether a sample of the group has teacher log-probs (on-policy distillation): its tokens then carry the
-    teacher's signal even where the task's advantages are all zero, so the group is kept in the batch."""
-    return any(s.teacher_logprobs is not None for s in members)
+def _distilled(members: Sequence[Sample], settings: IterationSettings) -> bool:
+    """Whether the group's tokens carry a teacher's signal in this update: a sample has teacher log-probs (on-policy
+    distillation) and the phase distills (not R^2PO's stage A, :attr:`TrainingPhase.distills`); such a group is
+    kept even where the task's advantages are all zero."""
+    phase = settings.phase or DEFAULT_PHASE
+    return phase.distills and any(s.teacher_logprobs is not None for s in members)
 
 
 def _left_to_learner(groups: Sequence[Group], settings: IterationSettings) -> set[int]:

@@ -268,6 +268,8 @@ class R3Learner(TorchLearner):
         # not score the logits the runners sample from.
         separate = phase.scores_rollout_logits != self._extras.has_rollout_logits
         self._ranked.start(batch, score_now=self.score_entropies if separate else None)
+        # The teacher's term: off in R^2PO's stage A; in B the student is the base (learner_distill.py).
+        self._distill.start(phase, sampled_by_trained=not separate)
 
     def _finish_update(
         self, metrics: dict[str, float], trained_tokens: int, elapsed: float
@@ -433,7 +435,7 @@ class R3Learner(TorchLearner):
             norm_len=cfg.max_new_tokens,
         )
         metrics["kl"] = metrics["kl"] * ratio  # the micro-batches' weighted sum is then the minibatch's KL
-        loss = self._distill.add(loss, metrics, packed, logp)  # the teacher's term (learner_distill.py)
+        loss = self._distill.add(loss, metrics, packed, logp, old, step.correction)  # learner_distill.py
         # Counted on the host from the batch's lengths (the mask's sum): no device sync before the backward.
         tokens = int(batch.trained_tokens[idx].sum())
         # The objective divides by the micro-batch's own count (of kept tokens: `share` of it); rescale to the
