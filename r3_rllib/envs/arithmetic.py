@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.context import check_prompts_fit
-from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
+from r3_rllib.envs.data import QueryOrder, Shard, check_count, parse_reset_options
 
 ALLOWED_OPERATORS = "+-*"
 # Removed from responses when neither ``eos_text`` nor a tokenizer is given (the engines decode special tokens).
@@ -183,10 +183,8 @@ class ArithmeticEnv(PooledTextEnv):
         super().__init__()
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if length_bonus_max_tokens is not None and length_bonus_max_tokens <= 0:
-            raise ValueError(f"length_bonus_max_tokens must be > 0 or None, got {length_bonus_max_tokens}")
-        if isinstance(num_queries, bool) or not isinstance(num_queries, int) or num_queries < 1:
-            raise ValueError(f"num_queries must be an int >= 1, got {num_queries!r}")
+        check_count("length_bonus_max_tokens", length_bonus_max_tokens, minimum=1)
+        check_count("num_queries", num_queries, minimum=1, optional=False)
         space = dict(digits=digits, num_operands=num_operands, operators=operators)
         train = generate_arithmetic_problems(num_queries, seed=pool_seed, **space)
         if split == "train":

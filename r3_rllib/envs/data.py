@@ -15,11 +15,12 @@ Answer normalisation (the ``answer`` column and the optional ``answers`` column,
 - ``None``, ``bool``, ``dict`` and anything else: a bad row.
 
 A bad row (missing or empty problem or answer, wrong types, duplicate id, text that is not valid Unicode (a lone
-surrogate), a key written twice in one JSON object, a JSON line that does not parse or is nested too deeply) raises
-:class:`DataError` naming the file, the 0-based row (and the line for JSONL) and the field. With
-``on_bad_row="skip"`` it is skipped instead, counted, and logged once per load (``logging.warning`` with the count
-and the first reasons); :func:`load_math_problems_with_report` also returns a :class:`LoadReport` with the counts.
-Missing or unreadable files and unknown extensions always raise :class:`DataError` naming the path.
+surrogate), a key written twice in one JSON object at any depth (the field named by its path: ``prompt[0].role``), a
+JSON line that does not parse or is nested too deeply) raises :class:`DataError` naming the file, the 0-based row
+(and the line for JSONL) and the field. With ``on_bad_row="skip"`` it is skipped instead, counted, and logged once
+per load (``logging.warning`` with the count and the first reasons); :func:`load_math_problems_with_report` also
+returns a :class:`LoadReport` with the counts. Missing or unreadable files, unknown extensions and a ``.json`` file
+naming a top-level key twice (``{"data": [...], "data": [...]}``) always raise :class:`DataError` naming the path.
 
 Row ids: the ``id`` column when present (str or int), else ``f"{stem}:{row}"`` with the file stem (or the dataset
 name) and the 0-based row.
@@ -105,30 +106,70 @@ def _json_int(digits: str) -> int | str:
 
 
 class _JsonObject(dict):
-    """A JSON object whose text names a key twice: ``json`` keeps the last value silently (``{"answer": "1",
-    "answer": "2"}`` grades against "2"), so the object remembers the first such key and the row is refused."""
+    """A JSON object whose text names a key twice, here or in an object nested in it: ``json`` keeps the last
+    value silently (``{"answer": "1", "answer": "2"}`` grades against "2"; ``{"prompt": [{"role": "user", "role":
+    "system", ...}]}`` sends a system turn), so the object remembers the path to the first such key and the row is
+    refused. ``duplicate_path`` is ``("answer",)`` for a key of the object itself, ``("prompt", 0, "role")`` for
+    one nested in it."""
 
-    duplicate_key: str | None = None
+    duplicate_path: tuple[str | int, ...] = ()
+
+
+def _nested_duplicate(pairs: list[tuple[str, Any]]) -> tuple[str | int, ...]:
+    """The path to the first key written twice in an object nested in ``pairs`` (objects are built inner first,
+    so a nested one is already marked: only lists are walked, each element once, with a stack not recursion)."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((key,), value) for key, value in reversed(pairs)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _JsonObject):
+            return path + value.duplicate_path
+        if isinstance(value, list):
+            nested = [(i, item) for i, item in enumerate(value) if isinstance(item, list | _JsonObject)]
+            stack.extend((path + (i,), item) for i, item in reversed(nested))
+    return ()
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook``: a plain dict, or a :class:`_JsonObject` naming the first key written twice."""
+    """``object_pairs_hook``: a plain dict, or a :class:`_JsonObject` naming the first key written twice in it or
+    in an object nested in it (its own keys first)."""
     out: dict[str, Any] = dict(pairs)
-    if len(out) == len(pairs):
+    path: tuple[str | int, ...] = ()
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                path = (key,)
+                break
+            seen.add(key)
+    else:
+        path = _nested_duplicate(pairs)
+    if not path:
         return out
     marked = _JsonObject(out)
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            marked.duplicate_key = key
-            break
-        seen.add(key)
+    marked.duplicate_path = path
     return marked
 
 
+def key_path(path: tuple[str | int, ...]) -> str:
+    """``("prompt", 0, "role")`` as ``prompt[0].role``: the column as it is, a nested key that is not a plain name
+    as ``["a key"]``."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not text:
+            text = part
+        elif part.isidentifier():
+            text += f".{part}"
+        else:
+            text += f"[{json.dumps(part, ensure_ascii=False)}]"
+    return text
+
+
 def duplicate_key(row: Any) -> str | None:
-    """The key a JSON row's text names twice (read by this module's readers), else None."""
-    return row.duplicate_key if isinstance(row, _JsonObject) else None
+    """The path (:func:`key_path`) to the first key a JSON row's text names twice, at any depth (read by this
+    module's readers), else None."""
+    return key_path(row.duplicate_path) if isinstance(row, _JsonObject) else None
 
 
 def _loads(text: str) -> Any:
@@ -274,6 +315,10 @@ def _read_json(path: Path) -> Iterator[tuple[int, str, Any]]:
         raise DataError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     except RecursionError:  # one document: there is no row to skip, but the file is named
         raise DataError(f"{path}: invalid JSON: nested too deeply to parse") from None
+    if isinstance(data, _JsonObject) and len(data.duplicate_path) == 1:  # {"data": [...], "data": [...]}
+        raise DataError(
+            f"{path}: the top-level key {data.duplicate_path[0]!r} appears twice (JSON would keep the last silently)"
+        )
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
@@ -518,6 +563,17 @@ def runner_shards(batch_size: int, num_runners: int) -> list[Shard]:
         shards.append(Shard(batch_size, start, count))
         start += count
     return shards
+
+
+def check_count(name: str, value: Any, *, minimum: int, optional: bool = True) -> None:
+    """Refuse a count (of tokens, say) that is not an integer >= ``minimum`` (or None when ``optional``) with a
+    ValueError naming it: a string fails with a bare ``'<=' not supported`` TypeError, and NaN, a float or a bool
+    pass ``<= 0`` and go wrong later, silently."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        wanted = f"an integer >= {minimum}" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
 
 
 def _int_seed(seed: Any) -> int:

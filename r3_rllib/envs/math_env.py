@@ -24,6 +24,7 @@ from r3_rllib.envs.data import (
     MathProblem,
     QueryOrder,
     Shard,
+    check_count,
     load_math_problems_with_report,
     parse_reset_options,
 )
@@ -58,20 +59,35 @@ def render_user_text(problem: str, template: str) -> str:
 
 
 def _check_options(
-    prompt_template: str,
-    length_bonus_max_tokens: int | None,
-    max_prompt_tokens: int | None,
-    grading_timeout_s: float,
+    prompt_template: Any, system_prompt: Any, think_in_prompt: Any, grading_timeout_s: Any
 ) -> None:
-    """Refuse a template without ``{problem}``, non-positive token limits and a grading timeout that is not a
-    finite number > 0 (NaN passed ``<= 0`` and failed at the first grade)."""
-    if "{problem}" not in prompt_template:
-        raise ValueError(f"prompt_template must contain '{{problem}}', got {prompt_template!r}")
-    if length_bonus_max_tokens is not None and length_bonus_max_tokens <= 0:
-        raise ValueError(f"length_bonus_max_tokens must be > 0 or None, got {length_bonus_max_tokens}")
-    if max_prompt_tokens is not None and max_prompt_tokens <= 0:
-        raise ValueError(f"max_prompt_tokens must be > 0 or None, got {max_prompt_tokens}")
+    """Refuse, naming the option, a template that is not a string with ``{problem}``, a system prompt that is not a
+    string, ``think_in_prompt`` not a bool or None, and a grading timeout that is not a finite number > 0 (NaN
+    passed ``<= 0`` and failed at the first grade)."""
+    if not isinstance(prompt_template, str) or "{problem}" not in prompt_template:
+        raise ValueError(f"prompt_template must contain '{{problem}}' (a string), got {prompt_template!r}")
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise ValueError(
+            f"system_prompt must be a string or None, got {type(system_prompt).__name__} {system_prompt!r}"
+        )
+    # bool("false") is True: a string must not open a think block silently.
+    if think_in_prompt is not None and not isinstance(think_in_prompt, bool):
+        raise ValueError(
+            f"think_in_prompt must be true, false or None (detect it), got {type(think_in_prompt).__name__} "
+            f"{think_in_prompt!r}"
+        )
     check_timeout("grading_timeout_s", grading_timeout_s)
+
+
+def _check_counts(
+    length_bonus_max_tokens: Any, max_prompt_tokens: Any, model_max_positions: Any, max_new_tokens: Any
+) -> None:
+    """Refuse token counts that are not integers > 0 or None, and a response budget that is not an integer >= 0,
+    naming the option (``length_bonus_max_tokens="5"`` failed with a bare TypeError, NaN passed silently)."""
+    check_count("length_bonus_max_tokens", length_bonus_max_tokens, minimum=1)
+    check_count("max_prompt_tokens", max_prompt_tokens, minimum=1)
+    check_count("model_max_positions", model_max_positions, minimum=1)
+    check_count("max_new_tokens", max_new_tokens, minimum=0, optional=False)
 
 
 class MathEnv(PooledTextEnv):
@@ -80,7 +96,9 @@ class MathEnv(PooledTextEnv):
     Config:
         data: a source (``.json``/``.jsonl``/``.parquet`` path or hub dataset name), a list of sources (their
             problems are concatenated; ids colliding across sources are prefixed with ``"<source stem>/"``), a list
-            of :class:`MathProblem`, or a mapping ``{split: source(s)}`` (``split`` picks the entry).
+            of :class:`MathProblem`, or a mapping ``{split: source(s)}`` (``split`` picks the entry). A source that
+            gives no problem (an empty file or split, or all its rows skipped as bad) raises ``DataError`` naming
+            it, as ``datasets``/verl refuse an empty dataset, rather than contributing nothing silently.
         split: the hub split, or the key of a ``{split: source}`` mapping. A single local file has no test split:
             ``split != "train"`` with one is an error rather than a silent evaluation on training data.
         problem_key, answer_key, answers_key, id_key, on_bad_row, max_rows: see ``load_math_problems``.
@@ -97,6 +115,9 @@ class MathEnv(PooledTextEnv):
             its length and the limit (skipped, counted and warned about with ``on_bad_row="skip"``). The EnvRunner
             fills both in from the model's config and ``R3Config.max_new_tokens``; None: no check.
         length_bonus_max_tokens: ``L``; correct answers get ``max(0, 1 - tokens / L)`` more reward.
+        Token counts (``max_prompt_tokens``, ``model_max_positions``, ``length_bonus_max_tokens``: integers > 0 or
+        None; ``max_new_tokens``: an integer >= 0), ``prompt_template``, ``system_prompt`` and ``think_in_prompt``
+        of the wrong type raise ValueError naming the option when the env is built.
         seed, shuffle, shard: the per-epoch order and this env's shard of it, as in ``ArithmeticEnv``.
         grading_timeout_s: hard limit per graded answer (math-verify runs in a worker subprocess).
         think_in_prompt: whether the prompt opens a ``<think>`` block (then a response without ``</think>`` is
@@ -129,7 +150,8 @@ class MathEnv(PooledTextEnv):
         think_in_prompt: bool | None = None,
     ) -> None:
         super().__init__()
-        _check_options(prompt_template, length_bonus_max_tokens, max_prompt_tokens, grading_timeout_s)
+        _check_options(prompt_template, system_prompt, think_in_prompt, grading_timeout_s)
+        _check_counts(length_bonus_max_tokens, max_prompt_tokens, model_max_positions, max_new_tokens)
         self.tokenizer = load_tokenizer(tokenizer)
         if self.tokenizer is None and (max_prompt_tokens is not None or length_bonus_max_tokens is not None):
             raise ValueError("max_prompt_tokens and length_bonus_max_tokens count tokens: pass a tokenizer")
@@ -310,10 +332,22 @@ def _load(data: DataSpec, split: str, options: dict[str, Any]) -> tuple[list[Mat
         raise TypeError(
             "data must be a path/hub name, a list of them, a list of MathProblem, or {split: ...}"
         )
+    return _load_sources(sources, split, options, _describe_data(data))
+
+
+def _load_sources(
+    sources: list[DataSource], split: str, options: dict[str, Any], described: str
+) -> tuple[list[MathProblem], list[LoadReport]]:
+    """The problems of every source, ids colliding across sources prefixed with ``"<source stem>/"``. A source
+    that gives no problem (an empty file or split, or every row skipped as bad) is a DataError naming it, as
+    ``datasets``/verl refuse an empty dataset: among several sources it would otherwise contribute nothing,
+    silently, though it is most likely a wrong path, split or filter."""
     per_source = []
     reports = []
     for source in sources:
         problems, report = load_math_problems_with_report(source, split=split, **options)
+        if not problems:
+            raise DataError(f"{report.source}: {_why_no_problems(report, options)}")
         per_source.append((source, problems))
         reports.append(report)
     counts: dict[str, int] = {}
@@ -327,7 +361,18 @@ def _load(data: DataSpec, split: str, options: dict[str, Any]) -> tuple[list[Mat
             # Ids unique within a file can collide across files: qualify only those (stable across runs).
             out.append(p if counts[p.id] == 1 else MathProblem(f"{stem}/{p.id}", p.problem, p.answers))
     if len({p.id for p in out}) != len(out):
-        raise DataError(
-            f"problem ids collide across {_describe_data(data)} even after prefixing the source stem"
-        )
+        raise DataError(f"problem ids collide across {described} even after prefixing the source stem")
     return out, reports
+
+
+def _why_no_problems(report: LoadReport, options: Mapping[str, Any]) -> str:
+    """Why a source gave no problem, for the DataError naming it."""
+    if options.get("max_rows") == 0:
+        return "no problems: max_rows=0 loads none"
+    if report.rows_read == 0:
+        return (
+            "no problems: the source has no rows (every data source must give at least one: check the path, the "
+            "split or the filter that produced it)"
+        )
+    first = f"; first: {report.skip_reasons[0]}" if report.skip_reasons else ""
+    return f"no problems: all {report.rows_read} row(s) are bad and were skipped (on_bad_row='skip'){first}"

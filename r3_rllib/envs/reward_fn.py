@@ -59,7 +59,7 @@ from r3_rllib.envs.arithmetic import DEFAULT_EOS_TEXTS
 from r3_rllib.envs.base import PooledTextEnv
 from r3_rllib.envs.chat import use_chat_template
 from r3_rllib.envs.context import check_prompts_fit
-from r3_rllib.envs.data import QueryOrder, Shard, parse_reset_options
+from r3_rllib.envs.data import QueryOrder, Shard, check_count, parse_reset_options
 from r3_rllib.envs.math_env import load_tokenizer
 from r3_rllib.envs.registry import load_object
 from r3_rllib.envs.rows import Messages, PromptSpec, Row, format_prompt, split_rows, user_text
@@ -197,6 +197,18 @@ def _check_options(
         raise ValueError(f"env_config 'correct_threshold' must be a finite number, got {threshold!r}")
 
 
+def _check_prompt_options(system_prompt: Any, model_max_positions: Any, max_new_tokens: Any) -> None:
+    """Refuse, naming it, a system prompt that is not a string and context options that are not integers (a string
+    failed with a bare TypeError in the context check, or passed silently when no tokenizer counts tokens)."""
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise ValueError(
+            f"env_config 'system_prompt' must be a string or None, got {type(system_prompt).__name__} "
+            f"{system_prompt!r}"
+        )
+    check_count("model_max_positions", model_max_positions, minimum=1)
+    check_count("max_new_tokens", max_new_tokens, minimum=0, optional=False)
+
+
 class RewardFnEnv(PooledTextEnv):
     """Rows of a dataset scored by a reward function (see the module).
 
@@ -255,6 +267,7 @@ class RewardFnEnv(PooledTextEnv):
     ) -> None:
         super().__init__()
         _check_options(reward_style, on_reward_error, reward_timeout_s, correct_threshold)
+        _check_prompt_options(system_prompt, model_max_positions, max_new_tokens)
         self.reward_fn = resolve_reward(reward)
         self.reward_name = reward_name(self.reward_fn)
         self.reward_style, self.on_reward_error = reward_style, on_reward_error

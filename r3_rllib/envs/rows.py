@@ -13,7 +13,8 @@
   is a ``{"train": ..., "test": ...}`` mapping (a ``datasets.DatasetDict`` is one), else ``test_size`` rows carved
   from the data: an int is a number of rows, a float in (0, 1) a fraction (rounded up, as
   ``datasets.Dataset.train_test_split`` does), 0 none; default 0.1. The carved rows are a fixed draw
-  (``split_seed``), so every EnvRunner and the held-out env carve the same split, whatever the run's seed.
+  (``split_seed``, an integer), so every EnvRunner and the held-out env carve the same split, whatever the run's
+  seed.
 - **Prompts** (:func:`format_prompt`): ``prompt`` is a column name (a string column, or a list of chat messages
   ``[{"role": ..., "content": ...}]`` as TRL's conversational datasets hold), a template over the row's columns
   (``"Q: {question}\\nA:"``, Python's ``str.format``: write a literal brace twice, ``{{}}``), or a callable
@@ -180,6 +181,7 @@ def split_rows(
     from. Asking for ``"test"`` when nothing is held out is a DataError saying how to hold rows out."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test' (the held-out rows), got {split!r}")
+    split_seed = _checked_split_seed(split_seed)
     if isinstance(data, Mapping):
         unknown = sorted(set(data) - {"train", "test"})
         if unknown or "train" not in data:
@@ -203,6 +205,18 @@ def split_rows(
             "rows: set test_size > 0 or give heldout=..., or turn held-out evaluation off (eval_interval=0)"
         )
     return [rows[i] for i in (train if split == "train" else test)]
+
+
+def _checked_split_seed(split_seed: Any) -> int:
+    """``split_seed`` as an int (a numpy integer too, which ``random.Random`` refuses), or a ValueError naming it:
+    ``random.Random([1])`` raises a TypeError naming no option, and a string or float seed would draw a split of
+    its own silently."""
+    if isinstance(split_seed, bool) or not isinstance(split_seed, numbers.Integral):
+        raise ValueError(
+            f"split_seed (the draw of the held-out rows) must be an integer, got {type(split_seed).__name__} "
+            f"{split_seed!r}"
+        )
+    return int(split_seed)
 
 
 def _only_one_heldout(heldout: Any, test_size: Any, given: Any, where: str) -> Any:
