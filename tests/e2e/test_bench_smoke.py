@@ -555,3 +555,12 @@ def test_fp32_ceiling_smoke(capsys):
     assert mod.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "| torch.mm, 1 thread |" in out and "| 2 threads |" in out and "two threads / one" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_safe_pickle_smoke(capsys):
+    mod = load("bench_safe_pickle")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| pickle.loads (C, unchecked) |" in out and "| safe_loads |" in out

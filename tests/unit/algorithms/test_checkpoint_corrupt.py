@@ -179,9 +179,9 @@ def _only_corrupt_or_read(fn: Callable[[], object]) -> str:
 )  # numpy freeing a damaged array
 def test_flipped_and_truncated_state_files_read_or_are_corrupt_nothing_else(tmp_path):
     """300 seeded damages of a real state file. The old reader let KeyError, MemoryError and OverflowError out (and
-    was OOM-killed without a memory limit). Known hole, outside this reader: numpy 2.3's ``dtype.__setstate__``
-    segfaults on some malformed state tuples (one flipped byte can make one, e.g. ``(3, '<', None, -1, -1, 0)``);
-    this seed's damages do not, so a crash here after changing the state or numpy is that, not flakiness."""
+    was OOM-killed without a memory limit). numpy 2.3's ``dtype.__setstate__`` segfaults on some malformed state
+    tuples (one flipped byte can make one, e.g. ``(3, '<', None, -1, -1, 0)``): the reader checks numpy's states
+    first, and test_safe_pickle_numpy.py sweeps every one-byte change in subprocesses."""
     path = write_algorithm_state(str(tmp_path), _state())
     blob = Path(path).read_bytes()
     rng, outcomes = random.Random(20240611), {"read": 0, "corrupt": 0, "format": 0}
