@@ -2,6 +2,8 @@
 
     python bench/bench_safe_pickle.py              # replay-shaped state: 100k samples x 256 tokens (~211 MB)
     python bench/bench_safe_pickle.py --smoke      # CI: 1k samples, one rep
+    git show REV:r3_rllib/algorithms/r3/safe_pickle.py > /tmp/safe_pickle_rev.py
+    python bench/bench_safe_pickle.py --also /tmp/safe_pickle_rev.py   # another version's safe_loads beside
 
 ``r3_rllib.algorithms.r3.safe_pickle.safe_loads`` walks the file's opcodes (declared sizes) and then unpickles it
 with the pure-Python unpickler, an allow-list of globals and numpy's dtypes and arrays checked before numpy sees
@@ -44,6 +46,17 @@ def replay_state(samples: int, queries: int, tokens: int, seed: int = 0) -> dict
     return {"replay": {"samples": columns, "stats": {f"q{i}": [0.5, 3] for i in range(queries)}}}
 
 
+def module_from_file(path: str) -> Any:
+    """The module in the file at ``path`` (another version of ``safe_pickle.py``; its imports resolve to this
+    checkout's package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("safe_pickle_also", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -57,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         help="loads per path, taking turns after a warm-up round; the median is shown",
     )
     parser.add_argument("--smoke", action="store_true", help="1k samples, one rep")
+    parser.add_argument(
+        "--also", default=None, help="a safe_pickle.py of another version, timed as a third path"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.samples, args.reps = 1000, 1
@@ -74,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         return run
 
     baseline = "pickle.loads (C, unchecked)"
+    paths = {baseline: timed(pickle.loads), "safe_loads": timed(lambda b: safe_loads(b, "bench"))}
+    if args.also:
+        also = module_from_file(args.also).safe_loads
+        paths[f"safe_loads of {args.also}"] = timed(lambda b: also(b, "bench"))
     medians = common.alternating_medians(
-        {baseline: timed(pickle.loads), "safe_loads": timed(lambda b: safe_loads(b, "bench"))},
+        paths,
         args.reps,
         warmup=not args.smoke,
     )
