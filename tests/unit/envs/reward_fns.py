@@ -3,11 +3,13 @@ tests/unit/eval/test_env_eval.py (this folder is put on sys.path there)."""
 
 from __future__ import annotations
 
-import time
+import threading
 
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 
 CALLS: list[dict] = []
+#: What `sleeps` waits for (30 s at most): a test sets it once it has its answer, so the call ends then.
+RELEASE = threading.Event()
 
 
 def exact_match(prompt, completion, answer, **row):
@@ -47,7 +49,8 @@ def returns_text(prompt, completion, **row):
 
 
 def sleeps(prompt, completion, **row):
-    time.sleep(1.0)
+    """A reward function that hangs until RELEASE is set (30 s at most), then gives 1.0."""
+    RELEASE.wait(30)
     return 1.0
 
 

@@ -266,7 +266,8 @@ def test_reasoning_gym_hanging_verifier_is_graded_as_a_timeout(monkeypatch):
         _, reward, terminated, _, info = env.step("<answer>3</answer>")
     finally:
         release.set()
-    assert time.monotonic() - start < 2.0
+    # Did not wait for the hang (30 s): 10 s is 50x the 0.2 s limit (measured 0.20 s), room for a loaded machine.
+    assert time.monotonic() - start < 10.0
     assert (reward, terminated, info["correct"], info["grade_reason"]) == (0.0, True, False, "timeout")
     assert "0.2 s" in info["grade_detail"] and "timeout" in GRADE_REASONS
 

@@ -135,7 +135,8 @@ def test_a_game_step_that_hangs_ends_the_episode_as_a_timeout(cache, monkeypatch
         obs, reward, terminated, truncated, info = episode.step("<action>go east</action>")
     finally:
         release.set()
-    assert time.monotonic() - start < 2.0
+    # Did not wait for the hang (30 s): 10 s is 50x the 0.2 s limit (measured 0.20 s), room for a loaded machine.
+    assert time.monotonic() - start < 10.0
     assert (obs, reward, terminated, truncated) == ("", 0.0, False, True) and episode.done
     assert info["grade_reason"] == "timeout" and not info["correct"]
     assert env.step_timeout_s == 0.2 and TextWorldEnv.__init__.__kwdefaults__["step_timeout_s"] == 30.0
