@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -38,16 +39,22 @@ NODES_PROBE = (
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct ports free now, drawn below the kernel's range for outgoing connections (32768-60999 on Linux)
+    and above Ray's default worker range (10002-19999): a port the OS hands out (port 0) can be taken by any
+    client's outgoing connection or by a worker (``--min-worker-port=0``) before the node binds it."""
+    picked: list[int] = []
+    draw = random.SystemRandom()
+    while len(picked) < n:
+        port = draw.randrange(20_000, 32_768)
+        if port in picked:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(port)
+    return picked
 
 
 def _node_ports(ports: list[int]) -> list[str]:
@@ -107,7 +114,7 @@ def test_tiny_default_trains_across_two_ray_start_nodes(tmp_path):
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
     }
-    gcs_port, client_port, *ports = _free_ports(14)
+    gcs_port, client_port, *ports = _free_ports(8)
     address = f"127.0.0.1:{gcs_port}"
     common = [
         "--node-ip-address=127.0.0.1",
@@ -129,12 +136,12 @@ def test_tiny_default_trains_across_two_ray_start_nodes(tmp_path):
                 f"--ray-client-server-port={client_port}",
                 "--include-dashboard=false",
                 *common,
-                *_node_ports(ports[:6]),
+                *_node_ports(ports),
             ],
             env,
             timeout=120,
         )
-        _run([RAY, "start", f"--address={address}", *common, *_node_ports(ports[6:12])], env, timeout=120)
+        _run([RAY, "start", f"--address={address}", *common, *_node_ports(_free_ports(6))], env, timeout=120)
 
         t0 = time.perf_counter()
         train = _run(
