@@ -4,13 +4,15 @@ RUN is an experiment folder (``runs/<name>``: every trial in it), a trial folder
 ``iter_NNNNNN.parquet`` file. Filters: ``--iteration`` (negative: from the last), ``--min-reward`` /
 ``--max-reward`` (the env's reward), ``--reason`` (the env's grade reason, or correct / wrong where it gives
 none), ``--group`` (``I:G`` or the index G within each iteration). Prints one line per row (``--full``: the whole
-texts), at most ``-n`` rows per trial.
+texts), at most ``-n`` rows per trial. A ``--reason`` or ``--group`` that no row read has is answered with what the
+rows do have (:func:`missing_filter_hints`): the grade reasons with their counts, the groups recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,43 @@ def matches(
     return True
 
 
+#: Most groups a hint lists (a run records at most ``sample_log_max_groups`` per iteration, 8 by default).
+HINT_MAX_GROUPS = 20
+
+
+def missing_filter_hints(
+    rows: Sequence[dict[str, Any]], *, reason: str | None = None, group: str | None = None
+) -> list[str]:
+    """For a ``--reason`` or ``--group`` that matches none of ``rows`` (the rows read, before any filter), a line
+    saying what the rows have instead: their grade reasons with counts, or the groups recorded (in the iteration
+    ``I`` of ``I:G``). A filter that some row passes gets no line (the filters together lost the rows); no rows
+    read, no line (the count says 0 of 0)."""
+    hints: list[str] = []
+    if not rows:
+        return hints
+    if reason is not None and not any(matches(r, reason=reason) for r in rows):
+        counts = Counter(reason_of(r) for r in rows)
+        have = ", ".join(f"{name} ({n})" for name, n in sorted(counts.items()))
+        hints.append(f"no row has grade reason {reason!r}; reasons here: {have}")
+    if group is not None and not any(matches(r, group=group) for r in rows):
+        iteration = group.split(":")[0].strip() if ":" in group else None
+        pool = [r for r in rows if iteration is None or str(r["iteration"]) == iteration]
+        if not pool:
+            its = sorted({int(r["iteration"]) for r in rows})
+            hints.append(
+                f"no row is of iteration {iteration} (--group {group}); rows here are of iterations "
+                f"{its[0]}-{its[-1]}"
+            )
+        else:
+            groups = sorted({int(r["group"]) for r in pool})
+            listed = ", ".join(map(str, groups[:HINT_MAX_GROUPS]))
+            if len(groups) > HINT_MAX_GROUPS:
+                listed += f", ... ({len(groups)} groups)"
+            where = f"in iteration {iteration}" if iteration is not None else "here"
+            hints.append(f"no row is in group {group}; groups recorded {where}: {listed}")
+    return hints
+
+
 def full_text(row: dict[str, Any]) -> str:
     """A row with its whole prompt and completion, for ``--full``."""
     return "\n".join(
@@ -140,6 +179,9 @@ def show_samples(run: str | Path, args: argparse.Namespace, out=None) -> int:
         print(f"{folder}: {len(kept)} of {len(rows)} rows match ({span}), showing {len(shown)}", file=out)
         for r in shown:
             print(full_text(r) if args.full else "  " + format_row(r), file=out)
+        if not kept:
+            for hint in missing_filter_hints(rows, reason=args.reason, group=args.group):
+                print("  " + hint, file=out)
     return 0
 
 

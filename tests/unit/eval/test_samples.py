@@ -105,3 +105,49 @@ def test_r3_train_log_samples_needs_recorded_samples(capsys):
         "log_samples=2 prints recorded samples, but sample_log_fraction=0 records none"
         in capsys.readouterr().err
     )
+
+
+def _show(run, **filters) -> list[str]:
+    """`show_samples` with the CLI's defaults and ``filters``, its printed lines."""
+    import argparse
+    import io
+
+    from r3_rllib.eval.samples import show_samples
+
+    args = {"iteration": None, "min_reward": None, "max_reward": None, "reason": None, "group": None, "n": 20}
+    out = io.StringIO()
+    assert show_samples(run, argparse.Namespace(full=False, **{**args, **filters}), out=out) == 0
+    return out.getvalue().splitlines()
+
+
+def test_a_filter_that_matches_nothing_names_what_the_rows_have(run):
+    """A --reason or --group that no row has is answered with the reasons (counts) and the groups recorded."""
+    out = _show(run / "R3_A", reason="timeout", group="2:7")
+    assert out == [
+        f"{run / 'R3_A'}: 0 of 12 rows match (iterations 1-3), showing 0",
+        "  no row has grade reason 'timeout'; reasons here: correct (6), no_answer (3), wrong (3)",
+        "  no row is in group 2:7; groups recorded in iteration 2: 0, 1",
+    ]
+    assert _show(run / "R3_A", group="9:0")[1:] == [
+        "  no row is of iteration 9 (--group 9:0); rows here are of iterations 1-3"
+    ]
+    # The rows read are those of --iteration; a group without an iteration is looked for in all of them.
+    assert _show(run / "R3_A", group="5", iteration=3)[1:] == [
+        "  no row is in group 5; groups recorded here: 0, 1"
+    ]
+    # Each filter alone matches rows, together none: nothing to hint at. No rows read: the count says so.
+    assert _show(run / "R3_A", reason="no_answer", group="0")[1:] == []
+    assert _show(run / "R3_A", reason="timeout", iteration=9) == [
+        f"{run / 'R3_A'}: 0 of 0 rows match (no iteration), showing 0"
+    ]
+    # Rows that match print no hint, whatever the filters.
+    assert all("no row" not in line for line in _show(run / "R3_A", reason="no_answer"))
+
+
+def test_hints_list_at_most_hint_max_groups_groups():
+    from r3_rllib.eval.samples import HINT_MAX_GROUPS, missing_filter_hints
+
+    rows = [{"iteration": 1, "group": g, "reward": 0.0, "correct": False} for g in range(HINT_MAX_GROUPS + 5)]
+    (hint,) = missing_filter_hints(rows, group="1:99")
+    assert hint.endswith(f", {HINT_MAX_GROUPS - 1}, ... ({HINT_MAX_GROUPS + 5} groups)")
+    assert missing_filter_hints([], reason="x", group="1") == []
