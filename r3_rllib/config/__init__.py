@@ -2,7 +2,9 @@
 
 - :mod:`r3_rllib.config.field`: a field's own rule (choices, range, int-ness) declared beside it, one check loop;
 - :mod:`r3_rllib.config.settings`: :class:`R3Settings`, every field with its default, rule and documentation;
-- :mod:`r3_rllib.config.rules`: the rules between fields, one named function each, and :func:`check_config`.
+- :mod:`r3_rllib.config.rules`: the rules between fields, one named function each, and :func:`check_config`;
+- :mod:`r3_rllib.config.mode_options`: the table of options one mode reads, refused while their mode is off (one of
+  those rules).
 
 The RLlib builder (`R3Config`, in :mod:`r3_rllib.algorithms.r3.config`) holds these fields as attributes and
 validates with :func:`check_config`; nothing here imports Ray, transformers or vLLM.

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from r3_rllib.config.field import Rule, field_errors, field_rule, rules_errors
+from r3_rllib.config.mode_options import mode_options_are_read
 from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
 from r3_rllib.core.losses import LOSS_FNS
@@ -42,6 +43,43 @@ def overlong_buffer_fits_responses(config: Any) -> str | None:
     length = config.overlong_buffer_len
     if length is not None and not 1 <= length <= config.max_new_tokens:
         return f"overlong_buffer_len must be in [1, max_new_tokens={config.max_new_tokens}] or None, got {length}"
+    return None
+
+
+def fsdp_needs_several_learners(config: Any) -> str | None:
+    """``fsdp=True`` shards the policy over the learners; with one learner (``num_learners`` 0 or 1) it would
+    change nothing: that learner holds the whole policy and its optimizer state either way. Refused rather than
+    honoured by wrapping the one learner in FSDP2: FSDP2 over a world of one shards nothing, so it saves no memory
+    (verl wraps a single GPU to offload parameters and optimizer state to the CPU, which this learner does not do),
+    and its mixed precision is what the unsharded learner's autocast already gives (fp32 master weights, bf16
+    compute). An RLlib or verl user who writes fsdp=True means "shard": the message says to add learners, or to
+    leave fsdp at None, which shards as soon as there are two."""
+    learners = getattr(config, "num_learners", None)  # RLlib's field: an R3Settings alone has none
+    if config.fsdp is None or not config.fsdp or not isinstance(learners, int) or learners > 1:
+        return None
+    return (
+        f"fsdp=True shards the policy across learners, but num_learners={learners} runs a single learner, which "
+        "holds the whole policy (there is nothing to shard across): set num_learners >= 2 (one device each) to "
+        "shard it, or leave fsdp at None (on from two learners)"
+    )
+
+
+def minibatches_fit_the_batch(config: Any) -> str | None:
+    """``num_minibatches`` splits a batch of ``queries_per_iteration x group_size`` samples (every response or
+    trajectory is at least one sample, in every rollout kind): more minibatches than that would be cut to as many
+    as the batch has samples, silently. Not checked with a step-level estimator ('hgpo'): it trains on the steps
+    of multi-step episodes, a count known once they ran. Batches that shrink at run time (dynamic sampling's
+    'train_on_kept', a runner skipped, stale groups dropped, R^2PO's flat groups left out, a deferred ranking's
+    groups kept whole) are still split into at most as many minibatches as they hold (core/batching.py)."""
+    if is_step_level(config.advantage_estimator):
+        return None
+    samples = config.queries_per_iteration * config.group_size
+    if config.num_minibatches > samples:
+        return (
+            f"num_minibatches={config.num_minibatches} is more than the {samples} samples of a batch "
+            f"(queries_per_iteration={config.queries_per_iteration} x group_size={config.group_size}): a "
+            f"minibatch needs at least one sample; set num_minibatches <= {samples}"
+        )
     return None
 
 
@@ -548,6 +586,9 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     ranking_source_has_a_judge,
     distill_settings_need_a_teacher,
     distillation_has_no_rejection,
+    fsdp_needs_several_learners,
+    minibatches_fit_the_batch,
+    mode_options_are_read,
 )
 
 

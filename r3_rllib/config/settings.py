@@ -151,7 +151,9 @@ class R3Settings:
 
     # --- learner ---------------------------------------------------------------------------------------------
     num_minibatches: int = setting(1, range=">= 1", integer=True)
-    """Optimizer steps per epoch over the batch (PPO minibatches). `num_epochs` (RLlib) sets the epochs."""
+    """Optimizer steps per epoch over the batch (PPO minibatches). `num_epochs` (RLlib) sets the epochs. At most
+    queries_per_iteration x group_size (the batch's samples; not checked with a step-level estimator, whose batch
+    is the episodes' steps); a batch left smaller at run time is split into as many minibatches as it holds."""
     micro_batch_size: int = setting(64, range=">= 1", integer=True)
     """Sequences per forward/backward pass on one learner (gradient accumulation inside a minibatch)."""
     micro_batch_max_tokens: int | str | None = setting(
@@ -262,7 +264,8 @@ class R3Settings:
     version. Needs max_staleness >= 1 (or overlap_generation); the HF engine, or vLLM with its engine core in the
     runner's process (its default), which is then driven step by step."""
     fsdp: bool | None = None
-    """Shard the policy with FSDP2 across learners; None: on when num_learners > 1. False with num_learners > 1:
+    """Shard the policy with FSDP2 across learners; None: on when num_learners > 1. True needs num_learners >= 2
+    (a single learner holds the whole policy: there is nothing to shard across). False with num_learners > 1:
     every learner holds the whole policy and optimizer state, and gradients are averaged over learners once per
     optimizer step (one policy, as with FSDP2, for a model that fits on one device)."""
     gradient_checkpointing: bool | None = None
@@ -320,7 +323,8 @@ class R3Settings:
     # A multi-step env (one with `episode(query_id)`, e.g. 'gridworld') is rolled out as G trajectories per query,
     # stepped in lockstep; every step is a training sample. It needs a step-level advantage estimator ('hgpo').
     max_episode_steps: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
-    """Cap on the steps of one episode of a multi-step env (None: the env's own horizon)."""
+    """Cap on the steps of one episode of a multi-step env (None: the env's own horizon). Multi-step envs only: a
+    runner refuses it when the env it builds is single-step, tool use or agent."""
     max_tool_turns: int = setting(4, range=">= 1", integer=True)
     """Multi-turn tool envs (``tool_episode``): model turns per trajectory; a tool call in the last one ends it."""
     max_trajectory_tokens: int | None = setting(None, range=">= 1", integer=True, none_ok=True)

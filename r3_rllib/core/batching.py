@@ -9,7 +9,11 @@ import numpy as np
 
 
 def minibatch_plan(n: int, num_minibatches: int, seed: int) -> list[np.ndarray]:
-    """Deterministic shuffled split of n sample indices into minibatches (same on every rank)."""
+    """Deterministic shuffled split of n sample indices into minibatches (same on every rank). At most ``n``
+    minibatches: the config refuses more minibatches than a full batch holds (``minibatches_fit_the_batch``), so
+    fewer happen only to a batch that shrank at run time (groups filtered or dropped), to one whose size the config
+    cannot know (the steps of multi-step episodes), or to units fewer than the samples (:func:`unit_minibatch_plan`,
+    a deferred ranking's groups kept whole)."""
     perm = np.random.default_rng(seed).permutation(n)
     return [mb for mb in np.array_split(perm, min(num_minibatches, n)) if len(mb)]
 

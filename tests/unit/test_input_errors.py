@@ -112,9 +112,14 @@ def test_minus_one_is_refused_naming_the_field_in_the_cli(name, run_file):
         load_run_file(run_file, [f"{_section(name)}.{name}=-1"])
 
 
+#: The modes that read the settings of MINUS_ONE_OK (set while their mode is off, they are refused:
+#: r3_rllib/config/mode_options.py).
+MINUS_ONE_MODES = {"advantage_estimator": "hgpo", "dynamic_sampling": True}
+
+
 def test_minus_one_survives_the_state_round_trip_of_algorithm_init():
     # Algorithm.__init__ rebuilds its config with from_state(get_state()); RLlib's get_state drops values == -1.
-    config = R3Config()
+    config = R3Config().training(**MINUS_ONE_MODES)
     for name in MINUS_ONE_OK:
         getattr(config, _section(name))(**{name: -1})
     copy = R3Config.from_state(config.get_state())
@@ -133,7 +138,7 @@ def test_build_algo_keeps_minus_one_and_refuses_it_where_invalid(monkeypatch):
         raise _Built(self.config)
 
     monkeypatch.setattr(R3, "setup", setup)
-    config = R3Config().training(**dict.fromkeys(MINUS_ONE_OK, -1))
+    config = R3Config().training(**MINUS_ONE_MODES, **dict.fromkeys(MINUS_ONE_OK, -1))
     with pytest.raises(_Built) as built:
         config.build_algo()
     assert {n: getattr(built.value.args[0], n) for n in MINUS_ONE_OK} == dict.fromkeys(MINUS_ONE_OK, -1)

@@ -41,7 +41,13 @@ from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.engines.base import SamplingParams
 from r3_rllib.envs.agent import REFLECTION_KEY, episode_outcome
 from r3_rllib.envs.base import TextEnv, supports_agent_runs
-from r3_rllib.rollout.kinds.base import KindRollout, RolloutKind, ratio, refuse_tool_settings
+from r3_rllib.rollout.kinds.base import (
+    KindRollout,
+    RolloutKind,
+    ratio,
+    refuse_episode_cap,
+    refuse_tool_settings,
+)
 from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
 from r3_rllib.rollout.trajectories import assemble_session, episode_samples
 from r3_rllib.types.calls import CallRecord
@@ -302,8 +308,10 @@ class AgentKind(RolloutKind[AgentEpisode]):
 
     def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
         """Any estimator (step-level ones group the episodes' step samples); the tool-use settings shape the
-        built-in tool loop, not an agent program: refused when set."""
+        built-in tool loop, not an agent program, and max_episode_steps caps a multi-step env's episodes (an agent
+        program ends its own, within agent_episode_timeout_s): both refused when set."""
         refuse_tool_settings(config, defaults)
+        refuse_episode_cap(config, "an agent env")
 
     def evaluate(
         self,

@@ -93,6 +93,7 @@ class RolloutKind(ABC, Generic[RecordT]):
         that scores single responses without tools: no step-level estimator, no tool settings."""
         refuse_step_level_estimator(config)
         refuse_tool_settings(config, defaults)
+        refuse_episode_cap(config, "single-step")
 
 
 def env_label(config: Any) -> str:
@@ -122,6 +123,20 @@ def refuse_tool_settings(config: Any, defaults: Mapping[str, Any]) -> None:
         raise ValueError(
             f"{', '.join(changed)} only apply to multi-turn tool envs (ones with tool_episode(query_id), e.g. "
             f"'python_tool'); env {env_label(config)!r} has none: leave them at their defaults"
+        )
+
+
+def refuse_episode_cap(config: Any, what: str) -> None:
+    """``max_episode_steps`` caps the episodes of multi-step envs only: set for an env of another kind (``what``, as
+    the message describes the env) it would be silently ignored, so refuse it there. Checked here, when the runner
+    has built the env, not by the config's own checks: the kind is a property of the env object (``kind_for_env``),
+    and a factory or an adapter may build either kind."""
+    steps = getattr(config, "max_episode_steps", None)
+    if steps is not None:
+        raise ValueError(
+            f"max_episode_steps={steps!r} caps the episodes of multi-step envs (ones with episode(query_id), e.g. "
+            f"'gridworld'); env {env_label(config)!r} is {what}, so it would be ignored: leave max_episode_steps "
+            "at None"
         )
 
 

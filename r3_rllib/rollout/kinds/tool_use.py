@@ -32,6 +32,7 @@ from r3_rllib.rollout.kinds.base import (
     RolloutKind,
     oldest_version,
     ratio,
+    refuse_episode_cap,
     refuse_step_level_estimator,
 )
 from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
@@ -292,8 +293,10 @@ class ToolUseKind(RolloutKind[ToolTrajectory]):
         }
 
     def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
-        """No step-level estimator: a trajectory is one sample (the tool settings are this kind's)."""
+        """No step-level estimator: a trajectory is one sample (the tool settings are this kind's, the episode cap
+        is not: max_tool_turns bounds a trajectory)."""
         refuse_step_level_estimator(config)
+        refuse_episode_cap(config, "a multi-turn tool env")
 
     def evaluate(
         self,

@@ -188,7 +188,11 @@ def test_progress_settings_through_reporting_training_and_run_files():
     )
     assert R3Config().training(progress=False).progress is False
     tiny = REPO / "examples" / "tiny_arithmetic_cpu.yaml"
-    spec = load_run_file(tiny, ["reporting.progress=false", "reporting.progress_total_iterations=5"])
-    assert spec.config.progress is False and spec.config.progress_total_iterations == 5
+    assert load_run_file(tiny, ["reporting.progress=false"]).config.progress is False
+    spec = load_run_file(tiny, ["reporting.progress_total_iterations=5"])
+    assert spec.config.progress is True and spec.config.progress_total_iterations == 5
+    # Without the progress line its length would be ignored: refused (r3_rllib/config/mode_options.py).
+    with pytest.raises(ConfigError, match="progress_total_iterations=5 only applies with the progress line"):
+        load_run_file(tiny, ["reporting.progress=false", "reporting.progress_total_iterations=5"])
     with pytest.raises(ConfigError, match="progress_total_iterations must be >= 1"):
         load_run_file(tiny, ["reporting.progress_total_iterations=0"])
