@@ -21,13 +21,18 @@ PROGRESS_COLUMNS = {
 
 
 def _train(args) -> int:
+    from r3_rllib.ray_session import local_cluster_requested
     from r3_rllib.train_config import ConfigError, load_run_file
 
+    # A private cluster's runners see the packages this process sees: an env name unknown here is an error now.
+    local = local_cluster_requested(args.address)
     try:
-        spec = load_run_file(args.config, [*(args.set or []), *_log_samples(args)])
+        spec = load_run_file(args.config, [*(args.set or []), *_log_samples(args)], check_env=local)
     except ConfigError as e:
         print(f"r3 train: {e}", file=sys.stderr)
         return 2
+    if not local:
+        _warn_env_unknown_here(spec)
     if args.address and args.num_cpus is not None:
         print("r3 train: --num-cpus sizes a local Ray; it cannot be combined with --address", file=sys.stderr)
         return 2
@@ -53,6 +58,10 @@ def _train(args) -> int:
         return 2
     if args.resume and not check_resume(exp_dir):
         return 2
+    if args.resume:
+        _warn_kept_stop(spec.stop, exp_dir)
+    else:
+        _note_earlier_run(exp_dir, _resume_command(args))
     # A private cluster keeps token authentication on (ray_session.py).
     init_ray(args.address, log_to_driver=args.verbose, num_cpus=args.num_cpus)
     run_config = _run_config(spec, name, storage, exp_dir, args.verbose)
@@ -68,6 +77,101 @@ def _train(args) -> int:
             run_config=run_config,
         )
     return _fit_and_report(tuner, args.config, storage, exp_dir)
+
+
+def _warn_env_unknown_here(spec) -> None:
+    """Joining a cluster: an env name this process does not know may still be known where the runners run (a
+    package installed on those nodes only), so it is a warning, not an error."""
+    from r3_rllib.train_config import env_name_error
+
+    error = env_name_error(spec.config)
+    if error is not None:
+        print(f"r3 train: warning: {error}; the cluster's EnvRunners must know it", file=sys.stderr)
+
+
+def _restored_trials(exp_dir: str) -> list[dict] | None:
+    """The trials of ``exp_dir``'s newest experiment state (Tune's saved Trial states: the ones ``Tuner.restore``
+    restores; an earlier run of the same name has its own state file), or None when it cannot be read."""
+    import glob
+    import json
+
+    states = sorted(glob.glob(os.path.join(exp_dir, "experiment_state-*.json")))
+    try:
+        with open(states[-1], "rb") as f:
+            trials = [json.loads(trial_json) for trial_json, _ in json.loads(f.read())["trial_data"]]
+    except (IndexError, KeyError, TypeError, ValueError, OSError):
+        return None
+    return trials if all(isinstance(t, dict) for t in trials) else None
+
+
+def restored_stops(exp_dir: str) -> list[dict] | None:
+    """The stop criteria each trial of ``exp_dir``'s newest experiment state was started with (what Tune's restore
+    keeps), without None values; None when the state cannot be read (check_resume reports that)."""
+    trials = _restored_trials(exp_dir)
+    if trials is None:
+        return None
+    stops = [t.get("stopping_criterion") or {} for t in trials]
+    return [{k: v for k, v in stop.items() if v is not None} for stop in stops if isinstance(stop, dict)]
+
+
+def _resumed_trial_dirs(exp_dir: str) -> list[str]:
+    """The trial folders ``--resume`` continues: those of the newest experiment state (not an earlier run's of the
+    same name beside them); every folder when the state names none that exists."""
+    import glob
+
+    named = [t.get("relative_logdir") for t in _restored_trials(exp_dir) or []]
+    dirs = sorted(os.path.join(exp_dir, n) for n in named if isinstance(n, str) and n)
+    dirs = [d for d in dirs if os.path.isdir(d)]
+    return dirs or sorted(p for p in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(p))
+
+
+def _warn_kept_stop(stop: dict | None, exp_dir: str) -> None:
+    """--resume: Tune restores each trial with the stop criteria it was started with (they are part of its saved
+    state, and a trial that met them is finished): a different stop in the run file or ``--set`` is not applied."""
+    wanted = {k: v for k, v in (stop or {}).items() if v is not None}
+    kept = [s for s in restored_stops(exp_dir) or [] if s != wanted]
+    if not kept:
+        return
+    print(
+        f"r3 train: warning: --resume keeps the stop condition the run was started with ({_stop_text(kept[0])}), "
+        f"not the one given now ({_stop_text(wanted)}): Tune restores an experiment as it was started, and a trial "
+        f"that reached its stop stays finished. To train longer, continue a checkpoint from Python or start a new "
+        f"run (another run.name) with the longer stop (README: r3 train --resume).",
+        file=sys.stderr,
+    )
+
+
+def _stop_text(stop: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(stop.items())) or "none"
+
+
+def _resume_command(args) -> str:
+    """The command that resumes this run: its run file, and the overrides that place its folder."""
+    import shlex
+
+    where = [
+        o for o in args.set or [] if o.split("=", 1)[0].strip() in ("run", "run.name", "run.storage_path")
+    ]
+    return shlex.join(["r3", "train", args.config, "--resume", *(a for o in where for a in ("--set", o))])
+
+
+def _note_earlier_run(exp_dir: str, resume_command: str) -> None:
+    """A new run in a folder that holds an earlier one (the same run.name): Tune adds its trial beside the earlier
+    trials (nothing is moved or deleted); one line says so, and how to start fresh or continue instead."""
+    import glob
+
+    if not glob.glob(os.path.join(exp_dir, "experiment_state-*.json")):
+        return
+    trials = [
+        p for p in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(p) and not p.endswith("mlruns")
+    ]
+    print(
+        f"r3 train: note: {exp_dir} already holds an earlier run ({len(trials)} trial folder(s)); this run adds its "
+        f"trial beside them (r3 samples shows them all, r3 export needs the trial's folder). Start fresh with "
+        f"another name (--set run.name=...) or another run.storage_path, or continue the earlier run with "
+        f"`{resume_command}`.",
+        file=sys.stderr,
+    )
 
 
 def _run_config(spec, name: str, storage: str, exp_dir: str, verbose: bool):
@@ -149,9 +253,10 @@ def _disk_full(error: BaseException, storage: str) -> bool:
 def check_resume(exp_dir: str) -> bool:
     """Before Tune restores ``exp_dir``: its experiment state must be readable (Tune would otherwise log "Failed to
     restore the run state" and start every trial again from iteration 1, e.g. after a full disk truncated it), and
-    each trial's checkpoints are verified newest first (checkpoint.newest_complete_checkpoint): refused ones are set
-    aside (renamed ``<name>.incomplete``), and the one each trial resumes from is printed. The trial itself restores
-    its newest complete checkpoint (R3.restore), also one newer than Tune's experiment state records."""
+    the checkpoints of each trial it restores (not an earlier run's of the same name) are verified newest first
+    (checkpoint.newest_complete_checkpoint): refused ones are set aside (renamed ``<name>.incomplete``), and the one
+    each trial resumes from is printed. The trial itself restores its newest complete checkpoint (R3.restore), also
+    one newer than Tune's experiment state records."""
     import glob
     import json
 
@@ -159,7 +264,7 @@ def check_resume(exp_dir: str) -> bool:
 
     states = sorted(glob.glob(os.path.join(exp_dir, "experiment_state-*.json")))
     choices, ok = {}, True
-    for trial in sorted(p for p in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(p)):
+    for trial in _resumed_trial_dirs(exp_dir):
         try:
             choices[trial] = newest_complete_checkpoint(trial)
         except CheckpointFormatError as e:

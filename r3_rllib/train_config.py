@@ -43,6 +43,8 @@ BUILDER_SECTIONS = (
 SCHEMA_SECTIONS = ("run", "stop")
 TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run"}
 PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
+#: The settings a top-level key is pointed to section ``r3`` for (R^3's switches and parameters; R3Config.r3).
+R3_SECTION_PREFIXES = ("replay", "reflection", "ranking", "adv_alpha", "adv_lambda")
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -163,7 +165,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSpec:
+def load_run_file(path: str | Path, overrides: list[str] | None = None, *, check_env: bool = True) -> RunSpec:
+    """The run file at ``path`` with ``overrides`` (``--set``) applied, checked (:func:`build_run_spec`)."""
     path = Path(path)
     try:
         raw = _load_yaml(path.read_text(encoding="utf-8")) or {}
@@ -185,15 +188,16 @@ def load_run_file(path: str | Path, overrides: list[str] | None = None) -> RunSp
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     raw = apply_overrides(raw, overrides or [])
-    return build_run_spec(raw, base_dir=path.parent)
+    return build_run_spec(raw, base_dir=path.parent, check_env=check_env)
 
 
-def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
+def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool = True) -> RunSpec:
     """The config, stop criteria and run settings of a parsed run file (``base_dir``: its folder, against which
-    ``./`` paths are resolved); every unknown key and invalid value is a :class:`ConfigError` naming it."""
+    ``./`` paths are resolved); every unknown key and invalid value is a :class:`ConfigError` naming it, and so is
+    an env name this process does not know (``check_env``; see :func:`env_name_error`)."""
     for key in raw:
         if key not in TOP_KEYS:
-            raise _unknown(key, TOP_KEYS, "the run file's top level")
+            raise _unknown_top_key(key)
     try:
         config = _preset_config(raw.get("preset"))
     except ConfigError:
@@ -209,7 +213,48 @@ def build_run_spec(raw: dict, base_dir: Path | None = None) -> RunSpec:
         config.validate()
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    # After the sections and validate(): a module they imported (a "module:Class" env, a plugin) may have
+    # registered the name.
+    if check_env and (error := env_name_error(config)) is not None:
+        raise ConfigError(error)
     return RunSpec(config=config, stop=dict(stop), run=dict(run))
+
+
+def env_name_error(config) -> str | None:
+    """Why ``config.env`` names no env, or None: a plain name that neither the text-env registry of this process
+    (built-in envs, installed entry points, names registered here) nor Ray Tune's env registry knows. Found here,
+    before Ray starts, rather than by every EnvRunner of a failed trial. An env class, a ``"module:Class"`` path
+    (imported by ``R3Config.environment``) and a known name pass; so does no env."""
+    from r3_rllib.envs.registry import is_known_text_env, is_object_path, unknown_text_env_message
+
+    env = config.env
+    if not isinstance(env, str) or is_object_path(env) or is_known_text_env(env):
+        return None
+    # Private: Tune's cluster-wide registry has no public lookup (tests/unit/test_rllib_private_api.py guards it).
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    if _global_registry.contains(ENV_CREATOR, env):
+        return None
+    return f"environment.env: {unknown_text_env_message(env)}"
+
+
+def _unknown_top_key(key: Any) -> ConfigError:
+    """An unknown top-level key; one that is a key of a section (``lr``: ``--set lr=1e-4`` for
+    ``--set training.lr=1e-4``) is named with its section."""
+    import dataclasses
+
+    from r3_rllib.algorithms.r3.config import R3Config
+
+    where = "the run file's top level"
+    # "training" takes every R3 setting too; R^3's own parts are named in "r3", as R3Config.r3 describes them.
+    r3_part = str(key).startswith(R3_SECTION_PREFIXES) and key in _section_keys(R3Config, "r3")
+    homes = ["r3"] if r3_part else []
+    homes += [s for s in BUILDER_SECTIONS if s != "r3" and not r3_part and key in _section_keys(R3Config, s)]
+    homes += [s for s in SCHEMA_SECTIONS if key in {f.name for f in dataclasses.fields(_schema(s))}]
+    if not homes:
+        return _unknown(key, TOP_KEYS, where)
+    meant = " or ".join(repr(f"{s}.{key}") for s in homes)
+    return ConfigError(f"unknown key {key!r} in {where}; did you mean {meant}?")
 
 
 def _schema_section(raw: dict, section: str) -> dict:
@@ -241,7 +286,7 @@ def _preset_config(preset: Any):
 
 
 def _section_keys(config: Any, section: str) -> set[str]:
-    """The keywords the builder method ``section`` accepts."""
+    """The keywords the builder method ``section`` of ``config`` (an R3Config or its class) accepts."""
     from r3_rllib.config import R3_FIELDS
 
     if section == "r3":
@@ -250,7 +295,7 @@ def _section_keys(config: Any, section: str) -> set[str]:
     # keywords (lr, num_epochs, grad_clip, ...) to AlgorithmConfig.training.
     known = {
         n
-        for klass in type(config).__mro__
+        for klass in (config if isinstance(config, type) else type(config)).__mro__
         if section in vars(klass)
         for n, p in inspect.signature(vars(klass)[section]).parameters.items()
         if (p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD) and n != "self"

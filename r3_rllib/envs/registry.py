@@ -110,13 +110,26 @@ def get_text_env_factory(name: str) -> TextEnvFactory:
     factory = _REGISTRY.lookup(name)
     if factory is not None:
         return factory
+    raise ValueError(unknown_text_env_message(name))
+
+
+def unknown_text_env_message(name: str) -> str:
+    """``"unknown text env 'x'; known: ...; did you mean 'y'?"`` (the closest known name, when one is close)."""
     known = registered_text_envs()
     hint = difflib.get_close_matches(str(name), known, n=1)
-    raise ValueError(
+    return (
         f"unknown text env {name!r}; known: {', '.join(known) or 'none'}"
         + (f"; did you mean {hint[0]!r}?" if hint else "")
         + " (an env of your own module is named 'module:Class')"
     )
+
+
+def is_known_text_env(name: str) -> bool:
+    """Whether the plain name ``name`` is known in this process (registered, built in, or declared by an installed
+    entry point), importing nothing. A ``"module:attribute"`` path is not a name (False): it is imported on use."""
+    if not isinstance(name, str) or is_object_path(name):
+        return False
+    return name in _REGISTRY or name in _REGISTRY.declared()
 
 
 def registered_only_here(name: str) -> bool:

@@ -145,7 +145,11 @@ class R3MLflowLoggerCallback(MLflowLoggerCallback):
             self._log_params(self._trial_runs[trial], trial.config)
 
     def log_trial_end(self, trial, failed: bool = False):
-        run_id = self._trial_runs[trial]
+        # A trial that failed before it started (its EnvRunners could not start, say) has no MLflow run: nothing
+        # to end, and a KeyError here would hide the trial's own error behind Tune's.
+        run_id = self._trial_runs.get(trial)
+        if run_id is None:
+            return
         if self.should_save_artifact:
             self.mlflow_util.save_artifacts(run_id=run_id, dir=trial.local_path)
         if self.log_params_on_trial_end:
@@ -168,6 +172,8 @@ class R3MLflowLoggerCallback(MLflowLoggerCallback):
 
         from mlflow.entities import Metric
 
+        if trial not in self._trial_runs:  # as W&B's: a result before Tune's trial start (a restored trial)
+            self.log_trial_start(trial)
         run_id = self._trial_runs[trial]
         step = int(result.get("training_iteration") or iteration)
         now = int(time.time() * 1000)

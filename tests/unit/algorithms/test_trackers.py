@@ -201,3 +201,40 @@ def test_a_trial_that_failed_before_logging_ends_without_hiding_its_error():
     callback._unsent, callback._in_flight = {}, {}
     callback._signal_logging_actor_stop("trial_0")  # no KeyError
     assert callback._unsent == {} and callback._in_flight == {}
+
+
+def test_mlflow_ends_a_trial_that_failed_before_it_started_without_hiding_its_error(tmp_path, monkeypatch):
+    """Tune's on_trial_error for a trial that never started (an unknown env, a reward module that cannot be
+    imported) calls log_trial_end with no MLflow run for it: a no-op, with no run written (it raised KeyError,
+    an 86-line traceback in place of the trial's own one-line error). A trial that did start still ends FAILED."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from r3_rllib.algorithms.r3.tracker_callbacks import R3MLflowLoggerCallback
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = "file://" + str(tmp_path / "mlruns")
+    callback = R3MLflowLoggerCallback(tracking_uri=uri, experiment_name="tiny")
+    callback.setup()
+    never_started = _Trial(name="grpo_0", config={}, path=str(tmp_path / "t0"))
+    callback.on_trial_error(iteration=0, trials=[never_started], trial=never_started)  # no KeyError
+    callback.on_trial_complete(iteration=0, trials=[never_started], trial=never_started)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    assert client.search_runs([experiment]) == []
+
+    started = _Trial(name="grpo_1", config={"group_size": 4}, path=str(tmp_path / "t1"))
+    callback.log_trial_start(started)
+    callback.on_trial_error(iteration=0, trials=[started], trial=started)
+    (run,) = client.search_runs([experiment])
+    assert run.info.status == "FAILED" and run.data.tags["trial_name"] == "grpo_1"
+
+    # A result before Tune's trial start (as W&B's callback allows) starts the trial's MLflow run.
+    from pyarrow.fs import LocalFileSystem
+
+    storage = SimpleNamespace(storage_filesystem=LocalFileSystem())
+    late = _Trial(name="grpo_2", config={}, path=str(tmp_path / "t2"), storage=storage)
+    callback.log_trial_result(1, late, {"training_iteration": 1, "rollout": {"accuracy": 0.5}})
+    callback.log_trial_end(late)
+    statuses = {r.data.tags["trial_name"]: r.info.status for r in client.search_runs([experiment])}
+    assert statuses == {"grpo_1": "FAILED", "grpo_2": "FINISHED"}
