@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from char_tokenizer import CharTokenizer
 
 from r3_rllib.envs.data import DataError, load_math_problems, load_math_problems_with_report
 from r3_rllib.envs.math_env import MathEnv
@@ -32,18 +33,6 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
 
 def _reward(prompt: str, completion: str, **row: object) -> float:
     return 1.0
-
-
-class CharTokenizer:
-    """One token per character; no chat template."""
-
-    chat_template = None
-    name_or_path = "/models/char-tok"
-
-    def __call__(self, text, add_special_tokens=False):
-        if isinstance(text, list):
-            return {"input_ids": [list(range(len(t))) for t in text]}
-        return {"input_ids": list(range(len(text)))}
 
 
 # -- 1. a key written twice at any depth of a JSON row ----------------------------------------------------------

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from char_tokenizer import CharTokenizer
 
 from r3_rllib.envs.arithmetic import ArithmeticEnv
 from r3_rllib.envs.chat import _WARNED_NO_TEMPLATE, use_chat_template
@@ -18,19 +19,6 @@ from r3_rllib.envs.context import check_prompts_fit, drop_long_prompts
 from r3_rllib.envs.data import DataError
 from r3_rllib.envs.gridworld import GridWorldEnv
 from r3_rllib.envs.python_tool import PythonToolEnv
-
-
-class CharTokenizer:
-    """One token per character; no chat template."""
-
-    chat_template = None
-    eos_token = "<eos>"
-    name_or_path = "/models/char-tok"
-
-    def __call__(self, text, add_special_tokens=False):
-        if isinstance(text, list):
-            return {"input_ids": [list(range(len(t))) for t in text]}
-        return {"input_ids": list(range(len(text)))}
 
 
 class ChatCharTokenizer(CharTokenizer):

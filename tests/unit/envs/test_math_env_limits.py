@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+from char_tokenizer import CharTokenizer
 
 from r3_rllib.envs.data import DataError
 from r3_rllib.envs.math_env import MathEnv, use_chat_template
@@ -14,18 +15,6 @@ ROWS = [
     {"id": "short", "problem": "1+1?", "answer": "2"},
     {"id": "long", "problem": "x" * 200, "answer": "3"},
 ]
-
-
-class CharTokenizer:
-    """One token per character; no chat template (as the shipped character tokenizers)."""
-
-    chat_template = None
-    name_or_path = "/models/char-tok"
-
-    def __call__(self, text, add_special_tokens=False):
-        if isinstance(text, list):
-            return {"input_ids": [list(range(len(t))) for t in text]}
-        return {"input_ids": list(range(len(text)))}
 
 
 @pytest.fixture
