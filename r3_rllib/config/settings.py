@@ -196,7 +196,7 @@ class R3Settings:
     kl_coef: float = setting(0.0, range=">= 0", finite=True)
     """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
     kl_type: str = setting("k3", choices=KL_KINDS)
-    """KL estimator: 'k1', 'k2' or 'k3'."""
+    """KL estimator: 'k1', 'k2', 'k3' (clamped as verl's low_var_kl) or 'k3_unclamped' (R^2PO's reference code)."""
     weight_decay: float = setting(0.0, range=">= 0", finite=True)
     """AdamW weight decay."""
     advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)
