@@ -82,10 +82,13 @@ def test_no_one_byte_change_of_an_array_pickle_crashes_the_reader(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("protocol", [2, 4])
 def test_no_one_byte_change_of_a_numpy_state_pickle_crashes_the_reader(tmp_path, protocol):
-    """The same sweep over arrays of several dtypes (a structured one among them) and a scalar, in every protocol a
-    checkpoint of format 0-1 may have used (about 30 s each)."""
+    """The same sweep over arrays of several dtypes (a structured one among them) and a scalar (20-35 CPU-s each),
+    in protocol 2 (the most kinds of crash before: memo stores turned into ints, 'f8' into 'S8' or 'O8', besides the
+    dtype states) and 4 (what format 0-1 wrote). Protocols 3 and 5 differ from these only in how bytes and frames
+    are written; the byte-by-byte sweeps of all four found 27-30 crashing variants each before the check, none
+    after it."""
     value = {
         "f4": np.arange(2, dtype=np.float32),
         "i8": np.arange(1, dtype=np.int64),
