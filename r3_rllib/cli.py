@@ -39,8 +39,8 @@ def _train(args) -> int:
     if not _check_schedule(spec):
         return 2
     run = spec.run
-    name = run.get("name", Path(args.config).stem)
-    storage = os.path.abspath(run.get("storage_path", "runs"))
+    name = run.get("name") or Path(args.config).stem  # None, as the settings document: the run file's name
+    storage = os.path.abspath(os.path.expanduser(run.get("storage_path") or "runs"))
     exp_dir = os.path.join(storage, name)
     # Ray's newer console output ignores custom progress columns; the classic reporter shows ours.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -92,10 +92,9 @@ def _warn_env_unknown_here(spec) -> None:
 def _restored_trials(exp_dir: str) -> list[dict] | None:
     """The trials of ``exp_dir``'s newest experiment state (Tune's saved Trial states: the ones ``Tuner.restore``
     restores; an earlier run of the same name has its own state file), or None when it cannot be read."""
-    import glob
     import json
 
-    states = sorted(glob.glob(os.path.join(exp_dir, "experiment_state-*.json")))
+    states = _state_files(exp_dir)
     try:
         with open(states[-1], "rb") as f:
             trials = [json.loads(trial_json) for trial_json, _ in json.loads(f.read())["trial_data"]]
@@ -115,14 +114,28 @@ def restored_stops(exp_dir: str) -> list[dict] | None:
 
 
 def _resumed_trial_dirs(exp_dir: str) -> list[str]:
-    """The trial folders ``--resume`` continues: those of the newest experiment state (not an earlier run's of the
-    same name beside them); every folder when the state names none that exists."""
-    import glob
-
+    """The trial folders ``--resume`` continues: those the newest experiment state names that exist (not an earlier
+    run's of the same name beside them; none for trials that never started)."""
     named = [t.get("relative_logdir") for t in _restored_trials(exp_dir) or []]
     dirs = sorted(os.path.join(exp_dir, n) for n in named if isinstance(n, str) and n)
-    dirs = [d for d in dirs if os.path.isdir(d)]
-    return dirs or sorted(p for p in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(p))
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _state_files(exp_dir: str) -> list[str]:
+    """Tune's experiment states in ``exp_dir``, oldest first (the newest is the one ``Tuner.restore`` reads)."""
+    import glob
+
+    # Escaped: a run name may hold glob's characters ("lr[3e-4]").
+    return sorted(glob.glob(os.path.join(glob.escape(exp_dir), "experiment_state-*.json")))
+
+
+def _trial_dirs(exp_dir: str) -> list[str]:
+    """Every folder in ``exp_dir`` (trials of every run of this name, and a tracker's folder such as mlruns)."""
+    return (
+        sorted(entry.path for entry in os.scandir(exp_dir) if entry.is_dir())
+        if os.path.isdir(exp_dir)
+        else []
+    )
 
 
 def _warn_kept_stop(stop: dict | None, exp_dir: str) -> None:
@@ -158,13 +171,9 @@ def _resume_command(args) -> str:
 def _note_earlier_run(exp_dir: str, resume_command: str) -> None:
     """A new run in a folder that holds an earlier one (the same run.name): Tune adds its trial beside the earlier
     trials (nothing is moved or deleted); one line says so, and how to start fresh or continue instead."""
-    import glob
-
-    if not glob.glob(os.path.join(exp_dir, "experiment_state-*.json")):
+    if not _state_files(exp_dir):
         return
-    trials = [
-        p for p in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(p) and not p.endswith("mlruns")
-    ]
+    trials = [p for p in _trial_dirs(exp_dir) if os.path.basename(p) != "mlruns"]
     print(
         f"r3 train: note: {exp_dir} already holds an earlier run ({len(trials)} trial folder(s)); this run adds its "
         f"trial beside them (r3 samples shows them all, r3 export needs the trial's folder). Start fresh with "
@@ -186,7 +195,7 @@ def _run_config(spec, name: str, storage: str, exp_dir: str, verbose: bool):
     run_config = tune.RunConfig(
         name=name,
         storage_path=storage,
-        stop=spec.stop or None,
+        stop={k: v for k, v in (spec.stop or {}).items() if v is not None} or None,  # None: no such stop
         checkpoint_config=tune.CheckpointConfig(
             checkpoint_frequency=int(run.get("checkpoint_frequency", 0)),
             checkpoint_at_end=bool(run.get("checkpoint_at_end", True)),
@@ -255,14 +264,23 @@ def check_resume(exp_dir: str) -> bool:
     restore the run state" and start every trial again from iteration 1, e.g. after a full disk truncated it), and
     the checkpoints of each trial it restores (not an earlier run's of the same name) are verified newest first
     (checkpoint.newest_complete_checkpoint): refused ones are set aside (renamed ``<name>.incomplete``), and the one
-    each trial resumes from is printed. The trial itself restores its newest complete checkpoint (R3.restore), also
-    one newer than Tune's experiment state records."""
-    import glob
-    import json
-
+    each trial resumes from is printed. Nothing is set aside when the resume is refused. The trial itself restores
+    its newest complete checkpoint (R3.restore), also one newer than Tune's experiment state records."""
     from r3_rllib.algorithms.r3.checkpoint import CheckpointFormatError, newest_complete_checkpoint
 
-    states = sorted(glob.glob(os.path.join(exp_dir, "experiment_state-*.json")))
+    unreadable = _unreadable_state(exp_dir)
+    if unreadable is not None:
+        # A quick look, moving nothing: the folder may hold other runs' trials, and this resume stops here.
+        good = [
+            newest_complete_checkpoint(d, set_aside=False, hashes=False).path for d in _trial_dirs(exp_dir)
+        ]
+        print(
+            f"r3 train: cannot resume: {unreadable}, and Tune would start the run again from iteration 1. The "
+            f"complete checkpoints are still usable (R3.restore / Algorithm.restore): "
+            f"{', '.join(p for p in good if p) or 'none'}",
+            file=sys.stderr,
+        )
+        return False
     choices, ok = {}, True
     for trial in _resumed_trial_dirs(exp_dir):
         try:
@@ -278,20 +296,25 @@ def check_resume(exp_dir: str) -> bool:
             print(f"r3 train: {os.path.basename(trial)} resumes from {choice.path} (iteration {iteration})")
         elif choice.refused:
             print(f"r3 train: {trial}: no complete checkpoint left", file=sys.stderr)
+    return ok
+
+
+def _unreadable_state(exp_dir: str) -> str | None:
+    """What is wrong with ``exp_dir``'s newest experiment state, or None when it reads as JSON."""
+    import json
+
+    states = _state_files(exp_dir)
+    if not states:
+        return (
+            f"{exp_dir} holds no experiment state (experiment_state-*.json): the run stopped before Tune first "
+            f"saved it"
+        )
     try:
         with open(states[-1], "rb") as f:
             json.loads(f.read())
-    except (IndexError, ValueError, OSError) as e:
-        where = states[-1] if states else os.path.join(exp_dir, "experiment_state-*.json")
-        good = [c.path for c in choices.values() if c.path] or ["none"]
-        print(
-            f"r3 train: cannot resume: Tune's experiment state {where} is unreadable ({type(e).__name__}: {e}; "
-            f"truncated by a full disk?), and Tune would start the run again from iteration 1. The complete "
-            f"checkpoints are still usable (R3.restore / Algorithm.restore): {', '.join(good)}",
-            file=sys.stderr,
-        )
-        return False
-    return ok
+    except (ValueError, OSError) as e:
+        return f"Tune's experiment state {states[-1]} is unreadable ({type(e).__name__}: {e}; truncated by a full disk?)"
+    return None
 
 
 def _check_schedule(spec) -> bool:

@@ -130,7 +130,7 @@ def gridworld_warm_start(tmp_path_factory) -> str:
 
 #: R3_TEST_CPU_LOG=<path>: each test's wall seconds and the CPU-seconds of this pytest process and everything it
 #: started (Ray's raylet and every actor it forked, `r3` subprocesses), appended to <path>.<pid> as
-#: "cpu_s wall_s nodeid" lines. For budgeting the suite's time: scripts/test.sh runs several test processes on two
+#: "cpu_s wall_s processes nodeid" lines (processes: how many new ones the test started). For budgeting the suite's time: scripts/test.sh runs several test processes on two
 #: cores, where a test's wall time says more about its neighbours than about it.
 CPU_LOG = os.environ.get("R3_TEST_CPU_LOG")
 
@@ -173,6 +173,11 @@ class _TreeCPU:
                 self._last[key] = t.user + t.system
             return sum(self._last.values())
 
+    def seen(self) -> int:
+        """How many processes have been read so far (this one included)."""
+        with self._lock:
+            return len(self._last)
+
 
 _TREE_CPU: list[_TreeCPU] = []
 
@@ -186,8 +191,8 @@ def pytest_runtest_protocol(item, nextitem):
 
     if not _TREE_CPU:
         _TREE_CPU.append(_TreeCPU())
-    wall0, cpu0 = time.monotonic(), _TREE_CPU[0].total()
+    wall0, cpu0, seen0 = time.monotonic(), _TREE_CPU[0].total(), _TREE_CPU[0].seen()
     yield
     cpu, wall = _TREE_CPU[0].total() - cpu0, time.monotonic() - wall0
     with open(f"{CPU_LOG}.{os.getpid()}", "a") as f:
-        f.write(f"{cpu:.2f} {wall:.2f} {item.nodeid}\n")
+        f.write(f"{cpu:.2f} {wall:.2f} {_TREE_CPU[0].seen() - seen0} {item.nodeid}\n")

@@ -672,7 +672,7 @@ class RunSettings:
     name: str | None = setting(None, types=(str,), none_ok=True)
     """The experiment's name (its folder under storage_path); None: the run file's name."""
     storage_path: str = setting("runs", types=(str,))
-    """Folder of the experiments."""
+    """Folder of the experiments (a relative path is taken from the working directory; ~ is expanded)."""
     checkpoint_frequency: int = setting(0, range=">= 0", integer=True)
     """Checkpoint every this many iterations (0: only at the end)."""
     checkpoint_at_end: bool = True

@@ -235,3 +235,23 @@ def test_a_first_run_says_nothing_of_earlier_runs(run_file, no_ray, capsys):
     with pytest.raises(_RayStarted):
         main(["train", str(run_file)])
     assert "already holds" not in capsys.readouterr().err
+
+
+# -- the run section's defaults --------------------------------------------------------------------------------------
+
+
+def test_a_null_run_name_is_the_run_files_name_and_storage_expands_home(tmp_path, monkeypatch, capsys):
+    """``run.name: null`` is documented as the run file's name (it was a TypeError); ``~`` in storage_path is the
+    home folder (it was a folder named '~' in the working directory)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = tmp_path / "my_run.yaml"
+    path.write_text(RUN_FILE.replace("{name: tiny}", "{name: null, storage_path: ~/runs}"))
+    assert main(["train", str(path), "--resume"]) == 2
+    assert f"nothing to resume in {tmp_path / 'home' / 'runs' / 'my_run'}" in capsys.readouterr().err
+
+
+def test_a_null_stop_value_is_no_stop(run_file):
+    """``stop: {training_iteration: null}`` passes the schema; Tune compared it with an int at the first result."""
+    spec = load_run_file(run_file, ["stop.training_iteration=null", "stop.time_total_s=60"])
+    config = cli._run_config(spec, "tiny", str(run_file.parent), str(run_file.parent / "tiny"), verbose=False)
+    assert config.stop == {"time_total_s": 60}

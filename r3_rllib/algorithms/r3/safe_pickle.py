@@ -16,6 +16,9 @@ only when a file names them.
 
 from __future__ import annotations
 
+import _compat_pickle
+import dataclasses
+import enum
 import importlib
 import io
 import math
@@ -35,7 +38,7 @@ DRIVER_STATE_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {
         *(
             ("builtins", n)
-            for n in ("dict", "list", "tuple", "set", "frozenset", "bytearray", "complex", "slice")
+            for n in ("dict", "list", "tuple", "set", "frozenset", "bytes", "bytearray", "complex", "slice")
         ),
         ("_codecs", "encode"),  # bytes under pickle protocol 2
         *(("collections", n) for n in ("OrderedDict", "deque", "defaultdict", "Counter")),
@@ -79,11 +82,10 @@ def dcp_metadata_global(module: str, name: str) -> bool:
 
         return isinstance(getattr(torch, name, None), torch.dtype)
     if module in _DCP_MODULES and name.isidentifier():
-        import dataclasses
-        import enum
-
         obj = getattr(importlib.import_module(module), name, None)
-        return isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+        # Defined there, not only imported there (the filesystem module imports enum.Enum and the planner's types).
+        defined_here = isinstance(obj, type) and obj.__module__ == module
+        return defined_here and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
     return False
 
 
@@ -96,22 +98,27 @@ class _AllowListUnpickler(pickle._Unpickler):
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, file, *, allowed: Callable[[str, str], bool], source: str):
+    def __init__(self, file: io.BytesIO, *, allowed: Callable[[str, str], bool], source: str):
         super().__init__(file)
-        self._allowed, self._source = allowed, source
+        self._allowed, self._source, self._file_size = allowed, source, file.getbuffer().nbytes
         self._numpy: _NumpyGuard | None = None  # made when the file names a numpy global
 
     def find_class(self, module: str, name: str) -> Any:
+        if (
+            self.proto < 3 and self.fix_imports
+        ):  # protocol 2 writes Python 2's names (__builtin__.bytes), as pickle
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         module, name = MOVED_GLOBALS.get((module, name), (module, name))
         if not self._allowed(module, name):
             raise CheckpointFormatError(
                 f"{self._source}: refused to load: it references {module}.{name}, which is not a type a checkpoint "
                 f"may contain (loading it could run code); only data types are read from checkpoints"
             )
-        found = super().find_class(module, name)
+        found = _CHECKED_CALLS.get((module, name)) or super().find_class(module, name)
         if module == "numpy" or module.startswith("numpy."):  # every numpy object's BUILD is checked
             if self._numpy is None:
-                self._numpy = _NumpyGuard(self._source)
+                self._numpy = _NumpyGuard(self._source, self._file_size)
             found = self._numpy.resolve(module, name, found)
         return found
 
@@ -124,18 +131,68 @@ class _AllowListUnpickler(pickle._Unpickler):
         if self._numpy is not None and isinstance(inst, self._numpy.types):
             self._numpy.build(inst, stack.pop())
             return
-        if isinstance(inst, _GLOBAL_TYPES):
+        if isinstance(inst, _GLOBAL_TYPES) or isinstance(
+            inst, enum.Enum
+        ):  # an Enum member is process-wide too
             raise _corrupt(self._source, f"BUILD applied to {short_repr(inst)}, which is no data object")
         super().load_build()
 
     dispatch[pickle.BUILD[0]] = load_build
+
+    def load_reduce(self) -> None:
+        """REDUCE (``func(*args)``), never of a dataclass: pickle writes those as NEWOBJ and BUILD, which store
+        fields, while calling one runs its ``__post_init__`` (a ReplaySample's turns nested lists that share one
+        memo entry into an array of 2**depth items: a few hundred bytes asking for gigabytes)."""
+        self._refuse_dataclass_call(self.stack[-2] if len(self.stack) >= 2 else None)
+        super().load_reduce()
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+
+    def _instantiate(self, klass: Any, args: Any) -> None:  # INST and OBJ (protocols 0 and 1): klass(*args)
+        self._refuse_dataclass_call(klass)
+        super()._instantiate(klass, args)
+
+    def _refuse_dataclass_call(self, func: Any) -> None:
+        if isinstance(func, type) and dataclasses.is_dataclass(func):
+            raise _corrupt(self._source, f"a call of {func.__qualname__}, which pickle never writes")
+
+
+def _bytearray(data: Any = b"") -> bytearray:
+    """``builtins.bytearray`` as pickle writes it (protocols 3 and 4): a copy of bytes, never ``bytearray(n)``, which
+    would allocate n bytes that the file does not hold."""
+    if type(data) not in (bytes, bytearray):
+        raise pickle.UnpicklingError(f"bytearray of {short_repr(data)}, not of bytes")
+    return bytearray(data)
+
+
+def _bytes(data: Any = b"") -> bytes:
+    """``builtins.bytes`` as protocol 2 writes an empty bytes object (``bytes()``), never ``bytes(n)``."""
+    if type(data) is not bytes:
+        raise pickle.UnpicklingError(f"bytes of {short_repr(data)}, not of bytes")
+    return data
+
+
+def _latin1_bytes(text: Any, encoding: Any) -> bytes:
+    """``_codecs.encode(text, 'latin1')``, how protocol 2 writes bytes; no other codec (hex, base64 and the like
+    would let a few bytes of file grow without bound by nesting)."""
+    if type(text) is not str or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode of {short_repr((text, encoding))}, not a latin1 string")
+    return text.encode("latin1")
+
+
+#: Allow-listed callables that are called only through a check of their arguments.
+_CHECKED_CALLS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("builtins", "bytearray"): _bytearray,
+    ("builtins", "bytes"): _bytes,
+    ("_codecs", "encode"): _latin1_bytes,
+}
 
 
 def safe_load(path: str, allowed: Callable[[str, str], bool] = driver_state_global) -> Any:
     """Unpickle the file at ``path`` resolving only the globals ``allowed`` accepts. CheckpointFormatError, naming
     ``path``, for a refused global; CorruptCheckpointError (a subclass) for a file that is not a complete pickle
     (truncated, corrupt, or declaring sizes larger than the file)."""
-    # Read whole (the file's own size is all the memory it may cost) so that the sizes checked are those of the
+    # Read whole (memory of a small multiple of the file's size is all it may cost) so that the sizes checked are those of the
     # bytes unpickled; the unpickler reads from memory, where a read never returns more than is there.
     with open(path, "rb") as f:
         data = f.read()
@@ -156,8 +213,9 @@ def _load(data: bytes, allowed: Callable[[str, str], bool], source: str) -> Any:
     except CheckpointFormatError:
         raise
     except (MemoryError, ImportError):
-        # Not the file's fault, so not "corrupt" (which sets a checkpoint aside): check_declared_sizes keeps a file
-        # from asking for more memory than its own size, so a MemoryError means this process is short of memory;
+        # Not the file's fault, so not "corrupt" (which sets a checkpoint aside): check_declared_sizes, the checked calls
+        # (_CHECKED_CALLS, no dataclass call, numpy's sizes) keep a file from asking for more memory than a small
+        # multiple of its own size, so a MemoryError means this process is short of memory;
         # an ImportError, an allowed module this environment lacks (numpy 1.x reading numpy 2's numpy._core).
         raise
     except Exception as e:
@@ -201,10 +259,10 @@ class _NumpyGuard:
     that equals the file's. An array's BUILD, once, gets a checked shape, a finished dtype and exactly shape x itemsize
     bytes (or a list of as many objects). Anything else: CorruptCheckpointError naming what is wrong."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, file_size: int):
         import numpy
 
-        self._np, self._source = numpy, source
+        self._np, self._source, self._file_size = numpy, source, file_size
         self.types = (numpy.dtype, numpy.ndarray, numpy.generic)
         self._unbuilt: dict[int, Any] = {}  # id -> the dtypes and arrays made, awaiting their BUILD
         self._real: dict[str, Any] = {}
@@ -250,7 +308,7 @@ class _NumpyGuard:
 
     def frombuffer(self, buf: Any, dtype: Any, shape: Any, order: Any, *axis_order: Any) -> Any:
         """``_frombuffer(buffer, dtype, shape, order[, axis_order])``, numpy's array pickle of protocol 5."""
-        self._finished(dtype, "a numpy array's dtype")
+        self._array_dtype(dtype)
         shape = self._shape(shape, "a numpy array's shape")
         size = memoryview(buf).nbytes if type(buf) in (bytes, bytearray, memoryview) else None
         if size != math.prod(shape) * dtype.itemsize or dtype.flags & _NPY_ITEM_REFCOUNT:
@@ -339,9 +397,12 @@ class _NumpyGuard:
             )
         _version, shape, dtype, fortran, data = state
         shape = self._shape(shape, "a numpy array's shape")
-        self._finished(dtype, "a numpy array's dtype")
+        self._array_dtype(dtype)
         count, size = math.prod(shape), math.prod(max(n, 1) for n in shape) * max(dtype.itemsize, 1)
-        if size > sys.maxsize or type(fortran) not in (bool, int):
+        # Items of 0 bytes ('V0', 'S0') take no data, so the data's length bounds nothing: a count past the file's
+        # own length is no array a writer made (numpy would then loop over 2**40 empty items).
+        empty_items = dtype.itemsize == 0 and count > self._file_size
+        if size > sys.maxsize or empty_items or type(fortran) not in (bool, int):
             raise self._bad(f"a numpy array of shape {shape} x {dtype}, fortran {short_repr(fortran)}")
         if dtype.flags & _NPY_LIST_PICKLE:
             if type(data) is not list or len(data) != count:
@@ -356,6 +417,13 @@ class _NumpyGuard:
                 f"a numpy {dtype} array of shape {shape} should hold {count * dtype.itemsize} bytes: {found}"
             )
         made.__setstate__((1, shape, dtype, bool(fortran), data))
+
+    def _array_dtype(self, dtype: Any) -> None:
+        """An array's dtype: finished, and no subarray dtype (numpy makes ``zeros(3, ('f4', (2,)))`` a (3, 2) 'f4'
+        array, so no array it pickles has one; one loaded anyway converts and sorts wrongly)."""
+        self._finished(dtype, "a numpy array's dtype")
+        if dtype.subdtype is not None:
+            raise self._bad(f"a numpy array of subarray dtype {dtype}, which numpy never writes")
 
     def _finished(self, value: Any, what: str) -> Any:
         """``value``, which must be a numpy dtype whose state, if it has one, has been read."""

@@ -113,7 +113,7 @@ _DTYPES = [
 
 
 @pytest.mark.parametrize("dtype", _DTYPES, ids=lambda d: str(np.dtype(d)))
-@pytest.mark.parametrize("protocol", [3, 4, 5])
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_arrays_scalars_and_dtypes_of_every_kind_read_as_pickle_reads_them(dtype, protocol):
     """Contiguous, transposed and strided arrays (numpy pickles each differently under protocol 5), empty ones, a
     scalar and the dtype itself: what safe_loads returns equals what pickle.loads does."""
