@@ -27,7 +27,8 @@ Left out on purpose, decided elsewhere:
   ``step_gamma``, the agent and gateway settings): the kind is a property of the built env
   (``rollout.kinds.kind_for_env`` matches the instance, and a factory or an adapter may build either kind), so a
   config cannot tell. The EnvRunner refuses the first three on an env of another kind when it has built the env
-  (``RolloutKind.check_config``); the others are not checked.
+  (``RolloutKind.check_config``), and the others likewise: ``step_gamma`` on an env that is neither multi-step nor
+  agent, the agent and gateway settings on an env that is not an agent env.
 - R^3's parts' options (``replay_*``, ``reflection_*``, ``ranking_*``): the three parts are ablation switches. An
   ablation turns one part off and keeps every other setting, and a method comparison holds one R^3 schedule for all
   its arms (bench/bench_learning.py gives its GRPO, DAPO and R^3-without-a-part arms the same ``*_start_epoch`` and

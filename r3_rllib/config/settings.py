@@ -343,7 +343,8 @@ class R3Settings:
     bit-reproducible. The trade: a long wait keeps runs reproducible but lets an episode busy outside the model
     (a slow tool) hold the other episodes' calls up to this long; a short one keeps the engine busy instead."""
     step_gamma: float = setting(0.95, range="[0, 1]")
-    """Discount of step rewards into step returns (multi-step envs; read by the 'hgpo' estimator)."""
+    """Discount of step rewards into step returns (multi-step and agent envs, read by the 'hgpo' estimator; a runner
+    refuses it on an env of another kind)."""
     hgpo_setting: str = setting("hgpo", choices=HGPO_SETTINGS)
     """'hgpo' (the hierarchy of history depths k = 1..H+1, levels in a (k + 1) ** alpha weighted mean), 'gigpo'
     (GiGPO: the k = 1 step advantage plus the episode advantage, added 1:1) or 'episode_grpo' (the episode group

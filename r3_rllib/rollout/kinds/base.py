@@ -94,6 +94,8 @@ class RolloutKind(ABC, Generic[RecordT]):
         refuse_step_level_estimator(config)
         refuse_tool_settings(config, defaults)
         refuse_episode_cap(config, "single-step")
+        refuse_agent_settings(config, defaults, "single-step")
+        refuse_step_discount(config, defaults, "single-step")
 
 
 def env_label(config: Any) -> str:
@@ -137,6 +139,34 @@ def refuse_episode_cap(config: Any, what: str) -> None:
             f"max_episode_steps={steps!r} caps the episodes of multi-step envs (ones with episode(query_id), e.g. "
             f"'gridworld'); env {env_label(config)!r} is {what}, so it would be ignored: leave max_episode_steps "
             "at None"
+        )
+
+
+def refuse_agent_settings(config: Any, defaults: Mapping[str, Any], what: str) -> None:
+    """The agent programs' settings (their episode timeout, the rollout gateway's address and batch wait) on an env
+    that runs no agent program (``what``, as the message describes the env): nothing reads them there."""
+    names = ("agent_episode_timeout_s", "gateway_host", "gateway_max_batch_wait_s")
+    _refuse_unread(config, defaults, names, "agent envs (ones with run_agent, e.g. 'agent')", what)
+
+
+def refuse_step_discount(config: Any, defaults: Mapping[str, Any], what: str) -> None:
+    """``step_gamma`` discounts the step rewards of episodes into returns: nothing reads it for an env whose samples
+    are single responses or whole tool trajectories (``what``)."""
+    _refuse_unread(
+        config, defaults, ("step_gamma",), "multi-step and agent envs (step rewards of episodes)", what
+    )
+
+
+def _refuse_unread(
+    config: Any, defaults: Mapping[str, Any], names: tuple[str, ...], readers: str, what: str
+) -> None:
+    changed = [
+        f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name) != defaults[name]
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} only apply to {readers}; env {env_label(config)!r} is {what}, so it would be "
+            "ignored: leave it at its default"
         )
 
 

@@ -35,6 +35,7 @@ from r3_rllib.rollout.kinds.base import (
     env_label,
     oldest_version,
     ratio,
+    refuse_agent_settings,
     refuse_tool_settings,
 )
 from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
@@ -248,6 +249,7 @@ class MultiStepKind(RolloutKind[StepRecord]):
                 "(hgpo_setting 'hgpo', 'gigpo' or 'episode_grpo')"
             )
         refuse_tool_settings(config, defaults)
+        refuse_agent_settings(config, defaults, "multi-step")
 
     def evaluate(
         self,

@@ -32,7 +32,9 @@ from r3_rllib.rollout.kinds.base import (
     RolloutKind,
     oldest_version,
     ratio,
+    refuse_agent_settings,
     refuse_episode_cap,
+    refuse_step_discount,
     refuse_step_level_estimator,
 )
 from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
@@ -297,6 +299,8 @@ class ToolUseKind(RolloutKind[ToolTrajectory]):
         is not: max_tool_turns bounds a trajectory)."""
         refuse_step_level_estimator(config)
         refuse_episode_cap(config, "a multi-turn tool env")
+        refuse_agent_settings(config, defaults, "a multi-turn tool env")
+        refuse_step_discount(config, defaults, "a multi-turn tool env")
 
     def evaluate(
         self,

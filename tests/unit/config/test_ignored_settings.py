@@ -77,6 +77,40 @@ def test_max_episode_steps_is_refused_by_the_tool_and_agent_kinds_and_kept_by_th
     _runner_check(multi_step, make_text_env("gridworld", num_queries=2))
 
 
+@pytest.mark.parametrize(
+    "setting, value",
+    [("agent_episode_timeout_s", 30.0), ("gateway_host", "10.0.0.5"), ("gateway_max_batch_wait_s", 1.0)],
+)
+def test_agent_settings_are_refused_by_every_kind_but_the_agent_one(setting, value):
+    """The gateway and the agent programs' timeout exist for agent envs only; elsewhere they were read by nothing."""
+    defaults = default_values()
+    config = R3Config().environment("arithmetic").training(**{setting: value})
+    with pytest.raises(
+        ValueError, match=rf"{setting}=.* only apply to agent envs .*env 'arithmetic' is single-step"
+    ):
+        _runner_check(config, make_text_env("arithmetic", num_queries=2))
+    with pytest.raises(ValueError, match="env 'python_tool' is a multi-turn tool env"):
+        ToolUseKind().check_config(config.copy(copy_frozen=False).environment("python_tool"), defaults)
+    multi_step = config.copy(copy_frozen=False).environment("gridworld").training(advantage_estimator="hgpo")
+    with pytest.raises(ValueError, match="env 'gridworld' is multi-step"):
+        MultiStepKind().check_config(multi_step, defaults)
+    AgentKind().check_config(config.copy(copy_frozen=False).environment("agent"), defaults)
+
+
+def test_step_gamma_is_refused_where_no_episode_is_discounted():
+    defaults = default_values()
+    config = R3Config().environment("arithmetic").training(step_gamma=0.5)
+    with pytest.raises(
+        ValueError, match=r"step_gamma=0.5 only apply to multi-step and agent envs .*single-step"
+    ):
+        _runner_check(config, make_text_env("arithmetic", num_queries=2))
+    with pytest.raises(ValueError, match="env 'python_tool' is a multi-turn tool env"):
+        ToolUseKind().check_config(config.copy(copy_frozen=False).environment("python_tool"), defaults)
+    AgentKind().check_config(config.copy(copy_frozen=False).environment("agent"), defaults)
+    multi_step = config.copy(copy_frozen=False).environment("gridworld").training(advantage_estimator="hgpo")
+    _runner_check(multi_step, make_text_env("gridworld", num_queries=2))
+
+
 # --- num_minibatches larger than a batch ---------------------------------------------------------------------------
 
 
