@@ -36,7 +36,7 @@ def _two_runner_config(model_path: str, **training) -> R3Config:
 
 
 def _samples_per_iteration(sampled_lifetime: list[float]) -> list[float]:
-    return [b - a for a, b in zip([0, *sampled_lifetime[:-1]], sampled_lifetime, strict=True)]
+    return [b - a for a, b in zip(sampled_lifetime[:-1], sampled_lifetime[1:], strict=True)]
 
 
 def _break_runner_2(algo, failure) -> dict:
@@ -78,20 +78,50 @@ def _assert_runner_2_comes_back(algo, position: dict, sampled_before: float) -> 
     assert result["num_env_steps_sampled_lifetime"] - sampled_before == SAMPLES_PER_ITERATION
 
 
+#: The hung runner's wait, also the bound of every rollout of the crash test that shares its algorithm: a rollout here
+#: takes well under a second, a few seconds under CI load on a slow CPU. An idle wait: it costs time, not CPU.
+ROLLOUT_TIMEOUT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def sync_algo(ray_session, tiny_random_model):
+    """Two runners, runner_loss='skip', rollout_timeout_s=ROLLOUT_TIMEOUT_S: one algorithm for the synchronous
+    crash and the hang (each leaves both runners healthy, and each counts samples from its own start), so the
+    two pay for one build."""
+    algo = _two_runner_config(
+        tiny_random_model, runner_loss="skip", rollout_timeout_s=ROLLOUT_TIMEOUT_S
+    ).build_algo()
+    yield algo
+    algo.stop()
+
+
+def _trained_twice(algo) -> list[float]:
+    """Train until the algorithm has done at least two iterations (a shared one may have already: then once); the
+    lifetime samples after each of these iterations, after 0 for a fresh algorithm."""
+    sampled = [0.0] if algo.iteration == 0 else []
+    sampled.append(algo.train()["num_env_steps_sampled_lifetime"])
+    while algo.iteration < 2:
+        sampled.append(algo.train()["num_env_steps_sampled_lifetime"])
+    return sampled
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_random_model, overlap):
+def test_crashed_runner_is_restarted_with_current_weights(request, ray_session, tiny_random_model, overlap):
     """runner_loss='skip': runner 2's process exits in the middle of generating (as on an out-of-memory kill): its
     rollout request is lost, the iteration trains on the survivor's half of the batch, and the restarted runner gets
     the learner's weights and resumes its data where its last delivered rollout left it (so the lost queries are
     drawn again). With overlap_generation the crash hits the request made one iteration ahead, so it shows one
     iteration later. (The default, 'reask', asks the restored runner again in the same iteration:
-    tests/e2e/test_chaos.py.)"""
-    algo = _two_runner_config(tiny_random_model, overlap_generation=overlap, runner_loss="skip").build_algo()
+    tests/e2e/test_chaos.py.) Synchronous: the algorithm of the hung-runner test (sync_algo)."""
+    if overlap:
+        algo = _two_runner_config(tiny_random_model, overlap_generation=True, runner_loss="skip").build_algo()
+    else:
+        algo = request.getfixturevalue("sync_algo")
     try:
-        sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
+        sampled = _trained_twice(algo)
         position = _break_runner_2(algo, lambda *args, **kwargs: os._exit(1))
-        crash_iteration = 4 if overlap else 3
-        for it in range(3, crash_iteration + 1):
+        crash_iteration = 2 if overlap else 1  # counted from the break
+        for it in range(1, crash_iteration + 1):
             result = algo.train()
             sampled.append(result["num_env_steps_sampled_lifetime"])
             assert result["rollout"]["runners_failed"] == (1 if it == crash_iteration else 0)
@@ -101,27 +131,25 @@ def test_crashed_runner_is_restarted_with_current_weights(ray_session, tiny_rand
         assert algo.env_runner_group.healthy_worker_ids() == [1]
         _assert_runner_2_comes_back(algo, position, sampled[-1])
     finally:
-        algo.stop()
+        if overlap:
+            algo.stop()
 
 
-def test_hung_runner_is_restarted_after_the_rollout_timeout(ray_session, tiny_random_model):
+def test_hung_runner_is_restarted_after_the_rollout_timeout(sync_algo):
     """Runner 2's engine stops answering: after rollout_timeout_s the iteration goes on with runner 1's half of
-    the batch, and runner 2 is restarted and comes back like a crashed one."""
-    timeout_s = 6.0  # a rollout here takes well under a second, a few under CI load
-    algo = _two_runner_config(tiny_random_model, rollout_timeout_s=timeout_s).build_algo()
-    try:
-        sampled = [algo.train()["num_env_steps_sampled_lifetime"] for _ in range(2)]
-        position = _break_runner_2(algo, lambda *args, **kwargs: time.sleep(3600))
-        t0 = time.monotonic()
-        result = algo.train()
-        assert time.monotonic() - t0 >= timeout_s
-        sampled.append(result["num_env_steps_sampled_lifetime"])
-        assert result["rollout"]["runners_timed_out"] == 1 and result["rollout"]["runners_failed"] == 1
-        assert _samples_per_iteration(sampled)[-1] == SAMPLES_PER_ITERATION // 2
-        assert algo.env_runner_group.healthy_worker_ids() == [1]
-        _assert_runner_2_comes_back(algo, position, sampled[-1])
-    finally:
-        algo.stop()
+    the batch, and runner 2 is restarted and comes back like a crashed one (a timeout is skipped whatever
+    runner_loss says)."""
+    algo = sync_algo
+    sampled = _trained_twice(algo)
+    position = _break_runner_2(algo, lambda *args, **kwargs: time.sleep(3600))
+    t0 = time.monotonic()
+    result = algo.train()
+    assert time.monotonic() - t0 >= ROLLOUT_TIMEOUT_S
+    sampled.append(result["num_env_steps_sampled_lifetime"])
+    assert result["rollout"]["runners_timed_out"] == 1 and result["rollout"]["runners_failed"] == 1
+    assert _samples_per_iteration(sampled)[-1] == SAMPLES_PER_ITERATION // 2
+    assert algo.env_runner_group.healthy_worker_ids() == [1]
+    _assert_runner_2_comes_back(algo, position, sampled[-1])
 
 
 def _replay_config(model_path: str) -> R3Config:
@@ -149,12 +177,13 @@ def _wait_for_new_incarnation(handle, before: str, timeout_s: float = 60.0) -> N
     raise AssertionError("the replay actor was not restarted")
 
 
-def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint_and_the_journal(
+def test_crashed_replay_actor_is_refilled_then_gone_for_good_training_goes_on_without_it(
     ray_session, tiny_random_model, tmp_path
 ):
     """The replay actor is killed after the iteration that followed a checkpoint: the restarted actor gets the
     checkpoint's state and the journal of the driver's calls since (that iteration's samples), so it holds what it
-    held before the crash."""
+    held before the crash. Then the same run's actor is killed for good (no restart): training goes on without it,
+    rollouts without reflection. (One algorithm for both faults, in this order: a build less.)"""
     algo = _replay_config(tiny_random_model).build_algo()
     try:
         for _ in range(2):
@@ -177,15 +206,9 @@ def test_crashed_replay_actor_is_refilled_from_the_last_checkpoint_and_the_journ
         # The runner may have asked for reflection material while the actor was down (then it skipped
         # reflection for that rollout); the next rollout reads the refilled buffer.
         assert algo.train()["r3"]["reflection_prompts"] > 0
-    finally:
-        algo.stop()
 
-
-def test_replay_actor_gone_for_good_training_goes_on_without_it(ray_session, tiny_random_model):
-    algo = _replay_config(tiny_random_model).build_algo()
-    try:
-        algo.train()
-        algo.train()
+        # Gone for good.
+        iteration = algo.iteration
         handle = algo._replay.client.handle
         ray.kill(handle, no_restart=True)
         with pytest.raises(ray.exceptions.RayActorError):  # wait until it is dead (kill is asynchronous)
@@ -193,7 +216,7 @@ def test_replay_actor_gone_for_good_training_goes_on_without_it(ray_session, tin
                 ray.get(handle.ping.remote(), timeout=60)
                 time.sleep(0.1)
         result = algo.train()
-        assert result["training_iteration"] == 3
+        assert result["training_iteration"] == iteration + 1
         assert result["replay"]["available"] == 0.0
         assert result["r3"]["reflection_prompts"] == 0  # the runner skipped reflection, not the rollout
         assert result["rollout"]["runners_failed"] == 0

@@ -74,16 +74,38 @@ def _fail_on(algo, mode: str) -> None:
     algo.env_runner_group.foreach_env_runner(switch, local_env_runner=False)
 
 
-def test_a_runner_error_stops_the_iteration_with_its_cause(ray_session, tiny_random_model):
-    """Each error reaches ``train()`` at once, with the runner, env, query and the runner's traceback, and the runner
-    process stays up (a run that catches the error can go on). "engine": the runner's engine refuses the sampling
-    parameters (config rules already refuse temperature <= 0 and top_p outside (0, 1], see the next test; an engine
-    may refuse more)."""
+@pytest.fixture(scope="module")
+def sync_algo(ray_session, tiny_random_model):
+    """One synchronous run (FaultyArithmeticEnv, a plain ArithmeticEnv with fail_on 'none') for the runner errors
+    and the synchronous kill: each test leaves its runner healthy and plain, and counts from its own start, so the
+    two pay for one build. 128 queries: the two tests' ~12 iterations of 4 stay in the data's first pass (the
+    kill test counts the data position without wrapping)."""
+    env_config = {"fail_on": "none", "num_queries": 128}
     algo = _config(
-        tiny_random_model, faulty_envs.FaultyArithmeticEnv, env_config={"fail_on": "none"}
+        tiny_random_model, faulty_envs.FaultyArithmeticEnv, env_config=env_config, max_staleness=0
     ).build_algo()
+    yield algo
+    algo.stop()
+
+
+def _plain_again(algo) -> None:
+    """Undo _fail_on: the env's failures off, the engine's own ``generate`` back."""
+
+    def plain(runner):
+        runner.env.fail_on = "none"
+        runner.engine.__dict__.pop("generate", None)
+
+    algo.env_runner_group.foreach_env_runner(plain, local_env_runner=False)
+
+
+def test_a_runner_error_stops_the_iteration_with_its_cause(sync_algo):
+    """Each error reaches ``train()`` at once, with the runner, env, query and the runner's traceback, and the runner
+    process stays up (a run that catches the error can go on, and does below). "engine": the runner's engine refuses
+    the sampling parameters (config rules already refuse temperature <= 0 and top_p outside (0, 1], see the next
+    test; an engine may refuse more)."""
+    algo = sync_algo
+    algo.train()
     try:
-        algo.train()
         for mode, message in CASES.items():
             _fail_on(algo, mode)
             t0 = time.monotonic()
@@ -100,7 +122,10 @@ def test_a_runner_error_stops_the_iteration_with_its_cause(ray_session, tiny_ran
             # The runner process is still up (its error was returned, not raised into RLlib, which exits it).
             assert algo.env_runner_group.healthy_worker_ids() == [1]
     finally:
-        algo.stop()
+        _plain_again(algo)
+    # The run goes on: a full batch after the errors.
+    before = algo.train()["num_env_steps_sampled_lifetime"]
+    assert algo.train()["num_env_steps_sampled_lifetime"] - before == QUERIES * GROUP
 
 
 @pytest.mark.parametrize(
@@ -121,12 +146,18 @@ def _runner_handle(algo, worker_id: int):
 
 
 @pytest.mark.parametrize("max_staleness", [0, 2], ids=["sync", "streaming"])
-def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_random_model, max_staleness):
+def test_the_only_runner_killed_the_run_waits_for_its_restart(
+    request, ray_session, tiny_random_model, max_staleness
+):
     """Killed between iterations (as by the OS for memory), the only runner is restarted by Ray; the iteration that
     finds it gone waits for it, restores it (current weights, data position) and trains on a full batch of real
     samples. Streaming (max_staleness=2) first trains the requests already delivered (up to 2), so the loss shows
-    up to two iterations later. Synchronous: then a restart that completes before the next request (below)."""
-    algo = _config(tiny_random_model, max_staleness=max_staleness).build_algo()
+    up to two iterations later. Synchronous: then a restart that completes before the next request (below); it
+    runs on the runner-error test's algorithm (sync_algo)."""
+    if max_staleness == 0:
+        algo = request.getfixturevalue("sync_algo")
+    else:
+        algo = _config(tiny_random_model, max_staleness=max_staleness).build_algo()
     try:
         sampled = [algo.train()["num_env_steps_sampled_lifetime"]]
         [position] = algo.env_runner_group.foreach_env_runner(lambda r: r.env.state(), local_env_runner=False)
@@ -149,7 +180,8 @@ def test_the_only_runner_killed_the_run_waits_for_its_restart(ray_session, tiny_
             assert version == algo.learner_call(lambda lr: lr.policy_state.version)[0]
             _restarted_before_the_next_request(algo, after)
     finally:
-        algo.stop()
+        if max_staleness != 0:
+            algo.stop()
 
 
 def _incarnation(handle) -> str | None:
