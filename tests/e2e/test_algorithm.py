@@ -206,42 +206,21 @@ def test_dapo_dynamic_sampling_trains_only_informative_groups(ray_session):
     assert "overlong_penalty_mean" in r3 and result["learner"]["optimizer_steps"] >= 1
 
 
-def test_env_registered_only_in_the_driver_reaches_the_runner(ray_session, tiny_random_model):
-    """`register_text_env` in the driver is enough: the runner's process has its own registry without the name,
-    and finds it in Ray Tune's cluster-wide one."""
-    import functools
-
-    from r3_rllib.envs import register_text_env
-    from r3_rllib.envs.arithmetic import ArithmeticEnv
-    from r3_rllib.envs.registry import _REGISTRY
-
-    register_text_env(
-        "driver_only_subtraction", functools.partial(ArithmeticEnv, operators="-"), overwrite=True
-    )
-    try:
-        config = tiny_config(tiny_random_model).environment(
-            "driver_only_subtraction", env_config={"num_queries": 50}
-        )
-        algo = config.build_algo()
-        try:
-            result = algo.train()
-            prompts = algo.env_runner_group.foreach_env_runner(
-                lambda r: r.env.reset()[0], local_env_runner=False
-            )
-        finally:
-            algo.stop()
-    finally:
-        _REGISTRY.pop("driver_only_subtraction", None)
-    assert result["training_iteration"] == 1
-    assert "-" in prompts[0]
-
-
 def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_random_model):
     """With kl_coef > 0 a group whose rewards are all equal stays in the batch with advantage 0: it adds KL and
     its tokens count in the token mean. Hand-computed on the learner: one update is one optimizer step, so the
-    ratio is exactly 1 and pg_loss = -sum_i A_i |o_i| / (tokens in the batch)."""
+    ratio is exactly 1 and pg_loss = -sum_i A_i |o_i| / (tokens in the batch).
+
+    The env is a name `register_text_env` registered in the driver only (subtraction: nothing checked here
+    depends on the task): the runner's process has its own registry without the name, and finds it in Ray Tune's
+    cluster-wide one. (One algorithm for both checks: each build starts a runner process, ~15 CPU-s.)"""
+    import functools
+
     from r3_rllib.algorithms.r3.groups import build_training_batch
     from r3_rllib.core.iteration import IterationSettings
+    from r3_rllib.envs import register_text_env
+    from r3_rllib.envs.arithmetic import ArithmeticEnv
+    from r3_rllib.envs.registry import _REGISTRY
     from r3_rllib.types.samples import Group, Sample
 
     def sample(qid, reward, n_tokens):
@@ -261,33 +240,54 @@ def test_collapsed_groups_count_in_the_kl_loss_denominator(ray_session, tiny_ran
         # "b": rewards [1, 0] -> advantages +1 (3 tokens) and -1 (1 token); "a": collapsed, 2 + 2 tokens
         return [Group("b", [sample("b", 1.0, 3), sample("b", 0.0, 1)]), Group("a", [sample("a", 0.0, 2)] * 2)]
 
-    config = tiny_config(
-        tiny_random_model, kl_coef=0.1, off_policy_correction=False, learner_entropy=False, num_minibatches=1
-    ).r3(ranking=False)
-    algo = config.build_algo()
+    register_text_env(
+        "driver_only_subtraction", functools.partial(ArithmeticEnv, operators="-"), overwrite=True
+    )
     try:
-        grpo = dict(advantage_estimator="grpo", advantage_params={"eps": 0.0})
-        kept, _ = build_training_batch(groups(), IterationSettings(**grpo, keep_zero_advantage=True))
-        with_kl = algo.learner_call(
-            lambda lr, b=kept: lr.update_from_samples(TrainingBatch.from_samples(b), seed=0)
-        )[0]
-        dropped, _ = build_training_batch(groups(), IterationSettings(**grpo))
-        without = algo.learner_call(
-            lambda lr, b=dropped: lr.update_from_samples(TrainingBatch.from_samples(b), seed=0)
-        )[0]
-        assert with_kl["trained_tokens"] == 8 and without["trained_tokens"] == 4
-        # By hand: per-token terms -A r = -+1 (A = +-1, r = 1), a float32 token mean: a few ulps of the largest term.
-        # Collapsed groups left out of the denominator would give -(3 - 1) / 4 for both.
-        tol = f32_tol(1.0, ulps=8)
-        assert with_kl["pg_loss"] == pytest.approx(-(3 - 1) / 8, rel=0, abs=tol)
-        assert without["pg_loss"] == pytest.approx(-(3 - 1) / 4, rel=0, abs=tol)
+        config = (
+            tiny_config(
+                tiny_random_model,
+                kl_coef=0.1,
+                off_policy_correction=False,
+                learner_entropy=False,
+                num_minibatches=1,
+            )
+            .environment("driver_only_subtraction", env_config={"num_queries": 50})
+            .r3(ranking=False)
+        )
+        algo = config.build_algo()
+        try:
+            grpo = dict(advantage_estimator="grpo", advantage_params={"eps": 0.0})
+            kept, _ = build_training_batch(groups(), IterationSettings(**grpo, keep_zero_advantage=True))
+            with_kl = algo.learner_call(
+                lambda lr, b=kept: lr.update_from_samples(TrainingBatch.from_samples(b), seed=0)
+            )[0]
+            dropped, _ = build_training_batch(groups(), IterationSettings(**grpo))
+            without = algo.learner_call(
+                lambda lr, b=dropped: lr.update_from_samples(TrainingBatch.from_samples(b), seed=0)
+            )[0]
+            assert with_kl["trained_tokens"] == 8 and without["trained_tokens"] == 4
+            # By hand: per-token terms -A r = -+1 (A = +-1, r = 1), a float32 token mean: a few ulps of the largest term.
+            # Collapsed groups left out of the denominator would give -(3 - 1) / 4 for both.
+            tol = f32_tol(1.0, ulps=8)
+            assert with_kl["pg_loss"] == pytest.approx(-(3 - 1) / 8, rel=0, abs=tol)
+            assert without["pg_loss"] == pytest.approx(-(3 - 1) / 4, rel=0, abs=tol)
 
-        # The algorithm keeps them too when kl_coef > 0: every fresh sample trains, collapsed groups included.
-        result = algo.train()
-        n_samples = config.queries_per_iteration * config.group_size
-        assert result["r3"]["train_samples"] == n_samples
-        # Exact: counts (zero_adv_frac is k / 8 groups, exact in binary, so the products are integers).
-        collapsed_groups = result["rollout"]["zero_adv_frac"] * config.queries_per_iteration
-        assert result["r3"]["train_zero_adv_samples"] == collapsed_groups * config.group_size
+            # The algorithm keeps them too when kl_coef > 0: every fresh sample trains, collapsed groups included.
+            result = algo.train()
+            n_samples = config.queries_per_iteration * config.group_size
+            assert result["r3"]["train_samples"] == n_samples
+            # Exact: counts (zero_adv_frac is k / 8 groups, exact in binary, so the products are integers).
+            collapsed_groups = result["rollout"]["zero_adv_frac"] * config.queries_per_iteration
+            assert result["r3"]["train_zero_adv_samples"] == collapsed_groups * config.group_size
+
+            # The driver-registered env reached the runner: it trained an iteration on it and serves its prompts.
+            assert result["training_iteration"] == 1
+            prompts = algo.env_runner_group.foreach_env_runner(
+                lambda r: r.env.reset()[0], local_env_runner=False
+            )
+            assert "-" in prompts[0]
+        finally:
+            algo.stop()
     finally:
-        algo.stop()
+        _REGISTRY.pop("driver_only_subtraction", None)

@@ -564,3 +564,12 @@ def test_safe_pickle_smoke(capsys):
     assert mod.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "| pickle.loads (C, unchecked) |" in out and "| safe_loads |" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_actor_start_smoke(capsys):
+    mod = load("bench_actor_start")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| without frozen_imports |" in out and "| with frozen_imports (shipped) |" in out

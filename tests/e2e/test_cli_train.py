@@ -100,7 +100,8 @@ def test_train_interrupt_and_resume_from_checkpoint(tmp_path):
     assert f"iterations={iterations}" in resumed.stdout
     # check_resume found the trial in Tune's saved experiment state (a private format: trial_data, each trial's
     # relative_logdir) and verified its checkpoints: a change of that format would leave this line out.
-    assert f"r3 train: {Path(trial_dir).name} resumes from {trial_dir}" in resumed.stdout, resumed.stdout[-3000:]
+    resumed_from = f"r3 train: {Path(trial_dir).name} resumes from {trial_dir}"
+    assert resumed_from in resumed.stdout, resumed.stdout[-3000:]
     rows = [json.loads(line) for line in open(Path(trial_dir) / "result.json")]
     assert rows[-1]["training_iteration"] == iterations
     # The resumed trial started from a checkpoint (iteration 5, 10, ...), not from scratch.

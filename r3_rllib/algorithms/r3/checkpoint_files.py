@@ -251,6 +251,11 @@ def _file_entry(raw: Any) -> FileEntry:
     return FileEntry(path, size, sha256)
 
 
+def unreadable_file(source: str, what: str) -> CorruptCheckpointError:
+    """The error for a checkpoint file ``source`` that cannot be decoded, saying ``what`` is wrong."""
+    return CorruptCheckpointError(f"{source}: not a readable checkpoint file (truncated or corrupt?): {what}")
+
+
 def short_repr(value: Any, limit: int = 60) -> str:
     """repr of a value read from a damaged checkpoint file, cut to ``limit`` characters (reprlib: a long list is
     not rendered whole first)."""

@@ -10,6 +10,11 @@ the env is built and sharded is in runner_setup.py.
 
 from __future__ import annotations
 
+# First: the heavy imports, then gc.freeze() (frozen_imports.py: about a third less CPU to import).
+from r3_rllib.algorithms.r3 import frozen_imports  # noqa: F401
+
+# isort: split
+
 import contextlib
 import dataclasses
 import functools

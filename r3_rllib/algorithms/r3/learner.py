@@ -23,6 +23,11 @@ each update is given (which parameters train, which logits are scored, the KL te
 
 from __future__ import annotations
 
+# First: the heavy imports, then gc.freeze() (frozen_imports.py: about a third less CPU to import).
+from r3_rllib.algorithms.r3 import frozen_imports  # noqa: F401
+
+# isort: split
+
 import functools
 import time
 from dataclasses import dataclass

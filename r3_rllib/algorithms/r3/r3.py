@@ -12,6 +12,11 @@ a restarted replay actor is refilled from the last checkpoint and the journal si
 
 from __future__ import annotations
 
+# First: the heavy imports, then gc.freeze() (frozen_imports.py: about a third less CPU to import).
+from r3_rllib.algorithms.r3 import frozen_imports  # noqa: F401
+
+# isort: split
+
 import functools
 import logging
 import os

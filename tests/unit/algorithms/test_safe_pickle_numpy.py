@@ -1,4 +1,4 @@
-"""numpy objects in a damaged or crafted checkpoint never crash the reader (safe_pickle.py, _NumpyGuard): numpy
+"""numpy objects in a damaged or crafted checkpoint never crash the reader (safe_pickle_numpy.py, NumpyGuard): numpy
 trusts the state its pickles hand back, and one changed byte of a dtype's state made numpy 2.3 segfault inside
 ``dtype.__setstate__`` (a crash of the whole process, which no ``except`` catches), so the reader checks every dtype,
 array and scalar state first. The byte sweeps load each variant in a worker subprocess, restarted after a crash, so a
