@@ -147,7 +147,8 @@ def test_hgpo_learns_through_a_runner_crash_and_restores_a_checkpoint(
       repeats to the last bit on one machine (runners' groups merged in runner order, seeded sampling and minibatch
       plans): on 2026-11-27, with MKL's strict mode (core/mkl_mode.py), it gave greedy 0.188 -> 0.219 and sampled
       0.488 -> 0.504 with the learner on one thread and on two (the code of 2026-11-24 gave the same; without the
-      strict mode, two threads rounded some products otherwise and gave 0.188 -> 0.312, 0.488 -> 0.508). The bars
+      strict mode, two threads rounded some products otherwise and gave 0.188 -> 0.312, 0.488 -> 0.508); on an
+      AVX2-only CPU on 2026-11-28 it gave greedy 0.188 -> 0.297, sampled 0.488 -> 0.504, twice alike. The bars
       sit below the smallest effect seen across seeds, not at this run's, because another machine's float kernels
       make its run another draw: `python bench/bench_hgpo.py --settings hgpo --eval-every 16` (this setting with no
       crash) gained greedy +0.078, +0.219, +0.172 and sampled +0.027, +0.082, +0.098 at seeds 0, 1, 2 on
