@@ -313,7 +313,8 @@ def _unreadable_state(exp_dir: str) -> str | None:
         with open(states[-1], "rb") as f:
             json.loads(f.read())
     except (ValueError, OSError) as e:
-        return f"Tune's experiment state {states[-1]} is unreadable ({type(e).__name__}: {e}; truncated by a full disk?)"
+        why = f"{type(e).__name__}: {e}; truncated by a full disk?"
+        return f"Tune's experiment state {states[-1]} is unreadable ({why})"
     return None
 
 

@@ -5,9 +5,10 @@ packages: about 850,000 objects the collector tracks. Each full collection scans
 imports that follow (this package's modules, transformers' lazily loaded model modules) trigger full collections
 over that whole heap. ``gc.freeze()`` after the third-party imports moves their objects to the permanent generation,
 which no collection scans; vLLM's engine does the same after it starts. Here the imports also run with the
-collector off, so the reference cycles they leave behind are frozen too (15 MB more peak memory, 633 vs 618 MB). Measured on a 2-core AMD EPYC (AVX2), the CPU-seconds of a new
-Ray actor importing the runner and learner modules, Ray's worker start-up included, 6 actors each: 13.1 without
-this module, 11.0 with it, 0.838x (``python bench/bench_actor_start.py``, BENCHMARKS.md section 49).
+collector off, so the reference cycles they leave behind are frozen too (15 MB more peak memory, 633 vs 618 MB).
+Measured on a 2-core AMD EPYC (AVX2), the CPU-seconds of a new Ray actor importing the runner and learner modules,
+Ray's worker start-up included, 6 actors each: 13.1 without this module, 11.0 with it, 0.838x
+(``python bench/bench_actor_start.py``, BENCHMARKS.md section 49).
 
 The env runner, learner and algorithm modules import this module first, so it runs in each of those processes. A
 frozen object is still freed when nothing refers to it; only a reference cycle among the frozen import-time objects
@@ -22,7 +23,7 @@ import gc
 
 
 def _import_frozen() -> None:
-    """The imports with the collector off (none of their objects is garbage to look for yet), then frozen."""
+    """The imports with the collector off (it would rescan the growing heap many times), then frozen."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -12,7 +12,7 @@ a restarted replay actor is refilled from the last checkpoint and the journal si
 
 from __future__ import annotations
 
-# First: the heavy imports, then gc.freeze() (frozen_imports.py: about a third less CPU to import).
+# First: the heavy imports with the collector off, then frozen (frozen_imports.py: 0.84x an actor's import CPU).
 from r3_rllib.algorithms.r3 import frozen_imports  # noqa: F401
 
 # isort: split

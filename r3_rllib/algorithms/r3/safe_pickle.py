@@ -108,9 +108,8 @@ class _AllowListUnpickler(pickle._Unpickler):
         self._numpy: NumpyGuard | None = None  # made when the file names a numpy global
 
     def find_class(self, module: str, name: str) -> Any:
-        if (
-            self.proto < 3 and self.fix_imports
-        ):  # protocol 2 writes Python 2's names (__builtin__.bytes), as pickle
+        # Protocol 2 writes Python 2's names (__builtin__.bytes): mapped as pickle maps them, then checked.
+        if self.proto < 3 and self.fix_imports:
             module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
             module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         module, name = MOVED_GLOBALS.get((module, name), (module, name))
@@ -135,9 +134,7 @@ class _AllowListUnpickler(pickle._Unpickler):
         if self._numpy is not None and isinstance(inst, self._numpy.types):
             self._numpy.build(inst, stack.pop())
             return
-        if isinstance(inst, _GLOBAL_TYPES) or isinstance(
-            inst, enum.Enum
-        ):  # an Enum member is process-wide too
+        if isinstance(inst, _NEVER_BUILT):
             raise unreadable_file(
                 self._source, f"BUILD applied to {short_repr(inst)}, which is no data object"
             )
@@ -198,8 +195,8 @@ def safe_load(path: str, allowed: Callable[[str, str], bool] = driver_state_glob
     """Unpickle the file at ``path`` resolving only the globals ``allowed`` accepts. CheckpointFormatError, naming
     ``path``, for a refused global; CorruptCheckpointError (a subclass) for a file that is not a complete pickle
     (truncated, corrupt, or declaring sizes larger than the file)."""
-    # Read whole (memory of a small multiple of the file's size is all it may cost) so that the sizes checked are those of the
-    # bytes unpickled; the unpickler reads from memory, where a read never returns more than is there.
+    # Read whole (memory of a small multiple of the file's size is all it may cost) so that the sizes checked are
+    # those of the bytes unpickled; the unpickler reads from memory, where a read never returns more than is there.
     with open(path, "rb") as f:
         data = f.read()
     return _load(data, allowed, path)
@@ -219,9 +216,9 @@ def _load(data: bytes, allowed: Callable[[str, str], bool], source: str) -> Any:
     except CheckpointFormatError:
         raise
     except (MemoryError, ImportError):
-        # Not the file's fault, so not "corrupt" (which sets a checkpoint aside): check_declared_sizes, the checked calls
-        # (_CHECKED_CALLS, no dataclass call, numpy's sizes) keep a file from asking for more memory than a small
-        # multiple of its own size, so a MemoryError means this process is short of memory;
+        # Not the file's fault, so not "corrupt" (which sets a checkpoint aside): check_declared_sizes and the
+        # checked calls (_CHECKED_CALLS, no dataclass call, numpy's sizes) keep a file from asking for more memory
+        # than a small multiple of its own size, so a MemoryError means this process is short of memory;
         # an ImportError, an allowed module this environment lacks (numpy 1.x reading numpy 2's numpy._core).
         raise
     except Exception as e:
@@ -234,8 +231,8 @@ def _load(data: bytes, allowed: Callable[[str, str], bool], source: str) -> Any:
         ) from e
 
 
-#: What a file can name but never BUILD: classes and functions (its globals).
-_GLOBAL_TYPES = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+#: What a file can reach but never BUILD: classes and functions (its globals) and Enum members (one per process).
+_NEVER_BUILT = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, enum.Enum)
 
 
 # -- sizes a pickle declares ---------------------------------------------------------------------------------------
