@@ -116,16 +116,13 @@ def refuse_step_level_estimator(config: Any) -> None:
 def refuse_tool_settings(config: Any, defaults: Mapping[str, Any]) -> None:
     """``max_tool_turns``/``max_trajectory_tokens`` shape multi-turn tool trajectories only: set for an env without
     ``tool_episode`` they would be silently ignored, so refuse them there."""
-    changed = [
-        f"{name}={getattr(config, name)!r}"
-        for name in ("max_tool_turns", "max_trajectory_tokens")
-        if getattr(config, name) != defaults[name]
-    ]
-    if changed:
-        raise ValueError(
-            f"{', '.join(changed)} only apply to multi-turn tool envs (ones with tool_episode(query_id), e.g. "
-            f"'python_tool'); env {env_label(config)!r} has none: leave them at their defaults"
-        )
+    _refuse_unread(
+        config,
+        defaults,
+        ("max_tool_turns", "max_trajectory_tokens"),
+        "multi-turn tool envs (ones with tool_episode(query_id), e.g. 'python_tool')",
+        "not one",
+    )
 
 
 def refuse_episode_cap(config: Any, what: str) -> None:
@@ -160,13 +157,19 @@ def refuse_step_discount(config: Any, defaults: Mapping[str, Any], what: str) ->
 def _refuse_unread(
     config: Any, defaults: Mapping[str, Any], names: tuple[str, ...], readers: str, what: str
 ) -> None:
+    """Refuse the settings among ``names`` changed from their defaults: only ``readers`` read them, and the env is
+    ``what`` (as the message describes it)."""
     changed = [
         f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name) != defaults[name]
     ]
     if changed:
+        one = len(changed) == 1
+        verb, subject, obj = (
+            ("applies", "it", "it at its default") if one else ("apply", "they", "them at their defaults")
+        )
         raise ValueError(
-            f"{', '.join(changed)} only apply to {readers}; env {env_label(config)!r} is {what}, so it would be "
-            "ignored: leave it at its default"
+            f"{', '.join(changed)} only {verb} to {readers}; env {env_label(config)!r} is {what}, so {subject} would "
+            f"be ignored: leave {obj}"
         )
 
 

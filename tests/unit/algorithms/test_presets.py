@@ -138,8 +138,8 @@ def test_new_estimators_and_losses_validate_and_read_their_fields():
 @pytest.mark.parametrize(
     ("kwargs", "tool_use", "refused"),
     [
-        ({"max_tool_turns": 6}, False, "max_tool_turns=6 only apply to multi-turn tool envs"),
-        ({"max_trajectory_tokens": 512}, False, "max_trajectory_tokens=512 only apply"),
+        ({"max_tool_turns": 6}, False, "max_tool_turns=6 only applies to multi-turn tool envs"),
+        ({"max_trajectory_tokens": 512}, False, "max_trajectory_tokens=512 only applies"),
         ({"max_tool_turns": 6, "max_trajectory_tokens": 512}, True, None),
         ({}, False, None),
     ],

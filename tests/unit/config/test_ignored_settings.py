@@ -86,7 +86,7 @@ def test_agent_settings_are_refused_by_every_kind_but_the_agent_one(setting, val
     defaults = default_values()
     config = R3Config().environment("arithmetic").training(**{setting: value})
     with pytest.raises(
-        ValueError, match=rf"{setting}=.* only apply to agent envs .*env 'arithmetic' is single-step"
+        ValueError, match=rf"{setting}=.* only applies to agent envs .*env 'arithmetic' is single-step"
     ):
         _runner_check(config, make_text_env("arithmetic", num_queries=2))
     with pytest.raises(ValueError, match="env 'python_tool' is a multi-turn tool env"):
@@ -101,7 +101,7 @@ def test_step_gamma_is_refused_where_no_episode_is_discounted():
     defaults = default_values()
     config = R3Config().environment("arithmetic").training(step_gamma=0.5)
     with pytest.raises(
-        ValueError, match=r"step_gamma=0.5 only apply to multi-step and agent envs .*single-step"
+        ValueError, match=r"step_gamma=0.5 only applies to multi-step and agent envs .*single-step"
     ):
         _runner_check(config, make_text_env("arithmetic", num_queries=2))
     with pytest.raises(ValueError, match="env 'python_tool' is a multi-turn tool env"):
@@ -241,3 +241,22 @@ def test_every_option_of_a_mode_family_is_in_a_table_or_decided_elsewhere():
     untabled = {f for f in fields if f.startswith(families) and f not in tabled | switches}
     assert untabled == set()
     assert tabled <= fields
+
+
+def test_the_message_agrees_in_number_with_the_settings_it_names():
+    """One changed setting "applies" and is left "at its default"; two "apply" and are left "at their defaults"."""
+    from r3_rllib.rollout.kinds.base import refuse_tool_settings
+
+    defaults = default_values()
+    one = R3Config().environment("arithmetic").training(max_tool_turns=6)
+    with pytest.raises(
+        ValueError, match=r"max_tool_turns=6 only applies to .*so it would be ignored: leave it at its"
+    ):
+        refuse_tool_settings(one, defaults)
+    both = one.copy(copy_frozen=False).training(max_trajectory_tokens=512)
+    with pytest.raises(
+        ValueError,
+        match=r"max_tool_turns=6, max_trajectory_tokens=512 only apply to .*env 'arithmetic' is not one, so they "
+        r"would be ignored: leave them at their defaults",
+    ):
+        refuse_tool_settings(both, defaults)
