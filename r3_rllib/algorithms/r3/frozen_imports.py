@@ -21,12 +21,12 @@ from __future__ import annotations
 import atexit
 import gc
 
+from r3_rllib.core.frozen_heap import collector_off_then_frozen
+
 
 def _import_frozen() -> None:
-    """The imports with the collector off (it would rescan the growing heap many times), then frozen."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    """The imports with the collector off, then frozen (core/frozen_heap.py)."""
+    with collector_off_then_frozen():
         import ray.rllib  # noqa: F401
         import torch  # noqa: F401
         import transformers.generation.utils  # noqa: F401
@@ -37,10 +37,6 @@ def _import_frozen() -> None:
             LlamaForCausalLM,
             Qwen2ForCausalLM,
         )
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 _import_frozen()
