@@ -573,3 +573,13 @@ def test_actor_start_smoke(capsys):
     assert mod.main(["--smoke"]) == 0
     out = capsys.readouterr().out
     assert "| without frozen_imports |" in out and "| with frozen_imports (shipped) |" in out
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_actor_start_vllm_smoke(capsys):
+    pytest.importorskip("vllm")
+    mod = load("bench_actor_start")
+    assert mod.main(["--smoke", "--vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "| vLLM imported with the collector on |" in out and "| vLLM's import frozen (shipped) |" in out
