@@ -14,11 +14,12 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
   ``/dev/shm``, share one tmpfs of ``disk_mb`` and ``64 * disk_mb`` inodes (at least 1024): a full disk is ENOSPC
   inside. Its pages are freed with the namespace when the run ends; there is no scratch directory on the host.
 - *Memory outside the address space refused* (:mod:`r3_rllib.tools.seccomp`): ``RLIMIT_AS`` does not count pages
-  held by a file descriptor or a filesystem, so a seccomp filter denies ``memfd_create``, SysV shared memory, new
-  namespaces (``unshare``/``clone`` with namespace flags, so no user namespace and no tmpfs of one's own), ``mount``,
-  ``ptrace``, ``bpf``, ``io_uring``, ``userfaultfd``, ``perf_event_open``, keyrings, and more. What a program can hold
-  is then bounded by ``max_processes * memory_mb + disk_mb`` (plus kernel buffers of at most 64 open files per
-  process).
+  held by a file descriptor or a filesystem, so a seccomp filter denies ``memfd_create``, System V IPC (shared
+  memory, semaphores, message queues: kernel memory no limit counts), POSIX message queues, new namespaces
+  (``unshare``/``clone`` with namespace flags, so no user namespace and no tmpfs of one's own), ``mount``, ``ptrace``,
+  ``bpf``, ``io_uring`` and Linux AIO (a host-wide quota), ``userfaultfd``, ``perf_event_open``, keyrings, and more.
+  What a program can hold is then bounded by ``max_processes * memory_mb + disk_mb`` (plus kernel buffers of at
+  most 64 open files per process).
 - *No network*: a new network namespace with only a down loopback interface; new IPC and UTS namespaces too.
 - *Its own user*: a user id drawn per run from :data:`SANDBOX_UID_RANGE`, no groups, no new privileges (setuid
   binaries gain nothing, and the bind mounts are ``nosuid``); ``RLIMIT_NPROC`` counts that user's processes.
@@ -29,14 +30,15 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
 
 **Isolation ``"rlimits"``** (the fallback where namespaces are not available). It gives: the resource limits below,
 a scratch directory on the host (removed afterwards), the seccomp filter where the kernel allows one (no memfd, no
-user namespaces, no ptrace), a wall-clock timeout measured independently of the program's pipes (a program that
-closes stdout/stderr is still killed at ``timeout_s`` and reported ``timed_out``), and a launcher that is a child
-subreaper and kills every descendant when the program ends or times out. It does NOT give: a private filesystem
+SysV IPC, no user namespaces, no ptrace), a wall-clock timeout measured independently of the program's pipes (a
+program that closes stdout/stderr is still killed at ``timeout_s`` and reported ``timed_out``), and a launcher that is
+a child subreaper and kills every descendant when the program ends or times out. It does NOT give: a private filesystem
 (the program reads and writes whatever the calling user can, ``/tmp``, ``/dev/shm``, ``/run/lock`` and the checkout
 included), a disk quota (``max_file_mb`` bounds each file, not their number), a memory bound for files in a tmpfs
 such as ``/dev/shm``, network isolation, a process-count limit (``RLIMIT_NPROC`` would count all of the user's
 processes), or protection of the launcher: the program runs as the same user and may kill it, and its orphans then
-outlive the run. Pass ``isolation="namespaces"`` to refuse to run without the strong form.
+outlive the run (a root caller's program runs as root: every process and file of the machine is in its reach).
+Pass ``isolation="namespaces"`` to refuse to run without the strong form.
 
 Resource limits in both: CPU seconds (``RLIMIT_CPU``, a backstop), address space per process (``memory_mb``,
 ``RLIMIT_AS``), file size (``max_file_mb``, ``RLIMIT_FSIZE``), 64 open files, no core dumps; a wall-clock timeout,
