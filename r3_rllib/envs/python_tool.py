@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.math_env import MathEnv
 from r3_rllib.rewards.math_grader import shared_grader
 from r3_rllib.tools.sandbox import LIMIT_MAXIMA as SANDBOX_MAX
-from r3_rllib.tools.sandbox import MIN_MEMORY_MB, resolve_isolation, run_python
+from r3_rllib.tools.sandbox import MIN_MEMORY_MB, namespaces_unavailable_reason, resolve_isolation, run_python
 
 logger = logging.getLogger(__name__)
 _warned_fallback = False
@@ -199,9 +200,13 @@ def _isolation_for_tools(requested: str) -> str:
     mode = resolve_isolation(requested)  # type: ignore[arg-type]
     if requested == "auto" and mode == "rlimits" and not _warned_fallback:
         _warned_fallback = True
+        # As root (a container's default user, without CAP_SYS_ADMIN), "what this user can" is the whole machine.
+        user = "root: every file and process of this machine" if os.geteuid() == 0 else "this user"
         logger.warning(
-            "python_tool: sandbox namespaces are not available here (they need root or CAP_SYS_ADMIN); tool code "
-            "runs under the weaker 'rlimits' isolation: it can read and write what this user can and reach the "
-            "network. Set tool_isolation: namespaces to refuse this."
+            "python_tool: sandbox namespaces are not available here (%s); tool code runs under the weaker 'rlimits' "
+            "isolation: it can read, write and signal what %s can reach, and the network. Set tool_isolation: "
+            "namespaces to refuse this.",
+            namespaces_unavailable_reason() or "they need Linux and root",
+            user,
         )
     return mode

@@ -46,6 +46,19 @@ def test_auto_fallback_is_logged_once(no_namespaces, caplog):
     assert len(warnings) == 1 and "tool_isolation: namespaces" in warnings[0].getMessage()
 
 
+@pytest.mark.parametrize(
+    "euid, reach", [(0, "root: every file and process of this machine"), (1000, "this user")]
+)
+def test_the_fallback_warning_says_whose_reach_the_code_has(no_namespaces, monkeypatch, caplog, euid, reach):
+    """As root (a container's default user) the weaker isolation leaves the whole machine to the model's code."""
+    monkeypatch.setattr(python_tool.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(python_tool, "namespaces_unavailable_reason", lambda: "a probe run failed (exit 1)")
+    with caplog.at_level(logging.WARNING, logger="r3_rllib.envs.python_tool"):
+        _env()
+    (message,) = [r.getMessage() for r in caplog.records if "rlimits" in r.getMessage()]
+    assert "(a probe run failed (exit 1))" in message and f"what {reach} can reach" in message
+
+
 def test_unknown_isolation_is_refused():
     with pytest.raises(ValueError, match="tool_isolation"):
         _env(tool_isolation="docker")
