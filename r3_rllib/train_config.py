@@ -43,6 +43,10 @@ BUILDER_SECTIONS = (
 SCHEMA_SECTIONS = ("run", "stop")
 TOP_KEYS = set(BUILDER_SECTIONS) | {"preset", "stop", "run"}
 PRESETS = {"grpo": "grpo_preset", "dapo": "dapo_preset", "r3": "r3_preset"}
+#: Data files given where a run file belongs (a ``.json`` may be a run file: JSON is YAML).
+DATA_SUFFIXES = (".jsonl", ".parquet")
+#: The built-in envs whose ``env_config.data`` is one file (or a hub name) read by r3_rllib/envs/data.py.
+FILE_DATA_ENVS = ("math", "reward_fn")
 #: The settings a top-level key is pointed to section ``r3`` for (R^3's switches and parameters; R3Config.r3).
 R3_SECTION_PREFIXES = ("replay", "reflection", "ranking", "adv_alpha", "adv_lambda")
 
@@ -168,6 +172,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def load_run_file(path: str | Path, overrides: list[str] | None = None, *, check_env: bool = True) -> RunSpec:
     """The run file at ``path`` with ``overrides`` (``--set``) applied, checked (:func:`build_run_spec`)."""
     path = Path(path)
+    # A one-line .jsonl parses as YAML, and "unknown key 'problem' in the run file's top level" would mislead.
+    if path.suffix.lower() in DATA_SUFFIXES:
+        raise ConfigError(
+            f"{path}: a data file, not a run file (YAML, see examples/); name it in a run file as "
+            "environment.env_config.data"
+        )
     try:
         raw = _load_yaml(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError as e:
@@ -215,9 +225,42 @@ def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool =
         raise ConfigError(str(e)) from e
     # After the sections and validate(): a module they imported (a "module:Class" env, a plugin) may have
     # registered the name.
-    if check_env and (error := env_name_error(config)) is not None:
+    if check_env and (error := env_name_error(config) or env_config_error(config)) is not None:
         raise ConfigError(error)
     return RunSpec(config=config, stop=dict(stop), run=dict(run))
+
+
+def env_config_error(config) -> str | None:
+    """A key of ``environment.env_config`` that the env's factory does not take, named with the closest one it
+    does, or None. Each EnvRunner would fail with Python's ``unexpected keyword argument`` only after Ray started
+    and the model loaded. Envs that cannot be imported here (an optional package, a name only Ray Tune's registry
+    knows) or that take ``**kwargs`` are left to the runners. (``training.eval_env_config`` is not checked: its
+    default, ``{split: test}``, is for envs with a held-out split, and is unused by the others.)"""
+    from r3_rllib.envs.registry import get_text_env_factory
+
+    env = config.env
+    try:
+        factory = env if callable(env) else get_text_env_factory(env)
+        params = inspect.signature(factory).parameters
+    except Exception:  # noqa: BLE001 - any failure to look here only skips the check; the runner reports its own
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
+    for key in config.env_config or {}:
+        if key not in known:
+            return unknown_env_option(key, known, "environment.env_config", env)
+    return None
+
+
+def unknown_env_option(key: Any, known: list[str], where: str, env: Any) -> str:
+    """``where: env 'math' takes no option 'problem_kye'; did you mean 'problem_key'?`` with the options known."""
+    import difflib
+
+    name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; its options: {', '.join(sorted(known))}"
+    return f"{where}: env {name!r} takes no option {key!r}{hint}"
 
 
 def env_name_error(config) -> str | None:
@@ -266,10 +309,25 @@ def _schema_section(raw: dict, section: str) -> dict:
     if section == "run" and not errors:
         from r3_rllib.algorithms.r3.trackers import tracker_errors
 
-        errors = tracker_errors(values)
+        errors = _run_name_errors(values.get("name")) + tracker_errors(values)
     if errors:
         raise ConfigError("; ".join(errors))
     return values
+
+
+def _run_name_errors(name: Any) -> list[str]:
+    """``run.name`` is a folder under ``run.storage_path``: an absolute path or one with a ``.``/``..`` part would
+    put the run elsewhere (``..``: into the storage folder's parent, beside other runs; an absolute one outside
+    the storage folder that ``--resume`` and the earlier-run check look in)."""
+    if not isinstance(name, str) or not name:
+        return []  # None or "": the run file's name (the type is the schema's to check)
+    parts = name.replace("\\", "/").split("/")
+    if os.path.isabs(name) or name.startswith("~") or any(p in (".", "..") for p in parts):
+        return [
+            f"run.name must be a folder name under run.storage_path (no leading '/' or '~', no '.' or '..' part), "
+            f"got {name!r}; set run.storage_path to place the run elsewhere"
+        ]
+    return []
 
 
 def _preset_config(preset: Any):
@@ -372,6 +430,13 @@ def _check_paths(config) -> None:
     data = (config.env_config or {}).get("data")
     if isinstance(data, str) and _looks_local(data) and not Path(data).expanduser().exists():
         raise ConfigError(f"environment.env_config.data: file not found: {data}")
+    folder = isinstance(data, str) and _looks_local(data) and Path(data).expanduser().is_dir()
+    if folder and config.env in FILE_DATA_ENVS:
+        # A folder (``data: ./``, or one of shards) passed here and failed in every EnvRunner after Ray started.
+        # An env of one's own may read a folder: only the envs that read data.py's files are held to a file.
+        raise ConfigError(
+            f"environment.env_config.data: {data} is a folder; name a .json, .jsonl or .parquet file in it"
+        )
     for key in ("model_path", "tokenizer_path"):
         value = getattr(config, key)
         if isinstance(value, str) and _looks_local(value) and not Path(value).expanduser().exists():

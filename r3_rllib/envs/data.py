@@ -3,7 +3,8 @@
 ``source`` is a local ``.json`` (a list of rows, or ``{"data": [...]}``), ``.jsonl`` or ``.parquet`` file, or a hub
 dataset name such as ``agentica-org/DeepScaleR-Preview-Dataset`` (read with ``datasets.load_dataset(name,
 split=split)``). A string is a local path when it exists, ends like a data file (``.json``, ``.csv``, ``.gz``, ...)
-or starts with ``/``, ``.`` or ``~``; anything else is a hub name.
+or starts with ``/``, ``.`` or ``~``; anything else is a hub name. Files are UTF-8; a byte-order mark at the start
+(Windows editors, spreadsheet exports) is dropped.
 
 Answer normalisation (the ``answer`` column and the optional ``answers`` column, whose forms are all accepted):
 
@@ -63,6 +64,8 @@ _FILE_LIKE_SUFFIXES = LOCAL_SUFFIXES + (
 # How many skip reasons a LoadReport keeps and the warning shows.
 MAX_REASONS = 20
 _LOGGED_REASONS = 5
+# How many of a row's columns a "missing column" message lists.
+MAX_LISTED_COLUMNS = 12
 
 
 class DataError(ValueError):
@@ -233,6 +236,14 @@ def normalize_answer_value(value: Any, field: str = "answer") -> tuple[str, ...]
     return tuple(out)
 
 
+def _missing_column(row: Mapping[str, Any], option: str) -> str:
+    """ "missing" with the columns the row has: a file whose columns are named otherwise (``question``/``solution``)
+    is told which option picks them, not only that ``problem`` is absent from every row."""
+    columns = ", ".join(repr(str(c)) for c in list(row)[:MAX_LISTED_COLUMNS])
+    more = f", ... ({len(row)} in all)" if len(row) > MAX_LISTED_COLUMNS else ""
+    return f"missing; the row's columns are {columns or 'none'}{more} (set {option} to read another column)"
+
+
 def _parse_row(
     row: Any, *, problem_key: str, answer_key: str, answers_key: str, id_key: str, default_id: str
 ) -> MathProblem:
@@ -243,7 +254,9 @@ def _parse_row(
         raise _BadRow(twice, "the key appears twice in the row (JSON would keep the last silently)")
     problem = row.get(problem_key)
     if problem is None:
-        raise _BadRow(problem_key, "missing")
+        raise _BadRow(
+            problem_key, "missing (null)" if problem_key in row else _missing_column(row, "problem_key")
+        )
     if not isinstance(problem, str):
         raise _BadRow(problem_key, f"expected a string, got {type(problem).__name__}")
     if not _check_text(problem, problem_key).strip():
@@ -251,7 +264,9 @@ def _parse_row(
 
     answer_value, answers_value = row.get(answer_key), row.get(answers_key)
     if answer_value is None and answers_value is None:
-        raise _BadRow(answer_key, "missing" if answer_key not in row else "missing (null)")
+        raise _BadRow(
+            answer_key, "missing (null)" if answer_key in row else _missing_column(row, "answer_key")
+        )
     answers = normalize_answer_value(answer_value, answer_key) if answer_value is not None else ()
     if answers_value is not None:
         extra = normalize_answer_value(answers_value, answers_key)
@@ -284,7 +299,8 @@ def _is_local(source: str | os.PathLike) -> bool:
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, str, Any]]:
     try:
-        handle = path.open(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors, Excel's export) is dropped, not parsed as row 0's JSON.
+        handle = path.open(encoding="utf-8-sig")
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc}") from exc
     with handle:
@@ -308,7 +324,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, str, Any]]:
 
 def _read_json(path: Path) -> Iterator[tuple[int, str, Any]]:
     try:
-        data = _loads(path.read_text(encoding="utf-8"))
+        data = _loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not JSON: dropped
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read: {exc}") from exc
     except json.JSONDecodeError as exc:

@@ -602,6 +602,19 @@ def max_new_tokens_of(args: argparse.Namespace) -> int:
     return DEFAULT_ENV_MAX_NEW_TOKENS if getattr(args, "env", None) else DEFAULT_MAX_NEW_TOKENS
 
 
+#: The report written when ``--out`` names an existing folder (its table beside it as ``results.md``).
+DEFAULT_REPORT_NAME = "results.json"
+
+
+def report_path(out: str | None) -> str | None:
+    """Where ``--out`` writes the report, settled before the engine is built: an existing folder gets
+    ``results.json`` inside it. Written as given, a folder failed with an IsADirectoryError after the whole
+    evaluation (hours on the full benchmarks), and the report was lost."""
+    if out is None:
+        return None
+    return str(Path(out) / DEFAULT_REPORT_NAME) if Path(out).is_dir() else out
+
+
 def _check_data_dir(names: list[str], data_dir: str | None) -> None:
     """With ``--data-dir``: every benchmark's file is there, checked before the engine is built (loading a large
     model takes minutes)."""
@@ -626,6 +639,7 @@ def run_eval(
     try:
         names = parse_benchmark_names(args.benchmarks)
         _check_data_dir(names, args.data_dir)
+        args.out = report_path(args.out)
         model_path = build_model_path(args.model)  # builds a named model first
         _check_head(args, model_path)
     except (OSError, ValueError) as e:
@@ -676,19 +690,29 @@ def run_eval(
     report.config.update(
         model=str(args.model), engine=kind, with_head=bool(getattr(args, "with_head", False))
     )
-    _print_report(report, args.out)
-    return 0
+    return _print_report(report, args.out)
 
 
-def _print_report(report: EvalReport, out_path: str | None) -> None:
-    """The markdown table (and each env's mean reward) on stdout; the JSON and the table at ``out_path``."""
+def _print_report(report: EvalReport, out_path: str | None) -> int:
+    """The markdown table (and each env's mean reward) on stdout; the JSON and the table at ``out_path``. 1 when
+    ``out_path`` cannot be written (permissions, a full disk): the table above is then the only copy, said so,
+    rather than a traceback under it."""
     table = report.to_markdown()
     print(table)
     for r in report.results:
         if r.mean_reward is not None:
             print(f"{r.name}: mean reward {r.mean_reward:.4f} over {r.num_problems} queries x {r.n}")
-    if out_path:
+    if not out_path:
+        return 0
+    try:
         out = report.to_json(out_path)
         table_path = out.with_suffix(".md") if out.suffix != ".md" else out.with_name(out.name + ".table.md")
         table_path.write_text(table + "\n")
-        print(f"wrote {out} and {table_path}", file=sys.stderr)
+    except OSError as e:
+        print(
+            f"r3 eval: error: cannot write --out {out_path} ({e}); the table above is the result",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"wrote {out} and {table_path}", file=sys.stderr)
+    return 0

@@ -270,6 +270,20 @@ def build_figure(
     return fig
 
 
+#: The file written when ``--out`` names an existing folder.
+DEFAULT_PNG = "curves.png"
+
+
+def output_path(out: str | Path) -> Path:
+    """The file ``out`` names: an existing folder gets ``curves.png`` inside it, a name without an extension gets
+    ``.png``. Matplotlib adds that extension itself, so the path said to be written was another file's
+    (``--out runs/`` wrote ``runs.png`` beside the folder and printed ``wrote runs``)."""
+    path = Path(out)
+    if path.is_dir():
+        return path / DEFAULT_PNG
+    return path if path.suffix else path.with_name(path.name + ".png")
+
+
 def plot_runs(
     run_dirs: Sequence[str | Path] | str | Path,
     out_png: str | Path,
@@ -284,9 +298,9 @@ def plot_runs(
 
     if isinstance(run_dirs, str | Path):
         run_dirs = [run_dirs]
+    out = output_path(out_png)
     runs = load_runs(run_dirs, labels)
     fig = build_figure(runs, metrics, optional)
-    out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(out, dpi=100)

@@ -32,6 +32,8 @@ from r3_rllib.eval.plot import DEFAULT_METRICS, RunCurves, build_figure, find_tr
 
 #: Samples shown per report (the newest iterations first): the page stays a few MB at most.
 DEFAULT_MAX_SAMPLES = 300
+#: The file written when ``--out`` names an existing folder.
+DEFAULT_REPORT_NAME = "report.html"
 HEALTH_PREFIX = "health/"
 SAMPLES_DIR = "samples"
 
@@ -113,16 +115,14 @@ def sample_entries(
     trial_dir: Path, max_samples: int = DEFAULT_MAX_SAMPLES
 ) -> tuple[list[dict[str, Any]], str]:
     """The browser's entries (newest iterations first) and a note saying what they are or why there are none."""
-    from r3_rllib.rollout.records import read_rows
+    from r3_rllib.eval.samples import readable_rows
 
     files = sorted((trial_dir / SAMPLES_DIR).glob("iter_*.parquet"), reverse=True)
     if not files:
         return [], f"no sample records under {trial_dir / SAMPLES_DIR} (the run logged none)"
-    rows: list[dict[str, Any]] = []
-    for path in files:
-        rows += read_rows(str(path))
-        if len(rows) >= max_samples:
-            break
+    rows, damaged = readable_rows(files, limit=max_samples)
+    for line in damaged:  # the page says it too (the note below); the terminal shows it now
+        warnings.warn(line, stacklevel=2)
     rows = rows[:max_samples]
     tokenizer = _trial_tokenizer(trial_dir)
     entries = []
@@ -146,6 +146,8 @@ def sample_entries(
         "tokenizer pieces" if tokenizer is not None else "token ids (the run's tokenizer could not be loaded)"
     )
     note = f"{len(entries)} samples from {len(files)} iteration files, newest first; tokens are {how}"
+    if damaged:
+        note += f"; {len(damaged)} file(s) left out: " + "; ".join(damaged)
     return entries, note
 
 
@@ -249,10 +251,18 @@ def render_report(run_dir: str | Path, max_samples: int = DEFAULT_MAX_SAMPLES) -
 
 
 def write_report(run_dir: str | Path, out: str | Path, max_samples: int = DEFAULT_MAX_SAMPLES) -> Path:
-    """Write :func:`render_report` to `out` (parents created); returns its path."""
+    """Write :func:`render_report` to `out` (parents created; an existing folder gets ``report.html`` inside it);
+    returns its path. The path is settled before the report is rendered, so a folder named as `out` does not end a
+    finished rendering in an IsADirectoryError."""
     out = Path(out)
+    if out.is_dir():
+        out = out / DEFAULT_REPORT_NAME
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
+        # rows[:-3] would silently show all but the last three, and no file would be read at all.
+        raise ValueError(f"--max-samples must be an integer >= 0, got {max_samples!r}")
+    page = render_report(run_dir, max_samples)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(run_dir, max_samples), encoding="utf-8")
+    out.write_text(page, encoding="utf-8")
     return out
 
 
@@ -268,10 +278,19 @@ def add_report_args(parser: Any) -> Any:
 def run_report(args: Any) -> int:
     import sys
 
-    try:
-        path = write_report(args.run, args.out, args.max_samples)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"r3 report: {err}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            path: Path | Exception = write_report(args.run, args.out, args.max_samples)
+        except (OSError, ValueError) as err:  # OSError: an output that cannot be written (permissions, ...)
+            path = err
+    for warning in caught:  # a damaged records file: one line, not Python's warning with a source line
+        if issubclass(warning.category, UserWarning):
+            print(f"r3 report: warning: {warning.message}", file=sys.stderr)
+        else:  # another library's (a DeprecationWarning, ...): the usual route and filters
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if isinstance(path, Exception):
+        print(f"r3 report: {path}", file=sys.stderr)
         return 2
     print(f"wrote {path} (open it in a browser; it needs no network)")
     return 0

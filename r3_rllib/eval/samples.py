@@ -66,6 +66,24 @@ def iteration_of(path: Path) -> int:
     return int(stem) if stem.isdigit() else -1
 
 
+def readable_rows(
+    files: Sequence[Path], columns: Sequence[str] | None = None, *, limit: int | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of ``files`` (stopping once ``limit`` rows are read) and one line for each file that cannot be read
+    as records (cut short by a full disk or a copy, or not a records file): a damaged file is left out, naming it,
+    rather than ending the listing, or the report of a whole run, in pyarrow's traceback."""
+    rows: list[dict[str, Any]] = []
+    damaged: list[str] = []
+    for f in files:
+        if limit is not None and len(rows) >= limit:
+            break
+        try:
+            rows += read_rows(str(f), columns)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            damaged.append(f"{f}: not a readable records file, left out ({type(e).__name__}: {e})")
+    return rows, damaged
+
+
 def select_files(files: Sequence[Path], iteration: int | None) -> list[Path]:
     """``files`` of ``iteration`` (negative: counted from the last one; None: all)."""
     if iteration is None:
@@ -153,13 +171,21 @@ def full_text(row: dict[str, Any]) -> str:
 def show_samples(run: str | Path, args: argparse.Namespace, out=None) -> int:
     """Print the rows of ``run`` that pass the filters of ``args``; 2 when ``run`` holds no records."""
     out = out or sys.stdout
+    if Path(run).is_file() and Path(run).suffix != ".parquet":  # progress.csv, a checkpoint file, ...
+        print(
+            f"r3 samples: {run} is not a records file ({FILE_PREFIX}*.parquet): name the run's folder",
+            file=sys.stderr,
+        )
+        return 2
     trials = record_files(run)
     if not trials:
         print(f"r3 samples: no sample records under {run} (samples/{FILE_PREFIX}*.parquet)", file=sys.stderr)
         return 2
     for folder, files in trials.items():
         chosen = select_files(files, args.iteration)
-        rows = [r for f in chosen for r in read_rows(str(f), COLUMNS)]
+        rows, damaged = readable_rows(chosen, COLUMNS)
+        for line in damaged:
+            print(f"r3 samples: warning: {line}", file=sys.stderr)
         kept = [
             r
             for r in rows

@@ -207,7 +207,10 @@ def test_skip_counts_logs_and_drops_bad_rows(tmp_path, caplog):
     n_bad = len(BAD_ROWS) + 1
     assert report == LoadReport(str(path), len(rows) + 1, 2, n_bad, report.skip_reasons)
     assert len(report.skip_reasons) == n_bad
-    assert report.skip_reasons[0] == f"{path}: row 1 (line 2): field 'problem': missing"
+    assert report.skip_reasons[0] == (
+        f"{path}: row 1 (line 2): field 'problem': missing; the row's columns are 'answer' (set problem_key to read "
+        "another column)"
+    )
     assert "row 3 (line 4): field '<json>'" in report.skip_reasons[2]
     [record] = [r for r in caplog.records if r.name == "r3_rllib.envs.data"]
     assert f"skipped {n_bad} bad row(s) of {len(rows) + 1}" in record.getMessage()
