@@ -274,10 +274,11 @@ def check_resume(exp_dir: str) -> bool:
         good = [
             newest_complete_checkpoint(d, set_aside=False, hashes=False).path for d in _trial_dirs(exp_dir)
         ]
+        listed = ", ".join(p for p in good if p) or "none"
         print(
             f"r3 train: cannot resume: {unreadable}, and Tune would start the run again from iteration 1. The "
-            f"complete checkpoints are still usable (R3.restore / Algorithm.restore): "
-            f"{', '.join(p for p in good if p) or 'none'}",
+            f"newest checkpoint of each trial with every file present at its recorded size is still usable "
+            f"(R3.restore / Algorithm.restore, which check the files' hashes): {listed}",
             file=sys.stderr,
         )
         return False

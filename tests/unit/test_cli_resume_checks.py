@@ -53,7 +53,10 @@ def test_truncated_experiment_state_stops_the_resume_naming_file_and_good_checkp
     assert not check_resume(str(exp))
     err = capsys.readouterr().err
     assert f"Tune's experiment state {exp / 'experiment_state-2026-11-26_04-00-00.json'} is unreadable" in err
-    assert f"still usable (R3.restore / Algorithm.restore): {trial / 'checkpoint_000000'}" in err
+    assert (
+        f"still usable (R3.restore / Algorithm.restore, which check the files' hashes): {trial / 'checkpoint_000000'}"
+        in err
+    )
     assert (trial / "checkpoint_000001").is_dir()  # the resume stops: nothing is set aside
 
 
