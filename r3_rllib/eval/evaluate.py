@@ -386,6 +386,39 @@ def _split_names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``, checked when the command line is read: ``--n 0`` was refused only
+    inside the evaluation, after the model had loaded (minutes for a large one)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float in [low, high] (``(low, high]`` when ``low_open``; ``high`` may be inf)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        above_low = value > low if low_open else value >= low
+        if not (above_low and value <= high and math.isfinite(value)):  # NaN fails every comparison
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"expected a number in {bracket}{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
 def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="model folder or hub name")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
@@ -394,7 +427,9 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=",".join(PAPER_BENCHMARKS),
         help=f"comma-separated, from {', '.join(BENCHMARKS)} (default: %(default)s)",
     )
-    parser.add_argument("--n", type=int, default=16, help="samples per problem (default: %(default)s)")
+    parser.add_argument(
+        "--n", type=_int_at_least(1), default=16, help="samples per problem (default: %(default)s)"
+    )
     parser.add_argument(
         "--engine",
         choices=ENGINE_KINDS,
@@ -405,16 +440,24 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-dir", default=None, help="read <benchmark>.jsonl files here instead of the hub"
     )
-    parser.add_argument("--max-problems", type=int, default=None, help="first N problems of each benchmark")
+    parser.add_argument(
+        "--max-problems", type=_int_at_least(1), default=None, help="first N problems of each benchmark"
+    )
     parser.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=_int_at_least(1),
         default=None,
         help=f"default: {DEFAULT_MAX_NEW_TOKENS} for the math benchmarks, {DEFAULT_ENV_MAX_NEW_TOKENS} with --env",
     )
-    parser.add_argument("--temperature", type=float, default=0.6, help="default: %(default)s")
-    parser.add_argument("--top-p", type=float, default=0.95, help="default: %(default)s")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="prompts per engine call")
+    parser.add_argument(
+        "--temperature", type=_float_in(0.0, math.inf), default=0.6, help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--top-p", type=_float_in(0.0, 1.0, low_open=True), default=0.95, help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--batch-size", type=_int_at_least(1), default=DEFAULT_BATCH_SIZE, help="prompts per engine call"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--no-chat-template",
@@ -430,7 +473,7 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9, help="vLLM only (default: %(default)s)"
     )
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only")
+    parser.add_argument("--tensor-parallel-size", type=_int_at_least(1), default=1, help="vLLM only")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--reasoning-gym",

@@ -211,3 +211,26 @@ def test_a_data_file_given_as_the_run_file_is_named_so(tmp_path, capsys):
     data.write_text('{"problem": "1+1", "answer": "2"}\n')
     assert main(["train", str(data)]) == 2
     assert "train.jsonl: a data file, not a run file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--n", "0", "expected an integer >= 1, got 0"),
+        ("--batch-size", "-4", "expected an integer >= 1, got -4"),
+        ("--max-problems", "ten", "expected an integer >= 1, got 'ten'"),
+        ("--max-new-tokens", "0", "expected an integer >= 1, got 0"),
+        ("--temperature", "-0.5", "expected a number in [0.0, inf], got '-0.5'"),
+        ("--temperature", "nan", "expected a number in [0.0, inf], got 'nan'"),
+        ("--top-p", "0", "expected a number in (0.0, 1.0], got '0'"),
+        ("--top-p", "1.5", "expected a number in (0.0, 1.0], got '1.5'"),
+    ],
+)
+def test_eval_numbers_out_of_range_are_refused_when_the_command_line_is_read(capsys, option, value, expected):
+    """Refused by the argument parser (exit 2, the option named), before any model is loaded: ``--n 0`` was
+    refused only inside the evaluation, after the engine was built."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--model", "no-such-model", option, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {expected}" in err
