@@ -419,29 +419,10 @@ def _float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[s
     return parse
 
 
-def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--model", required=True, help="model folder or hub name")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
-    parser.add_argument(
-        "--benchmarks",
-        default=",".join(PAPER_BENCHMARKS),
-        help=f"comma-separated, from {', '.join(BENCHMARKS)} (default: %(default)s)",
-    )
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """How each problem is sampled: ``--n`` samples, their budget, temperature, top-p, batching and seed."""
     parser.add_argument(
         "--n", type=_int_at_least(1), default=16, help="samples per problem (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--engine",
-        choices=ENGINE_KINDS,
-        default=None,
-        help=f"default: {' or '.join(engines_where(lambda c: c.default_on_gpu))} when installed and a GPU is "
-        f"visible, else {DEFAULT_ENGINE}",
-    )
-    parser.add_argument(
-        "--data-dir", default=None, help="read <benchmark>.jsonl files here instead of the hub"
-    )
-    parser.add_argument(
-        "--max-problems", type=_int_at_least(1), default=None, help="first N problems of each benchmark"
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -459,6 +440,30 @@ def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--batch-size", type=_int_at_least(1), default=DEFAULT_BATCH_SIZE, help="prompts per engine call"
     )
     parser.add_argument("--seed", type=int, default=0)
+
+
+def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--model", required=True, help="model folder or hub name")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+    parser.add_argument(
+        "--benchmarks",
+        default=",".join(PAPER_BENCHMARKS),
+        help=f"comma-separated, from {', '.join(BENCHMARKS)} (default: %(default)s)",
+    )
+    _add_sampling_args(parser)
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default=None,
+        help=f"default: {' or '.join(engines_where(lambda c: c.default_on_gpu))} when installed and a GPU is "
+        f"visible, else {DEFAULT_ENGINE}",
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="read <benchmark>.jsonl files here instead of the hub"
+    )
+    parser.add_argument(
+        "--max-problems", type=_int_at_least(1), default=None, help="first N problems of each benchmark"
+    )
     parser.add_argument(
         "--no-chat-template",
         action="store_true",
