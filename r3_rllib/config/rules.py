@@ -114,6 +114,42 @@ def replay_excludes_dynamic_sampling(config: Any) -> str | None:
     return None
 
 
+def ranking_survives_dynamic_sampling(config: Any) -> str | None:
+    """Ranking rewards the failures of all-wrong groups, but dynamic sampling on 'accuracy' drops every group whose
+    responses are all right or all wrong before the batch is built (the driver filters, then ranks: coordinator.py,
+    groups.py), so ranking would never act. On 'reward' an all-wrong group whose shaped rewards differ (the
+    overlong penalty, an env's partial credit) is kept and ranked."""
+    if config.ranking and config.dynamic_sampling and config.dynamic_sampling_metric == "accuracy":
+        return (
+            "ranking with dynamic_sampling (dynamic_sampling_metric='accuracy'): dynamic sampling drops the "
+            "all-wrong groups that ranking rewards, so ranking would never act; turn one of them off, or set "
+            "dynamic_sampling_metric='reward' (all-wrong groups whose rewards differ are kept and ranked)"
+        )
+    return None
+
+
+def task_reward_parts_need_the_task_reward(config: Any) -> str | None:
+    """With ``distill_task_reward=False`` the learner zeroes the task advantages (learner_distill.py): what only
+    changes them would be silently ignored. Replay and ranking change nothing else (replayed samples have no
+    teacher log-probs); the overlong penalty and reward terms also shape the rewards dynamic sampling filters on
+    with 'reward' and R^2PO's stage A rarity counts (its advantages are kept), and are accepted there. Reflection
+    (its groups are distilled too) and dynamic sampling (it chooses the groups) still act."""
+    if not getattr(config, "distill_teacher", None) or getattr(config, "distill_task_reward", True):
+        return None
+    on = [part for part in ("replay", "ranking") if getattr(config, part)]
+    if not (config.rollout_head or (config.dynamic_sampling and config.dynamic_sampling_metric == "reward")):
+        on += ["overlong_shaping"] if config.overlong_shaping else []
+        on += ["reward_models"] if config.reward_models else []
+    if not on:
+        return None
+    return (
+        f"{', '.join(on)} with distill_task_reward=False: the task advantages are zeroed (the update trains on the "
+        f"teacher's signal alone), and {'/'.join(on)} only change{'s' if len(on) == 1 else ''} those, so "
+        f"{'it' if len(on) == 1 else 'they'} would be ignored; turn {'it' if len(on) == 1 else 'them'} off or set "
+        "distill_task_reward=True"
+    )
+
+
 def refill_rounds_agree_with_gen_batches(config: Any) -> str | None:
     """dynamic_sampling_max_rounds is the older spelling of max_num_gen_batches - 1 (it counted the refills, verl
     counts the batches): both set, they must say the same, else one of them would be silently ignored. Only with
@@ -553,6 +589,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     ddof_only_for_grpo,
     gspo_needs_sequence_mean,
     replay_excludes_dynamic_sampling,
+    ranking_survives_dynamic_sampling,
     refill_rounds_agree_with_gen_batches,
     shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,
@@ -585,6 +622,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     reward_models_are_terms,
     ranking_source_has_a_judge,
     distill_settings_need_a_teacher,
+    task_reward_parts_need_the_task_reward,
     distillation_has_no_rejection,
     fsdp_needs_several_learners,
     minibatches_fit_the_batch,
