@@ -583,6 +583,20 @@ def ranking_source_has_a_judge(config: Any) -> str | None:
 
 
 #: Every cross-field rule, in the order their messages are listed.
+def env_seeds_are_integers(config: Any) -> str | None:
+    """``seed`` in ``env_config`` / ``eval_env_config`` is the base each runner's env seed is offset from
+    (runner_setup.py adds the run's seed and the runner's): anything but an integer failed in every EnvRunner, after
+    Ray started and the model loaded, with a bare TypeError."""
+    for name in ("env_config", "eval_env_config"):
+        value = getattr(config, name, None)
+        seed = value.get("seed") if isinstance(value, dict) else None
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            return (
+                f"{name}['seed'] must be an integer (each runner's env seed is offset from it), got {seed!r}"
+            )
+    return None
+
+
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
     overlong_buffer_fits_responses,
@@ -623,6 +637,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     ranking_source_has_a_judge,
     distill_settings_need_a_teacher,
     task_reward_parts_need_the_task_reward,
+    env_seeds_are_integers,
     distillation_has_no_rejection,
     fsdp_needs_several_learners,
     minibatches_fit_the_batch,

@@ -75,3 +75,16 @@ def test_task_reward_parts_without_the_task_reward_are_refused(training, named):
 )
 def test_distillation_alone_with_parts_that_still_act_is_accepted(training):
     R3Config().training(distill_teacher=TEACHER, **training).validate()
+
+
+@pytest.mark.parametrize("field", ["env_config", "eval_env_config"])
+@pytest.mark.parametrize("seed", ["abc", "3", 1.5, True])
+def test_an_env_seed_that_is_not_an_integer_is_refused(field, seed):
+    """Each runner adds its offset to the env's seed: a string failed in every EnvRunner with a bare TypeError."""
+    config = R3Config().environment("arithmetic")
+    setattr(config, field, {"seed": seed})
+    assert f"{field}['seed'] must be an integer" in _errors(config)
+
+
+def test_an_integer_env_seed_is_accepted():
+    R3Config().environment("arithmetic", env_config={"seed": 7}).validate()
