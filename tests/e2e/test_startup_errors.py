@@ -188,7 +188,8 @@ def test_derived_max_model_len_fits_the_kv_cache_the_model_limit_does_not():
 
 @pytest.mark.slow
 def test_r3_train_prints_the_runners_error_not_a_library_traceback(tmp_path):
-    """As a user runs it: its own Ray, Tune, a run file whose env_config the env does not take."""
+    """As a user runs it: its own Ray, Tune, a run file whose env_config value the env refuses when it is built (an
+    option the env does not take is refused before Ray starts: tests/unit/test_first_hour_input.py)."""
     proc = subprocess.run(
         [
             R3,
@@ -197,7 +198,7 @@ def test_r3_train_prints_the_runners_error_not_a_library_traceback(tmp_path):
             "--num-cpus",
             "2",
             "--set",
-            "environment.env_config.bogus_key=1",
+            "environment.env_config.num_queries=-5",
             "--set",
             f"run.storage_path={tmp_path}",
             "--set",
@@ -213,10 +214,10 @@ def test_r3_train_prints_the_runners_error_not_a_library_traceback(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("r3 train: ")]
     assert len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith(
-        "r3 train: EnvRunner 1 failed to start: TypeError: ArithmeticEnv.__init__() got an unexpected keyword "
-        "argument 'bogus_key' (traceback: "
+        "r3 train: EnvRunner 1 failed to start: ValueError: num_queries must be an integer >= 1, got int -5 "
+        "(traceback: "
     )
     traceback_file = errors[0].split("(traceback: ", 1)[1].rstrip(")")
-    assert Path(traceback_file).is_file() and "bogus_key" in Path(traceback_file).read_text()
+    assert Path(traceback_file).is_file() and "num_queries" in Path(traceback_file).read_text()
     assert "Traceback" not in proc.stderr and "IndexError" not in proc.stderr + proc.stdout
-    assert "error=EnvRunner 1 failed to start: TypeError" in proc.stdout
+    assert "error=EnvRunner 1 failed to start: ValueError" in proc.stdout
