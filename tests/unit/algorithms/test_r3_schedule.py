@@ -115,7 +115,7 @@ def test_validate_rejects_replay_with_dynamic_sampling_and_bad_staleness():
 
 
 def test_late_start_warnings_name_the_iteration_when_no_stop_is_known():
-    """The README's Python quickstart (no stop): 1,000 queries / 32 per iteration puts replay at iteration 32."""
+    """A run with no stop: 1,000 queries / 32 per iteration puts replay at iteration 32."""
     from r3_rllib.algorithms.r3.r3_schedule import late_start_warnings
 
     def schedule(stop, start=1):
