@@ -11,32 +11,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from sandbox_marks import ISOLATIONS, needs_namespaces
 
 from r3_rllib.tools import seccomp
-from r3_rllib.tools.sandbox import SANDBOX_UID_RANGE, namespaces_available, run_python
+from r3_rllib.tools.sandbox import SANDBOX_UID_RANGE, run_python
 
-
-def _seccomp_supported() -> bool:
-    probe = "from r3_rllib.tools.seccomp import install_filter\ninstall_filter()"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
-
-needs_namespaces = pytest.mark.skipif(
-    not namespaces_available(), reason="namespaces isolation needs Linux and root/CAP_SYS_ADMIN"
-)
-needs_seccomp = pytest.mark.skipif(
-    seccomp.native_arch() is None or not _seccomp_supported(),
-    reason="the kernel refuses a seccomp filter here",
-)
-ISOLATIONS = [
-    pytest.param("namespaces", marks=needs_namespaces),
-    pytest.param("rlimits", marks=needs_seccomp),
-]
 MARGIN_S = 2.0
 REPO = Path(__file__).resolve().parents[3]
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
+from sandbox_marks import ISOLATIONS, needs_namespaces
 
 from r3_rllib.tools import seccomp
-from r3_rllib.tools.sandbox import namespaces_available, run_python
+from r3_rllib.tools.sandbox import run_python
 
 IPC_CALLS = {
     "shmget",
@@ -44,24 +43,6 @@ IPC_CALLS = {
     "mq_getsetattr",
 }
 AIO_CALLS = {"io_setup", "io_destroy", "io_getevents", "io_submit", "io_cancel", "io_pgetevents"}
-
-
-def _seccomp_supported() -> bool:
-    probe = "from r3_rllib.tools.seccomp import install_filter\ninstall_filter()"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
-
-needs_namespaces = pytest.mark.skipif(
-    not namespaces_available(), reason="namespaces isolation needs Linux and root/CAP_SYS_ADMIN"
-)
-needs_seccomp = pytest.mark.skipif(
-    seccomp.native_arch() is None or not _seccomp_supported(),
-    reason="the kernel refuses a seccomp filter here",
-)
-ISOLATIONS = [
-    pytest.param("namespaces", marks=needs_namespaces),
-    pytest.param("rlimits", marks=needs_seccomp),
-]
 
 
 @pytest.mark.parametrize("arch", sorted(seccomp.ARCHES))
