@@ -249,18 +249,19 @@ def env_config_error(config) -> str | None:
     known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
     for key in config.env_config or {}:
         if key not in known:
-            return unknown_env_option(key, known, "environment.env_config", env)
+            return _unknown_env_option(key, known, env)
     return None
 
 
-def unknown_env_option(key: Any, known: list[str], where: str, env: Any) -> str:
-    """``where: env 'math' takes no option 'problem_kye'; did you mean 'problem_key'?`` with the options known."""
+def _unknown_env_option(key: Any, known: list[str], env: Any) -> str:
+    """``environment.env_config: env 'math' takes no option 'problem_kye'; did you mean 'problem_key'?`` (or the
+    options it takes, when none is close)."""
     import difflib
 
     name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; its options: {', '.join(sorted(known))}"
-    return f"{where}: env {name!r} takes no option {key!r}{hint}"
+    return f"environment.env_config: env {name!r} takes no option {key!r}{hint}"
 
 
 def env_name_error(config) -> str | None:

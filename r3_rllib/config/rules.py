@@ -142,11 +142,11 @@ def task_reward_parts_need_the_task_reward(config: Any) -> str | None:
         on += ["reward_models"] if config.reward_models else []
     if not on:
         return None
+    verb, subject, obj = ("changes", "it", "it") if len(on) == 1 else ("change", "they", "them")
     return (
         f"{', '.join(on)} with distill_task_reward=False: the task advantages are zeroed (the update trains on the "
-        f"teacher's signal alone), and {'/'.join(on)} only change{'s' if len(on) == 1 else ''} those, so "
-        f"{'it' if len(on) == 1 else 'they'} would be ignored; turn {'it' if len(on) == 1 else 'them'} off or set "
-        "distill_task_reward=True"
+        f"teacher's signal alone), and {'/'.join(on)} only {verb} those, so {subject} would be ignored; turn {obj} "
+        "off or set distill_task_reward=True"
     )
 
 

@@ -4,9 +4,9 @@ A module import creates many long-lived objects (functions, classes, constants) 
 garbage. With the collector on, each full collection while the imports run rescans the whole growing heap, and
 every collection after them scans those objects again for nothing. ``gc.freeze()`` moves every object alive at that
 moment to the permanent generation, which no collection scans; vLLM's engine does the same after it starts.
-Measured on a 2-core AMD EPYC (AVX2): a new Ray actor importing torch, RLlib and transformers this way spent 11.0
-instead of 13.1 CPU-seconds (``python bench/bench_actor_start.py``, BENCHMARKS.md section 49); ``from vllm import
-LLM`` 9.6 instead of 11.3 (four fresh processes each, alternating).
+Measured on a 2-core AMD EPYC (AVX2), ``python bench/bench_actor_start.py`` (BENCHMARKS.md sections 49, 50): a new Ray
+actor importing torch, RLlib and transformers this way spent 11.0 instead of 13.1 CPU-seconds; one that also builds
+a vLLM engine, with vLLM's import frozen too, 20.4 instead of 23.2 (``--vllm``).
 
 A frozen object is still freed when nothing refers to it; only a reference cycle among the frozen objects outlives
 its use (~15 MB more peak memory for the actor imports above). Whatever the process held before the block is

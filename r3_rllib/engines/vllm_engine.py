@@ -186,8 +186,8 @@ def _cpu_defaults(kv_cache_memory_bytes: int | None, dtype: str) -> tuple[int | 
 
 
 def _import_vllm() -> Any:
-    """vLLM, imported with the collector off and its heap then frozen (core/frozen_heap.py: 9.6 instead of 11.3
-    CPU-seconds for ``from vllm import LLM`` in a fresh process, AMD EPYC with AVX2)."""
+    """vLLM, imported with the collector off and its heap then frozen (core/frozen_heap.py: an actor building a vLLM
+    engine spent 20.4 instead of 23.2 CPU-seconds, ``python bench/bench_actor_start.py --vllm``)."""
     try:
         with collector_off_then_frozen():
             import vllm

@@ -258,7 +258,7 @@ def write_report(run_dir: str | Path, out: str | Path, max_samples: int = DEFAUL
     if out.is_dir():
         out = out / DEFAULT_REPORT_NAME
     if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
-        # rows[:-3] would silently show all but the last three, and no file would be read at all.
+        # A negative count read no records file and wrote a page without samples, saying nothing.
         raise ValueError(f"--max-samples must be an integer >= 0, got {max_samples!r}")
     page = render_report(run_dir, max_samples)
     out.parent.mkdir(parents=True, exist_ok=True)
