@@ -8,17 +8,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from gateway_runs import extends_previous, reply_text, run_episodes
 
-pytest.importorskip("mcp")
-# Each test starts the MCP server as a subprocess (~1 s): the whole suite runs them, not the fast tier.
+from r3_rllib.envs import make_text_env
+from r3_rllib.envs.adapters.mcp_tools import grade, parse_tool_calls
+from r3_rllib.envs.base import supports_agent_runs, supports_tool_episodes
+from r3_rllib.envs.data import MathProblem
+
+# Each test starts the MCP server as a subprocess (~1 s): the whole suite runs them, not the fast tier, which then
+# does not import mcp either (the import waits for the first test).
 pytestmark = pytest.mark.slow
 
-from gateway_runs import extends_previous, reply_text, run_episodes  # noqa: E402
 
-from r3_rllib.envs import make_text_env  # noqa: E402
-from r3_rllib.envs.adapters.mcp_tools import grade, parse_tool_calls  # noqa: E402
-from r3_rllib.envs.base import supports_agent_runs, supports_tool_episodes  # noqa: E402
-from r3_rllib.envs.data import MathProblem  # noqa: E402
+@pytest.fixture(autouse=True, scope="module")
+def _mcp():
+    pytest.importorskip("mcp")
+
 
 SERVER = {"command": sys.executable, "args": [str(Path(__file__).with_name("mcp_calc_server.py"))]}
 DATA = [MathProblem("q0", "What is 2 + 3?", ("5",))]

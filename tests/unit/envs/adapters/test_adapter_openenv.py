@@ -1,65 +1,25 @@
-"""env 'openenv': an OpenEnv Environment defined in the test, run in-process through a real rollout gateway (chat
-calls, one session per episode): the reward is the environment's, on the replies the gateway sampled."""
+"""env 'openenv': an OpenEnv Environment written for the tests (openenv_guess.py), run in-process through a real
+rollout gateway (chat calls, one session per episode): the reward is the environment's, on the replies the gateway
+sampled."""
 
 from __future__ import annotations
 
 import pytest
-
-pytest.importorskip("openenv")
-
-from gateway_runs import extends_previous, reply_text, run_episodes  # noqa: E402
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-
-from r3_rllib.envs import make_text_env  # noqa: E402
-from r3_rllib.envs.adapters.openenv_env import OpenEnvEnv  # noqa: E402
+from gateway_runs import extends_previous, reply_text, run_episodes
 
 
-class GuessAction(Action):
-    guess: str
+@pytest.fixture(scope="module")
+def guess():
+    """openenv_guess.py, imported when the first test runs (openenv's import is ~6 CPU-s)."""
+    pytest.importorskip("openenv")
+    import openenv_guess
+
+    return openenv_guess
 
 
-class GuessObservation(Observation):
-    feedback: str = ""
-
-
-class GuessEnvironment(Environment):
-    """Guess the seed's number in up to 3 tries: reward 1 on the right guess."""
-
-    def reset(self, seed=None, episode_id=None, **kwargs):
-        self._state, self.target = State(episode_id=episode_id), int(seed or 0)
-        return GuessObservation(feedback=f"Guess a number (hint: {kwargs.get('hint', 'none')}).")
-
-    def step(self, action, timeout_s=None, **kwargs):
-        self._state.step_count += 1
-        right = action.guess.strip() == str(self.target)
-        done = right or self._state.step_count == 3
-        return GuessObservation(feedback="wrong", done=done, reward=1.0 if right else 0.0)
-
-    @property
-    def state(self):
-        return self._state
-
-
-class InfEnvironment(GuessEnvironment):
-    def step(self, action, timeout_s=None, **kwargs):
-        return GuessObservation(feedback="", done=True, reward=float("inf"))
-
-
-def _guess_env():
-    return make_text_env(
-        "openenv",
-        environment=GuessEnvironment,
-        action=GuessAction,
-        action_field="guess",
-        tasks=[{"seed": 4, "hint": "even"}, {"seed": 5}],
-        shuffle=False,
-    )
-
-
-def test_openenv_episode_reward_comes_from_the_environment(scripted_gateway):
+def test_openenv_episode_reward_comes_from_the_environment(scripted_gateway, guess):
     """A scripted engine behind the gateway: a wrong guess ("3"), then the right one ("4")."""
-    env = _guess_env()
+    env = guess.guess_env()
     assert env.reset(options={"query_id": "openenv-0"})[0] == "GuessEnvironment reset(seed=4, hint='even')"
     (result,), (records,) = run_episodes(scripted_gateway(["3", "4"]), env, ["openenv-0"])
     assert result["reward"] == 1.0 and result["correct"] and result["info"] == {"turns": 2, "done": True}
@@ -71,10 +31,10 @@ def test_openenv_episode_reward_comes_from_the_environment(scripted_gateway):
     ]
 
 
-def test_openenv_episodes_on_the_tiny_model(gateway, chat_tokenizer):
+def test_openenv_episodes_on_the_tiny_model(gateway, chat_tokenizer, guess):
     """The untrained tiny model guesses: up to 3 turns, each prompt extending the last; reward 1 exactly when a
     reply the gateway returned was the number."""
-    env = _guess_env()
+    env = guess.guess_env()
     results, records = run_episodes(gateway, env, env.query_ids)
     for seed, result, calls in zip((4, 5), results, records, strict=True):
         replies = [reply_text(chat_tokenizer, r).strip() for r in calls]
@@ -83,13 +43,16 @@ def test_openenv_episodes_on_the_tiny_model(gateway, chat_tokenizer):
         assert extends_previous(calls) and result["reward"] == float(right)
 
 
-def test_openenv_errors_are_named(gateway):
+def test_openenv_errors_are_named(gateway, guess):
+    from r3_rllib.envs.adapters.openenv_env import OpenEnvEnv
+
+    GuessAction = guess.GuessAction
     with pytest.raises(ValueError, match="no field 'message'"):
-        OpenEnvEnv(environment=GuessEnvironment, action=GuessAction)
+        OpenEnvEnv(environment=guess.GuessEnvironment, action=GuessAction)
     with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
         OpenEnvEnv(environment="no_such_module:Env", action=GuessAction, action_field="guess")
     with pytest.raises(TypeError, match="not an openenv Environment"):
         OpenEnvEnv(environment=dict, action=GuessAction, action_field="guess")
-    env = OpenEnvEnv(environment=InfEnvironment, action=GuessAction, action_field="guess", num_tasks=1)
+    env = OpenEnvEnv(environment=guess.InfEnvironment, action=GuessAction, action_field="guess", num_tasks=1)
     with pytest.raises(ValueError, match="non-finite reward"):
         run_episodes(gateway, env, ["openenv-0"])

@@ -9,15 +9,20 @@ import os
 from pathlib import Path
 
 import pytest
+from gateway_runs import extends_previous, reply_text, run_episodes
 
-pytest.importorskip("verifiers.v1")
+from r3_rllib.envs import make_text_env
 
-from gateway_runs import extends_previous, reply_text, run_episodes  # noqa: E402
+# Importing verifiers takes ~6 CPU-s here: every test is in the whole suite only, and the import waits for the
+# first of them (a module-level import would cost every collecting process, the fast tier's workers included).
+pytestmark = pytest.mark.slow
 
-from r3_rllib.envs import make_text_env  # noqa: E402
+
+@pytest.fixture(autouse=True, scope="module")
+def _verifiers():
+    pytest.importorskip("verifiers.v1")
 
 
-@pytest.mark.slow  # importing verifiers alone takes ~6 s here
 def test_verifiers_episodes_run_through_the_gateway_with_the_rubrics_reward(gateway):
     env = make_text_env("verifiers", env={"taskset": {"id": "vf_tiny_taskset"}}, shuffle=False)
     assert env.query_ids == ["vf-0", "vf-1", "vf-2"] and env.agent_task("vf-1")["prompt"] == "say b"
@@ -31,7 +36,6 @@ def test_verifiers_episodes_run_through_the_gateway_with_the_rubrics_reward(gate
         assert result["reward"] == 0.5 + has_letter
 
 
-@pytest.mark.slow  # importing verifiers alone takes ~6 s here
 def test_a_multi_turn_verifiers_env_extends_its_first_call(gateway, chat_tokenizer):
     env = make_text_env("verifiers", env={"taskset": {"id": "vf_tiny_multiturn"}}, shuffle=False)
     assert env.query_ids == ["vf-0", "vf-1"] and env.agent_task("vf-1")["prompt"] == "say x"
@@ -48,13 +52,12 @@ def test_a_multi_turn_verifiers_env_extends_its_first_call(gateway, chat_tokeniz
         assert result["reward"] == 0.5 + hits
 
 
-@pytest.mark.slow  # loads verifiers' plugin machinery (~6 s)
 def test_verifiers_errors_are_named():
     with pytest.raises(ValueError, match="cannot load the env.*no_such_taskset"):
         make_text_env("verifiers", env={"taskset": {"id": "no_such_taskset"}})
 
 
-@pytest.mark.slow  # importing verifiers alone takes ~6 s here; the toolset server starts per rollout (~2 s)
+# The toolset server starts per rollout (~2 s).
 def test_a_verifiers_toolset_serves_the_in_process_harness(scripted_gateway, chat_tokenizer, monkeypatch):
     """A verifiers toolset (vf_tiny_tools.py's calculator, served by verifiers as an MCP server in a local
     subprocess) is the harness's tools: sent as the request's ``tools``, rendered by the template; the call the
