@@ -754,13 +754,18 @@ def _print_report(report: EvalReport, out_path: str | None) -> int:
         return 0
     try:
         out = report.to_json(out_path)
-        table_path = out.with_suffix(".md") if out.suffix != ".md" else out.with_name(out.name + ".table.md")
-        table_path.write_text(table + "\n")
     except OSError as e:
         print(
             f"r3 eval: error: cannot write --out {out_path} ({e}); the table above is the result",
             file=sys.stderr,
         )
+        return 1
+    table_path = out.with_suffix(".md") if out.suffix != ".md" else out.with_name(out.name + ".table.md")
+    try:
+        table_path.write_text(table + "\n")
+    except OSError as e:
+        # The JSON (every number of the table) is written: say so, rather than that --out failed.
+        print(f"wrote {out}; r3 eval: error: cannot write the table {table_path} ({e})", file=sys.stderr)
         return 1
     print(f"wrote {out} and {table_path}", file=sys.stderr)
     return 0

@@ -157,6 +157,16 @@ def test_eval_report_that_cannot_be_written_says_the_table_is_the_result(tmp_pat
     assert "r3 eval: error: cannot write --out" in err and "the table above is the result" in err
 
 
+def test_eval_table_that_cannot_be_written_says_the_json_was(tmp_path, capsys):
+    # Was: "cannot write --out" although the JSON (every number of the table) had been written.
+    (tmp_path / "results.md").mkdir()  # the table's path is taken by a folder
+    report = EvalReport([BenchmarkResult.from_samples("math500", ["p0"], [[True]], [[3]], [[False]])])
+    assert _print_report(report, str(tmp_path / "results.json")) == 1
+    err = capsys.readouterr().err
+    assert f"wrote {tmp_path / 'results.json'}; r3 eval: error: cannot write the table" in err
+    assert "cannot write --out" not in err and (tmp_path / "results.json").stat().st_size > 0
+
+
 # -- run files ------------------------------------------------------------------------------------------------------
 def _run_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "run.yaml"
