@@ -204,7 +204,10 @@ def load_run_file(path: str | Path, overrides: list[str] | None = None, *, check
 def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool = True) -> RunSpec:
     """The config, stop criteria and run settings of a parsed run file (``base_dir``: its folder, against which
     ``./`` paths are resolved); every unknown key and invalid value is a :class:`ConfigError` naming it, and so is
-    an env name this process does not know (``check_env``; see :func:`env_name_error`)."""
+    an env option the env does not take (:func:`~r3_rllib.config.rules.env_config_fits_the_env`) and an env name
+    this process does not know (``check_env``; see :func:`env_name_error`)."""
+    from r3_rllib.config.rules import env_config_fits_the_env
+
     for key in raw:
         if key not in TOP_KEYS:
             raise _unknown_top_key(key)
@@ -219,49 +222,19 @@ def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool =
             _apply_section(config, section, raw[section], base_dir)
     stop, run = _schema_section(raw, "stop"), _schema_section(raw, "run")
     _check_paths(config)
+    # validate() refuses an env option the env does not take too (for a config built in Python), among the config's
+    # other problems; checked first here, the run file's mistake is named alone, as a key of its section.
+    if (error := env_config_fits_the_env(config)) is not None:
+        raise ConfigError(error)
     try:
         config.validate()
     except ValueError as e:
         raise ConfigError(str(e)) from e
     # After the sections and validate(): a module they imported (a "module:Class" env, a plugin) may have
     # registered the name.
-    if check_env and (error := env_name_error(config) or env_config_error(config)) is not None:
+    if check_env and (error := env_name_error(config)) is not None:
         raise ConfigError(error)
     return RunSpec(config=config, stop=dict(stop), run=dict(run))
-
-
-def env_config_error(config) -> str | None:
-    """A key of ``environment.env_config`` that the env's factory does not take, named with the closest one it
-    does, or None. Each EnvRunner would fail with Python's ``unexpected keyword argument`` only after Ray started
-    and the model loaded. Envs that cannot be imported here (an optional package, a name only Ray Tune's registry
-    knows) or that take ``**kwargs`` are left to the runners. (``training.eval_env_config`` is not checked: its
-    default, ``{split: test}``, is for envs with a held-out split, and is unused by the others.)"""
-    from r3_rllib.envs.registry import get_text_env_factory
-
-    env = config.env
-    try:
-        factory = env if callable(env) else get_text_env_factory(env)
-        params = inspect.signature(factory).parameters
-    except Exception:  # noqa: BLE001 - any failure to look here only skips the check; the runner reports its own
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return None
-    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
-    for key in config.env_config or {}:
-        if key not in known:
-            return _unknown_env_option(key, known, env)
-    return None
-
-
-def _unknown_env_option(key: Any, known: list[str], env: Any) -> str:
-    """``environment.env_config: env 'math' takes no option 'problem_kye'; did you mean 'problem_key'?`` (or the
-    options it takes, when none is close)."""
-    import difflib
-
-    name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
-    close = difflib.get_close_matches(str(key), known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; its options: {', '.join(sorted(known))}"
-    return f"environment.env_config: env {name!r} takes no option {key!r}{hint}"
 
 
 def env_name_error(config) -> str | None:

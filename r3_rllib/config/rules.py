@@ -10,6 +10,8 @@ names the problem.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -597,6 +599,53 @@ def env_seeds_are_integers(config: Any) -> str | None:
     return None
 
 
+def _env_config_choices(env_config: Any) -> list[Mapping]:
+    """The env_configs ``env_config`` stands for: itself, or each mapping of a Ray Tune grid search over whole
+    env_configs (``tune.grid_search([{...}, {...}])`` is a ``{"grid_search": [...]}`` placeholder, resolved per
+    trial). A search over one option's values (``{"digits": tune.grid_search([1, 2])}``) keeps its key, so it is
+    checked as any key is. Anything but a mapping stands for none: its type is not this rule's to name."""
+    if isinstance(env_config, Mapping) and len(env_config) == 1 and "grid_search" in env_config:
+        values = env_config["grid_search"]
+        return [v for v in values if isinstance(v, Mapping)] if isinstance(values, (list, tuple)) else []
+    return [env_config] if isinstance(env_config, Mapping) else []
+
+
+def env_config_fits_the_env(config: Any) -> str | None:
+    """Every key of ``env_config`` is an option the env's factory takes; else the message names the key and the
+    closest option it does take. Each EnvRunner would fail with Python's ``unexpected keyword argument`` only after
+    Ray started and the model loaded. The env is a name of the text-env registry of this process, a
+    ``"module:Class"`` path or a class or factory. Envs that cannot be imported here (an optional package, a name
+    only Ray Tune's registry knows) or that take ``**kwargs`` are left to the runners. (``eval_env_config`` is not
+    checked: its default, ``{split: test}``, is for envs with a held-out split, and is unused by the others.)"""
+    from r3_rllib.envs.registry import get_text_env_factory
+
+    env = getattr(config, "env", None)
+    choices = _env_config_choices(getattr(config, "env_config", None))
+    if env is None or not any(choices):
+        return None  # nothing to look up: no env, or no option given (importing the env would check nothing)
+    try:
+        factory = env if callable(env) else get_text_env_factory(env)
+        params = inspect.signature(factory).parameters
+    except Exception:  # noqa: BLE001 - any failure to look here only skips the check; the runner reports its own
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD]
+    for key in (k for choice in choices for k in choice):
+        if key not in known:
+            return _unknown_env_option(key, known, env)
+    return None
+
+
+def _unknown_env_option(key: Any, known: list[str], env: Any) -> str:
+    """``environment.env_config: env 'math' takes no option 'problem_kye'; did you mean 'problem_key'?`` (or the
+    options it takes, when none is close)."""
+    name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; its options: {', '.join(sorted(known))}"
+    return f"environment.env_config: env {name!r} takes no option {key!r}{hint}"
+
+
 CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     queries_cover_runners,
     overlong_buffer_fits_responses,
@@ -638,6 +687,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     distill_settings_need_a_teacher,
     task_reward_parts_need_the_task_reward,
     env_seeds_are_integers,
+    env_config_fits_the_env,
     distillation_has_no_rejection,
     fsdp_needs_several_learners,
     minibatches_fit_the_batch,

@@ -111,8 +111,17 @@ def test_bad_model_path_names_the_runner_and_the_missing_folder(ray_session):
 
 @pytest.mark.slow
 def test_env_config_error_of_every_runner_is_reported_not_an_index_error(ray_session):
+    # An option the env does not take is refused by validate(), before Ray starts, where its signature names its
+    # options (tests/unit/config/test_env_options_in_validate.py); one taking **kwargs leaves them to the runners.
+    class ForwardingEnv(ArithmeticEnv):  # local: reaches the runners by value
+        """Hands every option to its base."""
+
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+
+    config = small_config(runners=2).environment(ForwardingEnv, env_config={"digits": 2, "bogus_key": 1})
     with pytest.raises(EnvRunnerStartupError) as info:
-        small_config(runners=2, env_config={"digits": 2, "bogus_key": 1}).build_algo()
+        config.build_algo()
     err = info.value
     assert (err.worker_index, err.others) == (1, (2,))
     assert str(err).startswith("EnvRunner 1 failed to start: TypeError: ")
