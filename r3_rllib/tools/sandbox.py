@@ -21,8 +21,10 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
   What a program can hold is then bounded by ``max_processes * memory_mb + disk_mb`` (plus kernel buffers of at
   most 64 open files per process).
 - *No network*: a new network namespace with only a down loopback interface; new IPC and UTS namespaces too.
-- *Its own user*: a user id drawn per run from :data:`SANDBOX_UID_RANGE`, no groups, no new privileges (setuid
-  binaries gain nothing, and the bind mounts are ``nosuid``); ``RLIMIT_NPROC`` counts that user's processes.
+- *Its own user*: a user id per run from :data:`SANDBOX_UID_RANGE`, no groups, no new privileges (setuid
+  binaries gain nothing, and the bind mounts are ``nosuid``); ``RLIMIT_NPROC`` counts that user's processes. No
+  two live runs of the machine share an id (:mod:`r3_rllib.tools.sandbox_uids`: a lock held by the caller and the
+  launcher until the run's processes are gone), so one run's fork bomb never exhausts another's process count.
 - *Not PID 1, and the whole tree dies*: PID 1 of the new PID namespace is the launcher's waiter, the program is
   PID 2, so its own signals work as usual. When the program ends, times out or floods its output, PID 1 exits and
   the kernel kills every process of the namespace (``setsid`` and double-fork daemons included) before the run
@@ -52,7 +54,6 @@ import marshal
 import math
 import os
 import resource
-import secrets
 import shutil
 import signal
 import stat
@@ -65,15 +66,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from r3_rllib.tools import rootfs
+from r3_rllib.tools import rootfs, sandbox_uids
 
 Isolation = Literal["auto", "namespaces", "rlimits"]
 
-#: Sandboxed programs run as a user id drawn from this range (ids with no account: they own nothing but the
-#: scratch filesystem, and two concurrent sandboxes almost never share one).
+#: Sandboxed programs run as a user id from this range (ids with no account: they own nothing but the scratch
+#: filesystem), each leased for its run so that no two live runs share one (:mod:`r3_rllib.tools.sandbox_uids`).
 SANDBOX_UID_RANGE = (200_000, 260_000)
 _LAUNCHER = str(Path(__file__).with_name("sandbox_init.py"))
 _SETUP_FAILED = 125
+#: The launcher closes descriptors 3 to 2**16 - 1 before the program's execve (sandbox_init._exec_program): only
+#: those may be handed to it without reaching the program.
+_LAUNCHER_CLOSES_BELOW = 1 << 16
 #: Upper bounds of the arguments: far above any sensible use, low enough that no limit overflows a C long (the
 #: python tool env checks its own settings against them when it is built).
 #: The least address space a sandboxed interpreter gets (MiB).
@@ -105,7 +109,8 @@ class SandboxResult:
     isolation: str
     #: Wall-clock seconds of the run.
     duration_s: float
-    #: The user id the program ran as under "namespaces" (each run draws its own); None under "rlimits".
+    #: The user id the program ran as under "namespaces" (no other live run of the machine had it); None under
+    #: "rlimits".
     uid: int | None = None
 
     @property
@@ -232,10 +237,10 @@ def _layout(python: str) -> list[rootfs.Op]:
     return rootfs.root_layout(rootfs.interpreter_prefixes(python))
 
 
-def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str) -> dict:
-    """The launcher's configuration (see :mod:`r3_rllib.tools.sandbox_init`)."""
+def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str, uid: int | None) -> dict:
+    """The launcher's configuration (see :mod:`r3_rllib.tools.sandbox_init`); `uid`: the program's user id under
+    namespaces."""
     namespaces = mode == "namespaces"
-    uid = secrets.randbelow(SANDBOX_UID_RANGE[1] - SANDBOX_UID_RANGE[0]) + SANDBOX_UID_RANGE[0]
     cwd = rootfs.WORKDIR if namespaces else workdir
     return {
         "mode": mode,
@@ -251,7 +256,7 @@ def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str) ->
             "OMP_NUM_THREADS": "1",
         },
         "cwd": cwd,
-        "uid": uid if namespaces else None,
+        "uid": uid,
         "limits": _rlimits(limits, per_user=namespaces),
         "require_seccomp": namespaces,
         "root": workdir,  # under namespaces: an empty host directory the new root is mounted on
@@ -268,17 +273,37 @@ def _run_checked(
     # Under namespaces this stays an empty mount point (the program's files live in a tmpfs of its own); under
     # rlimits it is the scratch directory.
     workdir = tempfile.mkdtemp(prefix="r3-sandbox-")
+    lease = None
     try:
         if mode == "namespaces":
             os.chmod(workdir, 0o700)
-        cfg = _config(code, mode, limits, python, workdir)
-        result = _run(cfg, workdir, timeout_s, limits.max_output_bytes, mode)
+            try:
+                lease = sandbox_uids.lease_uid(*SANDBOX_UID_RANGE)
+            except sandbox_uids.UidsInUse as e:
+                return SandboxResult(f"sandbox could not start: {e}", False, None, False, mode, 0.0)
+        cfg = _config(code, mode, limits, python, workdir, None if lease is None else lease.uid)
+        # The launcher keeps a copy of the lock, so the id stays leased however this process leaves _run (an
+        # exception, a kill) until the launcher exits, which it does once PID 1, and so every process of the run, is
+        # gone. Killed with this process, it leaves the last copy to PID 1, whose death the program's processes
+        # follow within microseconds: long before a run that leases the id next has started its program (~0.1 s).
+        keep = () if lease is None or lease.fd is None or lease.fd >= _LAUNCHER_CLOSES_BELOW else (lease.fd,)
+        result = _run(cfg, workdir, timeout_s, limits.max_output_bytes, mode, keep)
         return replace(result, uid=cfg["uid"])
     finally:
+        if lease is not None:
+            lease.release()
         _remove_tree(Path(workdir))
 
 
-def _run(cfg: dict, workdir: str, timeout_s: float, max_output_bytes: int, mode: str) -> SandboxResult:
+def _run(
+    cfg: dict,
+    workdir: str,
+    timeout_s: float,
+    max_output_bytes: int,
+    mode: str,
+    keep_fds: tuple[int, ...] = (),
+) -> SandboxResult:
+    """Start the launcher with `cfg` (handing it `keep_fds` as well) and collect the program's output and status."""
     t0 = time.monotonic()
     # What the launcher itself prints (setup errors) goes to a file, shown only when the run failed.
     with tempfile.TemporaryFile() as setup_log:
@@ -291,6 +316,7 @@ def _run(cfg: dict, workdir: str, timeout_s: float, max_output_bytes: int, mode:
                 stdout=subprocess.PIPE,
                 stderr=setup_log,
                 start_new_session=True,  # its own process group: the last-resort kill takes the group
+                pass_fds=keep_fds,
             )
         except OSError as e:
             return SandboxResult(f"sandbox could not start: {e}", False, None, False, mode, 0.0)
