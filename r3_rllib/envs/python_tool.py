@@ -19,6 +19,7 @@ import math
 import numbers
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,13 @@ from r3_rllib.envs.data import MathProblem
 from r3_rllib.envs.math_env import MathEnv
 from r3_rllib.rewards.math_grader import shared_grader
 from r3_rllib.tools.sandbox import LIMIT_MAXIMA as SANDBOX_MAX
-from r3_rllib.tools.sandbox import MIN_MEMORY_MB, namespaces_unavailable_reason, resolve_isolation, run_python
+from r3_rllib.tools.sandbox import (
+    MIN_MEMORY_MB,
+    namespaces_unavailable_reason,
+    resolve_isolation,
+    run_python,
+    sandbox_user_unavailable_reason,
+)
 
 logger = logging.getLogger(__name__)
 _warned_fallback = False
@@ -200,8 +207,16 @@ def _isolation_for_tools(requested: str) -> str:
     mode = resolve_isolation(requested)  # type: ignore[arg-type]
     if requested == "auto" and mode == "rlimits" and not _warned_fallback:
         _warned_fallback = True
-        # As root (a container's default user, without CAP_SYS_ADMIN), "what this user can" is the whole machine.
-        user = "root: every file and process of this machine" if os.geteuid() == 0 else "this user"
+        user = "this user"
+        if os.geteuid() == 0:
+            # As root (a container's default user, without CAP_SYS_ADMIN) the code runs as a sandbox user id of its
+            # own where that user can start the interpreter, else as root: then it reaches the whole machine.
+            why_root = sandbox_user_unavailable_reason(sys.executable)
+            user = (
+                "a sandbox user id of its own (no groups)"
+                if why_root is None
+                else f"root: every file and process of this machine (not a sandbox user id: {why_root})"
+            )
         logger.warning(
             "python_tool: sandbox namespaces are not available here (%s); tool code runs under the weaker 'rlimits' "
             "isolation: it can read, write and signal what %s can reach, and the network. Set tool_isolation: "

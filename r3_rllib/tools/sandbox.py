@@ -39,7 +39,11 @@ a child subreaper and kills every descendant when the program ends or times out.
 included), a disk quota (``max_file_mb`` bounds each file, not their number), a memory bound for files in a tmpfs
 such as ``/dev/shm``, network isolation, a process-count limit (``RLIMIT_NPROC`` would count all of the user's
 processes), or protection of the launcher: the program runs as the same user and may kill it, and its orphans then
-outlive the run (a root caller's program runs as root: every process and file of the machine is in its reach).
+outlive the run. A root caller's program runs as a leased sandbox user id of its own (no groups, ``RLIMIT_NPROC``
+then bounding its processes), reading what other users may read and writing its scratch directory and
+world-writable places, wherever that user can start the interpreter
+(:func:`sandbox_user_unavailable_reason`); where it cannot (an interpreter or virtual environment under ``/root``,
+mode 0700), the program runs as root: every process and file of the machine is in its reach.
 Pass ``isolation="namespaces"`` to refuse to run without the strong form.
 
 Resource limits in both: CPU seconds (``RLIMIT_CPU``, a backstop), address space per process (``memory_mb``,
@@ -109,8 +113,8 @@ class SandboxResult:
     isolation: str
     #: Wall-clock seconds of the run.
     duration_s: float
-    #: The user id the program ran as under "namespaces" (no other live run of the machine had it); None under
-    #: "rlimits".
+    #: The user id the program ran as (no other live run of the machine had it): under "namespaces", and under
+    #: "rlimits" for a root caller whose interpreter a sandbox user can start; None where it ran as the caller.
     uid: int | None = None
 
     @property
@@ -133,6 +137,37 @@ def namespaces_unavailable_reason() -> str | None:
         return f"a probe run could not start: {e}"
     if probe.exit_code != 0:
         return f"a probe run failed (exit {probe.exit_code}): {probe.output.strip()[-500:]}"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def sandbox_user_unavailable_reason(python: str) -> str | None:
+    """Why a root caller's "rlimits" run of `python` cannot drop to a sandbox user id, or None when it can (probed
+    once per interpreter: the interpreter started as a user id of :data:`SANDBOX_UID_RANGE`, no groups). Where it
+    cannot, the program runs as root. The usual cause: the interpreter, or the virtual environment around it, lies
+    under a home folder other users cannot enter (``/root`` is 0700)."""
+    if not sys.platform.startswith("linux"):
+        return f"it needs Linux, this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "only a root caller can switch the program to another user id"
+    try:
+        with sandbox_uids.lease_uid(*SANDBOX_UID_RANGE) as lease:
+            probe = subprocess.run(
+                [python, "-I", "-c", "pass"],
+                user=lease.uid,
+                group=lease.uid,
+                extra_groups=[],
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin"},
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{python} could not start as a sandbox user id: {e}"
+    if probe.returncode != 0:
+        tail = probe.stderr.decode("utf-8", "replace").strip()[-300:]
+        return f"{python} cannot run as a sandbox user id (exit {probe.returncode}): {tail}"
     return None
 
 
@@ -184,8 +219,8 @@ def run_python(
     """Run `code` as a Python program in a sandbox (see the module docstring) and return its output.
 
     `timeout_s` bounds the wall-clock time (the run returns within it plus start-up and teardown, well under a
-    second); `memory_mb` the address space of each process; `max_processes` the processes alive at once (under
-    namespaces); `max_file_mb` the size of any file written; `disk_mb` all files written together (under
+    second); `memory_mb` the address space of each process; `max_processes` the processes alive at once (where the
+    program has a user id of its own: see :attr:`SandboxResult.uid`); `max_file_mb` the size of any file written; `disk_mb` all files written together (under
     namespaces); `max_output_bytes` the output kept (the program is killed when it writes more). `python`: the
     interpreter (default: this one, so the program sees the same installed packages; under namespaces its prefix
     directories are mounted read-only inside). Never raises for anything the program does; raises ValueError for an
@@ -238,8 +273,8 @@ def _layout(python: str) -> list[rootfs.Op]:
 
 
 def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str, uid: int | None) -> dict:
-    """The launcher's configuration (see :mod:`r3_rllib.tools.sandbox_init`); `uid`: the program's user id under
-    namespaces."""
+    """The launcher's configuration (see :mod:`r3_rllib.tools.sandbox_init`); `uid`: the program's leased user id,
+    or None to run it as the caller."""
     namespaces = mode == "namespaces"
     cwd = rootfs.WORKDIR if namespaces else workdir
     return {
@@ -257,7 +292,9 @@ def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str, ui
         },
         "cwd": cwd,
         "uid": uid,
-        "limits": _rlimits(limits, per_user=namespaces),
+        # A leased user id runs nothing but this run's processes: RLIMIT_NPROC bounds them (as the calling user it
+        # would count all of that user's processes; for root the kernel does not enforce it at all).
+        "limits": _rlimits(limits, per_user=uid is not None),
         "require_seccomp": namespaces,
         "root": workdir,  # under namespaces: an empty host directory the new root is mounted on
         "layout": _layout(python) if namespaces else [],
@@ -274,13 +311,20 @@ def _run_checked(
     # rlimits it is the scratch directory.
     workdir = tempfile.mkdtemp(prefix="r3-sandbox-")
     lease = None
+    # Under rlimits a root caller's program would run as root (every file and process of the machine in its reach):
+    # it runs as a leased sandbox user instead wherever that user can start the interpreter.
+    own_user = mode == "namespaces" or (
+        mode == "rlimits" and os.geteuid() == 0 and sandbox_user_unavailable_reason(python) is None
+    )
     try:
-        if mode == "namespaces":
+        if own_user:
             os.chmod(workdir, 0o700)
             try:
                 lease = sandbox_uids.lease_uid(*SANDBOX_UID_RANGE)
             except sandbox_uids.UidsInUse as e:
                 return SandboxResult(f"sandbox could not start: {e}", False, None, False, mode, 0.0)
+            if mode == "rlimits":
+                os.chown(workdir, lease.uid, lease.uid)  # the scratch directory is the program's
         cfg = _config(code, mode, limits, python, workdir, None if lease is None else lease.uid)
         # The launcher keeps a copy of the lock, so the id stays leased however this process leaves _run (an
         # exception, a kill) until the launcher exits, which it does once PID 1, and so every process of the run, is

@@ -47,11 +47,24 @@ def test_auto_fallback_is_logged_once(no_namespaces, caplog):
 
 
 @pytest.mark.parametrize(
-    "euid, reach", [(0, "root: every file and process of this machine"), (1000, "this user")]
+    "euid, why_root, reach",
+    [
+        (
+            0,
+            "exit 1: /root is 0700",
+            "root: every file and process of this machine (not a sandbox user id: exit 1: /root is 0700)",
+        ),
+        (0, None, "a sandbox user id of its own (no groups)"),
+        (1000, None, "this user"),
+    ],
 )
-def test_the_fallback_warning_says_whose_reach_the_code_has(no_namespaces, monkeypatch, caplog, euid, reach):
-    """As root (a container's default user) the weaker isolation leaves the whole machine to the model's code."""
+def test_the_fallback_warning_says_whose_reach_the_code_has(
+    no_namespaces, monkeypatch, caplog, euid, why_root, reach
+):
+    """As root (a container's default user) the weaker isolation runs the code as a sandbox user id where that user
+    can start the interpreter, else as root, which leaves the whole machine to the model's code."""
     monkeypatch.setattr(python_tool.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(python_tool, "sandbox_user_unavailable_reason", lambda python: why_root)
     monkeypatch.setattr(python_tool, "namespaces_unavailable_reason", lambda: "a probe run failed (exit 1)")
     with caplog.at_level(logging.WARNING, logger="r3_rllib.envs.python_tool"):
         _env()
