@@ -39,11 +39,16 @@ a child subreaper and kills every descendant when the program ends or times out.
 included), a disk quota (``max_file_mb`` bounds each file, not their number), a memory bound for files in a tmpfs
 such as ``/dev/shm``, network isolation, a process-count limit (``RLIMIT_NPROC`` would count all of the user's
 processes), or protection of the launcher: the program runs as the same user and may kill it, and its orphans then
-outlive the run. A root caller's program runs as a leased sandbox user id of its own (no groups, ``RLIMIT_NPROC``
-then bounding its processes), reading what other users may read and writing its scratch directory and
-world-writable places, wherever that user can start the interpreter
-(:func:`sandbox_user_unavailable_reason`); where it cannot (an interpreter or virtual environment under ``/root``,
-mode 0700), the program runs as root: every process and file of the machine is in its reach.
+outlive the run. A root caller's program runs as a leased sandbox user id of its own instead, wherever that user can
+start the interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new
+privileges, ``RLIMIT_NPROC`` bounding its processes (root is not held to it: only the timeout, the kernel's
+pid_max and a container's pids cgroup, if set, bound a root program's fork bomb), the scratch directory its own. It
+then reads only what other users may read (the checkout, Ray's logs), writes only its scratch directory and
+world-writable places (``/tmp``, ``/dev/shm``, and Ray's session folders under ``/tmp/ray``, which Ray makes 0777,
+its runtime_env caches included; what it leaves there stays), and can signal no process but its own, the launcher
+not among them; every process still running as that id when the run starts (orphans of a run whose caller was
+killed) is killed first. Where that user cannot start the interpreter (an interpreter or virtual environment under
+``/root``, mode 0700), the program runs as root: every process and file of the machine is in its reach.
 Pass ``isolation="namespaces"`` to refuse to run without the strong form.
 
 Resource limits in both: CPU seconds (``RLIMIT_CPU``, a backstop), address space per process (``memory_mb``,
@@ -66,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -140,6 +146,13 @@ def namespaces_unavailable_reason() -> str | None:
     return None
 
 
+#: What lets a root caller's "rlimits" run drop to a sandbox user id where the probe says it cannot.
+_DROP_REMEDY = (
+    "; it runs as one where every user may read and execute the interpreter, its virtual environment and packages "
+    "(not under a home folder of mode 0700 such as /root: e.g. a venv made from /usr/bin/python3 under /opt)"
+)
+
+
 @functools.lru_cache(maxsize=8)
 def sandbox_user_unavailable_reason(python: str) -> str | None:
     """Why a root caller's "rlimits" run of `python` cannot drop to a sandbox user id, or None when it can (probed
@@ -164,10 +177,10 @@ def sandbox_user_unavailable_reason(python: str) -> str | None:
                 check=False,
             )
     except (OSError, subprocess.SubprocessError) as e:
-        return f"{python} could not start as a sandbox user id: {e}"
+        return f"{python} could not start as a sandbox user id: {e}{_DROP_REMEDY}"
     if probe.returncode != 0:
         tail = probe.stderr.decode("utf-8", "replace").strip()[-300:]
-        return f"{python} cannot run as a sandbox user id (exit {probe.returncode}): {tail}"
+        return f"{python} cannot run as a sandbox user id (exit {probe.returncode}): {tail}{_DROP_REMEDY}"
     return None
 
 
@@ -220,11 +233,13 @@ def run_python(
 
     `timeout_s` bounds the wall-clock time (the run returns within it plus start-up and teardown, well under a
     second); `memory_mb` the address space of each process; `max_processes` the processes alive at once (where the
-    program has a user id of its own: see :attr:`SandboxResult.uid`); `max_file_mb` the size of any file written; `disk_mb` all files written together (under
-    namespaces); `max_output_bytes` the output kept (the program is killed when it writes more). `python`: the
-    interpreter (default: this one, so the program sees the same installed packages; under namespaces its prefix
-    directories are mounted read-only inside). Never raises for anything the program does; raises ValueError for an
-    invalid argument (naming it) and RuntimeError when ``isolation="namespaces"`` is not available here.
+    program has a user id of its own: see :attr:`SandboxResult.uid`); `max_file_mb` the size of any file written;
+    `disk_mb` all files written together (under namespaces); `max_output_bytes` the output kept (the program is
+    killed when it writes more). `python`: the interpreter (default: this one, so the program sees the same installed
+    packages; under namespaces its prefix directories are mounted read-only inside; under rlimits as root, one a
+    sandbox user cannot start keeps the program root: :func:`sandbox_user_unavailable_reason`). Never raises for
+    anything the program does; raises ValueError for an invalid argument (naming it) and RuntimeError when
+    ``isolation="namespaces"`` is not available here.
     """
     limits = _Limits(timeout_s, memory_mb, max_output_bytes, max_processes, max_file_mb, disk_mb)
     _check_limits(limits)
@@ -272,9 +287,11 @@ def _layout(python: str) -> list[rootfs.Op]:
     return rootfs.root_layout(rootfs.interpreter_prefixes(python))
 
 
-def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str, uid: int | None) -> dict:
+def _config(
+    code: str, mode: str, limits: _Limits, python: str, workdir: str, uid: int | None, exclusive: bool = False
+) -> dict:
     """The launcher's configuration (see :mod:`r3_rllib.tools.sandbox_init`); `uid`: the program's leased user id,
-    or None to run it as the caller."""
+    or None to run it as the caller; `exclusive`: no other live run can hold `uid` (its lease is locked)."""
     namespaces = mode == "namespaces"
     cwd = rootfs.WORKDIR if namespaces else workdir
     return {
@@ -296,6 +313,9 @@ def _config(code: str, mode: str, limits: _Limits, python: str, workdir: str, ui
         # would count all of that user's processes; for root the kernel does not enforce it at all).
         "limits": _rlimits(limits, per_user=uid is not None),
         "require_seccomp": namespaces,
+        # Under rlimits the launcher first kills whatever still runs as the id: orphans of a dead run, never a live
+        # run's processes, hence only for a locked lease (a randomly drawn id may be another live run's too).
+        "sweep_uid": not namespaces and uid is not None and exclusive,
         "root": workdir,  # under namespaces: an empty host directory the new root is mounted on
         "layout": _layout(python) if namespaces else [],
         "disk_mb": limits.disk_mb,
@@ -325,13 +345,19 @@ def _run_checked(
                 return SandboxResult(f"sandbox could not start: {e}", False, None, False, mode, 0.0)
             if mode == "rlimits":
                 os.chown(workdir, lease.uid, lease.uid)  # the scratch directory is the program's
-        cfg = _config(code, mode, limits, python, workdir, None if lease is None else lease.uid)
+        exclusive = lease is not None and lease.fd is not None
+        cfg = _config(code, mode, limits, python, workdir, None if lease is None else lease.uid, exclusive)
         # The launcher keeps a copy of the lock, so the id stays leased however this process leaves _run (an
         # exception, a kill) until the launcher exits, which it does once PID 1, and so every process of the run, is
         # gone. Killed with this process, it leaves the last copy to PID 1, whose death the program's processes
         # follow within microseconds: long before a run that leases the id next has started its program (~0.1 s).
+        # Under rlimits the launcher exits once it has killed the program's processes; killed with this process, it
+        # may leave orphans of the program running as the id, which the next run leasing it kills before it starts.
         keep = () if lease is None or lease.fd is None or lease.fd >= _LAUNCHER_CLOSES_BELOW else (lease.fd,)
-        result = _run(cfg, workdir, timeout_s, limits.max_output_bytes, mode, keep)
+        # Should the launcher be killed before it has killed the program's processes, those that left its process
+        # group live on: they must be gone before the id is released and the scratch directory walked as root.
+        sweep = functools.partial(_kill_user, python, cfg["uid"]) if cfg["sweep_uid"] else None
+        result = _run(cfg, workdir, timeout_s, limits.max_output_bytes, mode, keep, sweep)
         return replace(result, uid=cfg["uid"])
     finally:
         if lease is not None:
@@ -346,8 +372,10 @@ def _run(
     max_output_bytes: int,
     mode: str,
     keep_fds: tuple[int, ...] = (),
+    after_last_resort: Callable[[], None] | None = None,
 ) -> SandboxResult:
-    """Start the launcher with `cfg` (handing it `keep_fds` as well) and collect the program's output and status."""
+    """Start the launcher with `cfg` (handing it `keep_fds` as well) and collect the program's output and status;
+    `after_last_resort` is called when the launcher had to be killed with its process group."""
     t0 = time.monotonic()
     # What the launcher itself prints (setup errors) goes to a file, shown only when the run failed.
     with tempfile.TemporaryFile() as setup_log:
@@ -369,8 +397,8 @@ def _run(
         _send_config(proc, cfg)
         timed_out = _wait(proc, reader, t0 + timeout_s)
         killed = timed_out or reader.overflowed
-        if killed:
-            _kill_tree(proc)
+        if killed and not _kill_tree(proc) and after_last_resort is not None:
+            after_last_resort()
         reader.join(timeout=5.0)
         try:
             exit_code: int | None = proc.wait(timeout=5.0)
@@ -430,8 +458,9 @@ class _OutputReader(threading.Thread):
             self.finished.set()
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """Kill the program and every process it started, and return once they are gone.
+def _kill_tree(proc: subprocess.Popen) -> bool:
+    """Kill the program and every process it started; True once they are gone, False when the launcher had to be
+    killed instead (then processes outside its process group may be left).
 
     SIGTERM asks the launcher to do it (under namespaces it kills PID 1, and the kernel the rest of the namespace,
     before the launcher's wait returns; under rlimits it kills every descendant, re-parented to it as subreaper);
@@ -439,13 +468,34 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     try:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=2.0)
-        return
+        return True
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    return False
+
+
+def _kill_user(python: str, uid: int) -> None:
+    """Kill every process running as the leased sandbox id `uid` (no other live run holds it): one
+    ``kill(-1, SIGKILL)`` sent as that user (`python`, an interpreter it can start) reaches them all at once."""
+    code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
+    try:
+        subprocess.run(
+            [python, "-I", "-S", "-c", code],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        pass  # the id is then released with processes of it alive: the next run of it kills them before it starts
 
 
 def _remove_tree(path: Path) -> None:

@@ -18,7 +18,10 @@ program's own status. SIGTERM to the launcher kills PID 1 (and so the namespace)
 
 Under ``"rlimits"`` (any user): no namespaces; the launcher is a child subreaper (orphans of the program are
 re-parented to it, ``setsid`` or not), forks the program with the same limits, parent-death signal and seccomp
-filter (where the kernel allows one), and once the program ends, or on SIGTERM, kills every descendant left.
+filter (where the kernel allows one), and once the program ends, or on SIGTERM, kills every descendant left. A root
+caller's program drops to its leased user id (no groups, no new privileges) as under namespaces; before it starts,
+every process still running as that id (orphans of an earlier run whose caller and launcher were killed) is killed,
+so the run's process count, scratch directory and signals are its own.
 
 Setup errors go to the launcher's stderr (exit code 125), never into the program's output.
 """
@@ -45,7 +48,7 @@ except (
 _CLONE_NEW = (
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000
 )  # NS CGROUP UTS IPC PID NET
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 36, 38
 SETUP_FAILED = 125
 
 
@@ -64,6 +67,9 @@ def _exec_program(cfg: dict) -> None:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
+            # Set here, not only by the seccomp filter (which "rlimits" may run without): a setuid or file-capability
+            # binary the program executes gains nothing.
+            _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         for which, value in cfg["limits"]:
             resource.setrlimit(which, (value, value))
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
@@ -163,8 +169,34 @@ def _run_in_namespaces(cfg: dict) -> int:
     return struct.unpack("=i", reported)[0] if len(reported) == 4 else status
 
 
+def _kill_user(uid: int) -> None:
+    """Kill every process running as `uid` (a leased sandbox id no other live run holds, so only orphans of dead
+    runs) and return once the signal is sent. A helper dropped to `uid` sends one ``kill(-1, SIGKILL)``: it reaches
+    every process that user may signal, the helper itself and PID 1 excepted, and none forks past it (the kernel
+    sends it holding the task list lock that fork needs). The launcher stays root, out of that user's reach."""
+    if uid <= 0:
+        raise ValueError(f"refusing to kill the processes of user id {uid}")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            # kill(-1) as root would end every process of the machine: only once the drop has certainly happened.
+            if os.getresuid() == (uid, uid, uid):
+                os.kill(-1, signal.SIGKILL)
+        except BaseException:  # noqa: BLE001 - ESRCH (no process left) or a failed drop: nothing to kill
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
 def _run_with_subreaper(cfg: dict) -> int:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    if cfg.get("sweep_uid"):
+        # Orphans of an earlier run of this id outlive it when its caller and launcher are killed (they are no
+        # descendants of ours to kill): left alive they would share this run's process count and scratch directory.
+        _kill_user(cfg["uid"])
     signal.signal(signal.SIGTERM, lambda *_: (_kill_descendants(), os._exit(128 + signal.SIGKILL)))
     status = _reap_until(_start_program(cfg))
     _kill_descendants()  # daemons the program left behind end with it

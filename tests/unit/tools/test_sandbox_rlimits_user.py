@@ -4,13 +4,17 @@ root, and the result says so (``uid`` None)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from sandbox_marks import needs_seccomp
 
-from r3_rllib.tools import sandbox
+from r3_rllib.envs import python_tool
+from r3_rllib.tools import sandbox, sandbox_init, sandbox_uids
 
 #: An interpreter outside any private home folder (the system's), which a sandbox user can start.
 SYSTEM_PYTHON = next(
@@ -28,6 +32,24 @@ pytestmark = [needs_root, needs_seccomp]
 
 def _run(code: str, **kw) -> sandbox.SandboxResult:
     return sandbox.run_python(code, isolation="rlimits", python=SYSTEM_PYTHON, timeout_s=20.0, **kw)
+
+
+def _pids_of(uid: int) -> list[int]:
+    """The processes whose real user id is `uid` (read from /proc)."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            uid_line = next(line for line in status.read_text().splitlines() if line.startswith("Uid:"))
+        except (OSError, StopIteration):  # the process ended while we looked
+            continue
+        if int(uid_line.split()[1]) == uid:
+            pids.append(int(status.parent.name))
+    return pids
+
+
+def _stray(uid: int) -> subprocess.Popen:
+    """A process running as `uid` that no sandbox run started: what a run whose caller was killed leaves."""
+    return subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[], cwd="/")
 
 
 @needs_system_python
@@ -94,3 +116,123 @@ def test_an_interpreter_the_sandbox_user_cannot_start_runs_as_root():
     assert os.path.abspath(sys.executable) in reason or sys.executable in reason
     r = sandbox.run_python("import os\nprint(os.getuid())", isolation="rlimits", timeout_s=20.0)
     assert r.uid is None and r.output.strip() == "0", r.output
+
+
+@needs_system_python
+def test_the_callers_private_folders_and_files_are_out_of_reach(tmp_path):
+    """A 0700 folder of the caller's (a home, a checkpoint folder) can be neither listed nor entered, and a folder
+    root owns is not the program's to write in, whatever the modes of the files inside."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "weights.txt").write_text("w")
+    (private / "weights.txt").chmod(0o644)
+    os.chmod(tmp_path, 0o755)
+    code = (
+        "def attempt(what, f):\n"
+        "    try:\n"
+        "        f()\n"
+        "        print(what, 'done')\n"
+        "    except PermissionError:\n"
+        "        print(what, 'denied')\n"
+        f"attempt('list', lambda: __import__('os').listdir({str(private)!r}))\n"
+        f"attempt('read', lambda: open({str(private / 'weights.txt')!r}).read())\n"
+        f"attempt('write', lambda: open({str(tmp_path / 'planted.py')!r}, 'w'))\n"
+        "attempt('read /root', lambda: __import__('os').listdir('/root'))\n"
+    )
+    r = _run(code)
+    assert r.ok, r.output
+    assert r.output.splitlines() == ["list denied", "read denied", "write denied", "read /root denied"]
+    assert not (tmp_path / "planted.py").exists()
+
+
+@needs_system_python
+def test_no_new_privileges_and_the_launcher_out_of_reach():
+    """The program cannot gain privileges through a setuid binary, nor kill its launcher (root) to leave orphans."""
+    code = (
+        "import os, signal\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(status.split('NoNewPrivs:')[1].split()[0])\n"
+        "try:\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n"
+        "    print('killed')\n"
+        "except PermissionError:\n"
+        "    print('denied')\n"
+    )
+    r = _run(code)
+    assert r.ok, r.output
+    assert r.output.split() == ["1", "denied"]
+
+
+@needs_system_python
+def test_no_process_of_the_run_outlives_it():
+    """Forks up to the limit, and daemons that left the session: all gone when the run returns."""
+    code = (
+        "import os, signal\n"
+        "for _ in range(50):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            os.setsid()\n"
+        "            if os.fork() == 0:\n"
+        "                signal.pause()\n"
+        "            os._exit(0)\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print('ok')\n"
+    )
+    r = _run(code, max_processes=6)
+    assert r.ok and r.uid is not None, r.output
+    assert _pids_of(r.uid) == []
+
+
+@needs_system_python
+def test_orphans_of_an_earlier_run_of_the_id_die_before_the_program_starts(monkeypatch):
+    """A run whose caller was killed (its launcher with it) leaves its daemons running as its id, freed with the
+    lock: the next run leasing the id kills them first, so its process count and files are its own."""
+    with sandbox_uids.lease_uid(*sandbox.SANDBOX_UID_RANGE) as lease:  # an id no live run holds
+        if lease.fd is None:
+            pytest.skip("the user id lock file cannot be used here: ids are drawn at random, and not swept")
+        uid = lease.uid
+        stray = _stray(uid)
+    try:
+        monkeypatch.setattr(sandbox, "SANDBOX_UID_RANGE", (uid, uid + 1))  # the next run gets this id
+        r = _run("import os\nprint(os.getuid())")
+        assert r.ok and r.output.split() == [str(uid)], r.output
+        assert stray.wait(timeout=10) == -9
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+@needs_system_python
+def test_the_callers_sweep_kills_every_process_of_the_id():
+    """What runs when the launcher itself had to be killed: every process of the id ends."""
+    with sandbox_uids.lease_uid(*sandbox.SANDBOX_UID_RANGE) as lease:
+        strays = [_stray(lease.uid) for _ in range(3)]
+        try:
+            sandbox._kill_user(SYSTEM_PYTHON, lease.uid)
+            assert [s.wait(timeout=10) for s in strays] == [-9, -9, -9]
+        finally:
+            for s in strays:
+                s.kill()
+                s.wait()
+
+
+def test_the_launcher_never_sweeps_root():
+    """kill(-1) as root would end every process of the machine."""
+    with pytest.raises(ValueError, match="user id 0"):
+        sandbox_init._kill_user(0)
+
+
+@pytest.mark.skipif(
+    sandbox.sandbox_user_unavailable_reason(sys.executable) is None,
+    reason="this interpreter can be started by a sandbox user (it is not under a private home folder)",
+)
+def test_the_fallback_warning_says_why_the_code_runs_as_root_and_what_would_change_it(monkeypatch, caplog):
+    """The python_tool env's warning, with this machine's own probe (not a stand-in)."""
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: False)
+    monkeypatch.setattr(python_tool, "_warned_fallback", False)
+    with caplog.at_level(logging.WARNING, logger="r3_rllib.envs.python_tool"):
+        assert python_tool._isolation_for_tools("auto") == "rlimits"
+    (message,) = [r.getMessage() for r in caplog.records if "rlimits" in r.getMessage()]
+    assert "root: every file and process of this machine (not a sandbox user id:" in message
+    assert os.path.abspath(sys.executable) in message and "not under a home folder of mode 0700" in message
