@@ -165,17 +165,7 @@ def sandbox_user_unavailable_reason(python: str) -> str | None:
         return "only a root caller can switch the program to another user id"
     try:
         with sandbox_uids.lease_uid(*SANDBOX_UID_RANGE) as lease:
-            probe = subprocess.run(
-                [python, "-I", "-c", "pass"],
-                user=lease.uid,
-                group=lease.uid,
-                extra_groups=[],
-                cwd="/",
-                env={"PATH": "/usr/bin:/bin"},
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
+            probe = _python_as(python, lease.uid, ["-I", "-c", "pass"], timeout_s=30.0)
     except (OSError, subprocess.SubprocessError) as e:
         return f"{python} could not start as a sandbox user id: {e}{_DROP_REMEDY}"
     if probe.returncode != 0:
@@ -478,22 +468,28 @@ def _kill_tree(proc: subprocess.Popen) -> bool:
     return False
 
 
+def _python_as(python: str, uid: int, args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """`python` with `args`, run as user and group `uid` with no supplementary groups, from ``/`` with a bare
+    environment; its output captured. Raises OSError or SubprocessError when it cannot start or times out."""
+    return subprocess.run(
+        [python, *args],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def _kill_user(python: str, uid: int) -> None:
     """Kill every process running as the leased sandbox id `uid` (no other live run holds it): one
     ``kill(-1, SIGKILL)`` sent as that user (`python`, an interpreter it can start) reaches them all at once."""
     code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
     try:
-        subprocess.run(
-            [python, "-I", "-S", "-c", code],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
+        _python_as(python, uid, ["-I", "-S", "-c", code], timeout_s=10.0)
     except (OSError, subprocess.SubprocessError):
         pass  # the id is then released with processes of it alive: the next run of it kills them before it starts
 
