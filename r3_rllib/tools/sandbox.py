@@ -487,6 +487,10 @@ def _python_as(python: str, uid: int, args: list[str], timeout_s: float) -> subp
 def _kill_user(python: str, uid: int) -> None:
     """Kill every process running as the leased sandbox id `uid` (no other live run holds it): one
     ``kill(-1, SIGKILL)`` sent as that user (`python`, an interpreter it can start) reaches them all at once."""
+    if uid <= 0:
+        raise ValueError(
+            f"refusing to kill the processes of user id {uid}"
+        )  # kill(-1) as root ends the machine
     code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
     try:
         _python_as(python, uid, ["-I", "-S", "-c", code], timeout_s=10.0)

@@ -184,17 +184,20 @@ def test_no_process_of_the_run_outlives_it():
     assert _pids_of(r.uid) == []
 
 
+#: An id outside SANDBOX_UID_RANGE (and other than the uid tests' 190,000): no other run, here or in a concurrent
+#: test process, can lease it, so the sweep below meets only this test's stray.
+ORPHAN_UID = 195_000
+
+
 @needs_system_python
-def test_orphans_of_an_earlier_run_of_the_id_die_before_the_program_starts(monkeypatch):
+def test_orphans_of_an_earlier_run_of_the_id_die_before_the_program_starts(monkeypatch, tmp_path):
     """A run whose caller was killed (its launcher with it) leaves its daemons running as its id, freed with the
     lock: the next run leasing the id kills them first, so its process count and files are its own."""
-    with sandbox_uids.lease_uid(*sandbox.SANDBOX_UID_RANGE) as lease:  # an id no live run holds
-        if lease.fd is None:
-            pytest.skip("the user id lock file cannot be used here: ids are drawn at random, and not swept")
-        uid = lease.uid
-        stray = _stray(uid)
+    uid = ORPHAN_UID
+    monkeypatch.setattr(sandbox_uids, "LOCK_PATH", str(tmp_path / "uids.lock"))  # this test's leases only
+    monkeypatch.setattr(sandbox, "SANDBOX_UID_RANGE", (uid, uid + 1))  # the next run gets this id
+    stray = _stray(uid)
     try:
-        monkeypatch.setattr(sandbox, "SANDBOX_UID_RANGE", (uid, uid + 1))  # the next run gets this id
         r = _run("import os\nprint(os.getuid())")
         assert r.ok and r.output.split() == [str(uid)], r.output
         assert stray.wait(timeout=10) == -9
@@ -217,10 +220,12 @@ def test_the_callers_sweep_kills_every_process_of_the_id():
                 s.wait()
 
 
-def test_the_launcher_never_sweeps_root():
-    """kill(-1) as root would end every process of the machine."""
+def test_neither_sweep_ever_runs_as_root():
+    """kill(-1) as root would end every process of the machine: the launcher's sweep and the caller's refuse it."""
     with pytest.raises(ValueError, match="user id 0"):
         sandbox_init._kill_user(0)
+    with pytest.raises(ValueError, match="user id 0"):
+        sandbox._kill_user(sys.executable, 0)
 
 
 @pytest.mark.skipif(
