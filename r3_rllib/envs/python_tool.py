@@ -29,6 +29,7 @@ from r3_rllib.rewards.math_grader import shared_grader
 from r3_rllib.tools.sandbox import LIMIT_MAXIMA as SANDBOX_MAX
 from r3_rllib.tools.sandbox import (
     MIN_MEMORY_MB,
+    landlock_abi,
     namespaces_unavailable_reason,
     resolve_isolation,
     run_python,
@@ -198,30 +199,42 @@ def _is_whole(value: Any) -> bool:
     return _is_number(value) and math.isfinite(value) and float(value).is_integer()
 
 
+def _rlimits_reach() -> str:
+    """Whom tool code runs as under "rlimits", and what it can reach (tools/sandbox.py, tools/landlock.py)."""
+    user, everything = "this user", "what this user can reach"
+    if os.geteuid() == 0:
+        # As root (a container's default user, without CAP_SYS_ADMIN) the code runs as a sandbox user id of its own
+        # where that user can start the interpreter, else as root.
+        why_root = sandbox_user_unavailable_reason(sys.executable)
+        user, everything = (
+            ("a sandbox user id of its own (no groups)", "what any user can reach")
+            if why_root is None
+            else (f"root (not a sandbox user id: {why_root})", "every file and process of this machine")
+        )
+    abi = landlock_abi()
+    if abi < 1:
+        return f"{user}: it can read, write and signal {everything}, and the network (the kernel has no Landlock)"
+    tcp = "no TCP connection" if abi >= 4 else "the network open"
+    signals = "no signal to a process outside the sandbox" if abi >= 6 else f"signals to {everything}"
+    return (
+        f"{user}, confined by Landlock (ABI {abi}): it reads only the system and Python directories and writes only "
+        f"its scratch folder and /dev/shm, with {tcp} and {signals}"
+    )
+
+
 def _isolation_for_tools(requested: str) -> str:
     """The isolation tool calls run under; 'auto' falling back to 'rlimits' is logged (once per process), since
-    that fallback leaves the host's files and network open to the model's code."""
+    that fallback leaves more of the host to the model's code: how much, the warning says."""
     global _warned_fallback
     if requested not in ("auto", "namespaces", "rlimits"):
         raise ValueError(f"tool_isolation must be 'auto', 'namespaces' or 'rlimits', got {requested!r}")
     mode = resolve_isolation(requested)  # type: ignore[arg-type]
     if requested == "auto" and mode == "rlimits" and not _warned_fallback:
         _warned_fallback = True
-        user = "this user"
-        if os.geteuid() == 0:
-            # As root (a container's default user, without CAP_SYS_ADMIN) the code runs as a sandbox user id of its
-            # own where that user can start the interpreter, else as root: then it reaches the whole machine.
-            why_root = sandbox_user_unavailable_reason(sys.executable)
-            user = (
-                "a sandbox user id of its own (no groups)"
-                if why_root is None
-                else f"root: every file and process of this machine (not a sandbox user id: {why_root})"
-            )
         logger.warning(
             "python_tool: sandbox namespaces are not available here (%s); tool code runs under the weaker 'rlimits' "
-            "isolation: it can read, write and signal what %s can reach, and the network. Set tool_isolation: "
-            "namespaces to refuse this.",
+            "isolation, as %s. Set tool_isolation: namespaces to refuse this.",
             namespaces_unavailable_reason() or "they need Linux and root",
-            user,
+            _rlimits_reach(),
         )
     return mode

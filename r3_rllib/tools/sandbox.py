@@ -34,21 +34,30 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
 a scratch directory on the host (removed afterwards), the seccomp filter where the kernel allows one (no memfd, no
 SysV IPC, no user namespaces, no ptrace), a wall-clock timeout measured independently of the program's pipes (a
 program that closes stdout/stderr is still killed at ``timeout_s`` and reported ``timed_out``), and a launcher that is
-a child subreaper and kills every descendant when the program ends or times out. It does NOT give: a private filesystem
-(the program reads and writes whatever the calling user can, ``/tmp``, ``/dev/shm``, ``/run/lock`` and the checkout
-included), a disk quota (``max_file_mb`` bounds each file, not their number), a memory bound for files in a tmpfs
-such as ``/dev/shm``, network isolation, a process-count limit (``RLIMIT_NPROC`` would count all of the user's
-processes), or protection of the launcher: the program runs as the same user and may kill it, and its orphans then
-outlive the run. A root caller's program runs as a leased sandbox user id of its own instead, wherever that user can
-start the interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new
-privileges, ``RLIMIT_NPROC`` bounding its processes (root is not held to it: only the timeout, the kernel's
-pid_max and a container's pids cgroup, if set, bound a root program's fork bomb), the scratch directory its own. It
-then reads only what other users may read (the checkout, Ray's logs), writes only its scratch directory and
-world-writable places (``/tmp``, ``/dev/shm``, and Ray's session folders under ``/tmp/ray``, which Ray makes 0777,
-its runtime_env caches included; what it leaves there stays), and can signal no process but its own, the launcher
-not among them; every process still running as that id when the run starts (orphans of a run whose caller was
-killed) is killed first. Where that user cannot start the interpreter (an interpreter or virtual environment under
-``/root``, mode 0700), the program runs as root: every process and file of the machine is in its reach.
+a child subreaper and kills every descendant when the program ends or times out.
+
+*Landlock*, where the kernel has it (Linux 5.13+; :func:`landlock_abi`, reported as
+:attr:`SandboxResult.landlock_abi`; :mod:`r3_rllib.tools.landlock`), confines the program whichever user it runs as,
+root included: it reads and executes only what the namespaces' root would hold (the system directories, the
+interpreter's prefixes, the dynamic loader's ``/etc`` files), reads and writes the five ``/dev`` nodes, reads its own
+``/proc`` entry, and writes only its scratch directory and ``/dev/shm`` (where POSIX semaphores live, so
+multiprocessing works). The checkout, checkpoints, ``/tmp``, Ray's 0777 session folders, other processes' ``/proc``
+entries and ``/sys`` are refused. From ABI 4 it opens no TCP connection or listening socket; from ABI 6 it signals no
+process outside the sandbox (the launcher and the caller among them) and reaches no abstract unix socket bound
+outside it.
+
+It does NOT give: a private ``/dev/shm`` or ``/tmp`` (files it leaves in ``/dev/shm`` stay), a disk quota
+(``max_file_mb`` bounds each file, not their number), a memory bound for files in ``/dev/shm``, isolation from UDP
+and path-bound unix sockets, and, where the kernel has no Landlock, any file or network isolation at all (the program
+then reads and writes whatever its user can, the checkout included) or protection of the launcher from a program of
+the same user. A root caller's program runs as a leased sandbox user id of its own wherever that user can start the
+interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
+``RLIMIT_NPROC`` bounding its processes (root is not held to it: only the timeout, the kernel's pid_max and a
+container's pids cgroup, if set, bound a root program's fork bomb; as the calling user ``RLIMIT_NPROC`` would count
+all of that user's processes, so it is not set), the scratch directory its own, and no signal to any process but its
+own; every process still running as that id when the run starts (orphans of a run whose caller was killed) is killed
+first. Where that user cannot start the interpreter (an interpreter or virtual environment under ``/root``, mode
+0700), the program runs as root: then Landlock is what keeps it from the machine's files.
 Pass ``isolation="namespaces"`` to refuse to run without the strong form.
 
 Resource limits in both: CPU seconds (``RLIMIT_CPU``, a backstop), address space per process (``memory_mb``,
@@ -76,7 +85,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from r3_rllib.tools import rootfs, sandbox_uids
+from r3_rllib.tools import landlock, rootfs, sandbox_uids
 
 Isolation = Literal["auto", "namespaces", "rlimits"]
 
@@ -84,6 +93,7 @@ Isolation = Literal["auto", "namespaces", "rlimits"]
 #: filesystem), each leased for its run so that no two live runs share one (:mod:`r3_rllib.tools.sandbox_uids`).
 SANDBOX_UID_RANGE = (200_000, 260_000)
 _LAUNCHER = str(Path(__file__).with_name("sandbox_init.py"))
+SHM_DIR = "/dev/shm"
 _SETUP_FAILED = 125
 #: The launcher closes descriptors 3 to 2**16 - 1 before the program's execve (sandbox_init._exec_program): only
 #: those may be handed to it without reaching the program.
@@ -122,6 +132,9 @@ class SandboxResult:
     #: The user id the program ran as (no other live run of the machine had it): under "namespaces", and under
     #: "rlimits" for a root caller whose interpreter a sandbox user can start; None where it ran as the caller.
     uid: int | None = None
+    #: Under "rlimits": the Landlock ABI version that confined the program's files (and, from 4, its TCP sockets;
+    #: from 6, its signals); None where the kernel has no Landlock, and under "namespaces".
+    landlock_abi: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -277,6 +290,29 @@ def _layout(python: str) -> list[rootfs.Op]:
     return rootfs.root_layout(rootfs.interpreter_prefixes(python))
 
 
+@functools.cache
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none), which the "rlimits" isolation confines programs with."""
+    return landlock.abi_version() if sys.platform.startswith("linux") else 0
+
+
+def _landlock_rules(python: str, workdir: str) -> dict | None:
+    """Under "rlimits", what the program may reach (:mod:`r3_rllib.tools.landlock`): read and execute the system
+    and interpreter directories and the files the dynamic loader reads (what the namespaces' root holds,
+    :mod:`r3_rllib.tools.rootfs`); read and write the device files; everything in its scratch directory and
+    ``/dev/shm``. None where the kernel has no Landlock."""
+    abi = landlock_abi()
+    if abi < 1:
+        return None
+    prefixes = rootfs.interpreter_prefixes(python)
+    read = [*rootfs.SYSTEM_DIRS, *rootfs.ETC_FILES, *prefixes, *(os.path.realpath(p) for p in prefixes)]
+    devices = [f"/dev/{name}" for name in rootfs.DEVICES]
+    # /dev/shm stays writable: POSIX semaphores (multiprocessing's locks and queues) are files there, with no other
+    # place to put them; the scratch directory and it are the only places the program can write.
+    write = [workdir] + [SHM_DIR] * os.path.isdir(SHM_DIR)
+    return {"abi": abi, "read": sorted(set(read)), "write": write, "devices": devices}
+
+
 def _config(
     code: str, mode: str, limits: _Limits, python: str, workdir: str, uid: int | None, exclusive: bool = False
 ) -> dict:
@@ -310,6 +346,7 @@ def _config(
         "layout": _layout(python) if namespaces else [],
         "disk_mb": limits.disk_mb,
         "inodes": max(1024, 64 * limits.disk_mb),
+        "landlock": None if namespaces else _landlock_rules(python, workdir),
     }
 
 
@@ -348,7 +385,8 @@ def _run_checked(
         # group live on: they must be gone before the id is released and the scratch directory walked as root.
         sweep = functools.partial(_kill_user, python, cfg["uid"]) if cfg["sweep_uid"] else None
         result = _run(cfg, workdir, timeout_s, limits.max_output_bytes, mode, keep, sweep)
-        return replace(result, uid=cfg["uid"])
+        confined = cfg["landlock"]
+        return replace(result, uid=cfg["uid"], landlock_abi=None if confined is None else confined["abi"])
     finally:
         if lease is not None:
             lease.release()

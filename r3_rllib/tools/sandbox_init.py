@@ -37,11 +37,12 @@ import struct
 import sys
 
 try:
-    from r3_rllib.tools import rootfs, seccomp
+    from r3_rllib.tools import landlock, rootfs, seccomp
 except (
     ImportError
 ):  # run as a script with -I -S: the package is not importable, its directory holds the siblings
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import landlock  # type: ignore[no-redef]
     import rootfs  # type: ignore[no-redef]
     import seccomp  # type: ignore[no-redef]
 
@@ -70,6 +71,11 @@ def _exec_program(cfg: dict) -> None:
             # Set here, not only by the seccomp filter (which "rlimits" may run without): a setuid or file-capability
             # binary the program executes gains nothing.
             _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        rules = cfg["landlock"]
+        if (
+            rules is not None
+        ):  # "rlimits": the files, TCP sockets and signals it may reach (tools/landlock.py)
+            landlock.restrict_self(rules["abi"], rules["read"], rules["write"], rules["devices"])
         for which, value in cfg["limits"]:
             resource.setrlimit(which, (value, value))
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):

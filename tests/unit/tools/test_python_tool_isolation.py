@@ -47,29 +47,53 @@ def test_auto_fallback_is_logged_once(no_namespaces, caplog):
 
 
 @pytest.mark.parametrize(
-    "euid, why_root, reach",
+    "euid, why_root, abi, expected",
     [
         (
             0,
             "exit 1: /root is 0700",
-            "root: every file and process of this machine (not a sandbox user id: exit 1: /root is 0700)",
+            0,
+            "as root (not a sandbox user id: exit 1: /root is 0700): it can read, write and signal every file and "
+            "process of this machine, and the network (the kernel has no Landlock)",
         ),
-        (0, None, "a sandbox user id of its own (no groups)"),
-        (1000, None, "this user"),
+        (
+            0,
+            None,
+            0,
+            "as a sandbox user id of its own (no groups): it can read, write and signal what any user can reach",
+        ),
+        (1000, None, 0, "as this user: it can read, write and signal what this user can reach"),
+        (
+            0,
+            "exit 1: /root is 0700",
+            7,
+            "as root (not a sandbox user id: exit 1: /root is 0700), confined by Landlock (ABI 7): it reads only the "
+            "system and Python directories and writes only its scratch folder and /dev/shm, with no TCP connection "
+            "and no signal to a process outside the sandbox",
+        ),
+        (
+            1000,
+            None,
+            3,
+            "as this user, confined by Landlock (ABI 3): it reads only the system and Python directories",
+        ),
+        (1000, None, 3, "with the network open and signals to what this user can reach"),
     ],
 )
 def test_the_fallback_warning_says_whose_reach_the_code_has(
-    no_namespaces, monkeypatch, caplog, euid, why_root, reach
+    no_namespaces, monkeypatch, caplog, euid, why_root, abi, expected
 ):
     """As root (a container's default user) the weaker isolation runs the code as a sandbox user id where that user
-    can start the interpreter, else as root, which leaves the whole machine to the model's code."""
+    can start the interpreter, else as root; Landlock, where the kernel has it, confines it to the system and Python
+    directories and its scratch folder whichever user it is (and, from ABI 4 and 6, from TCP and outside signals)."""
     monkeypatch.setattr(python_tool.os, "geteuid", lambda: euid)
     monkeypatch.setattr(python_tool, "sandbox_user_unavailable_reason", lambda python: why_root)
     monkeypatch.setattr(python_tool, "namespaces_unavailable_reason", lambda: "a probe run failed (exit 1)")
+    monkeypatch.setattr(python_tool, "landlock_abi", lambda: abi)
     with caplog.at_level(logging.WARNING, logger="r3_rllib.envs.python_tool"):
         _env()
     (message,) = [r.getMessage() for r in caplog.records if "rlimits" in r.getMessage()]
-    assert "(a probe run failed (exit 1))" in message and f"what {reach} can reach" in message
+    assert "(a probe run failed (exit 1))" in message and expected in message
 
 
 def test_unknown_isolation_is_refused():

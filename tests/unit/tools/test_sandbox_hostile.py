@@ -177,10 +177,12 @@ def test_program_is_not_pid_1_and_its_own_signals_work():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("isolation", [pytest.param("namespaces", marks=needs_namespaces), "rlimits"])
-def test_closing_stdout_and_stderr_does_not_escape_the_timeout(isolation, tmp_path):
+def test_closing_stdout_and_stderr_does_not_escape_the_timeout(isolation):
     # Before (rlimits): timed_out=False after 5 s with timeout_s=1, and the program wrote a file later. Here a
-    # setsid child tries to outlive the run, too.
-    late = tmp_path / "late"
+    # setsid child tries to outlive the run, too. Its mark goes to /dev/shm, which "rlimits" leaves writable
+    # (Landlock refuses every other host path, tmp_path included; under namespaces /dev/shm is the run's own).
+    late = Path("/dev/shm") / f"r3-late-{os.getpid()}-{isolation}"
+    late.unlink(missing_ok=True)
     code = (
         "import os, time\nos.close(1); os.close(2)\n"
         "if os.fork() == 0:\n"
@@ -192,7 +194,9 @@ def test_closing_stdout_and_stderr_does_not_escape_the_timeout(isolation, tmp_pa
     r = run_python(code, timeout_s=1.0, isolation=isolation)
     assert r.timed_out and r.exit_code == -9 and 1.0 <= r.duration_s < 1.0 + MARGIN_S
     time.sleep(max(0.0, t0 + 2.2 - time.monotonic()))
-    assert not late.exists(), "a process of the program outlived the run"
+    outlived = late.exists()
+    late.unlink(missing_ok=True)
+    assert not outlived, "a process of the program outlived the run"
 
 
 @needs_namespaces
