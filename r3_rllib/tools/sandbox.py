@@ -46,9 +46,9 @@ entries and ``/sys`` are refused. From ABI 4 it opens no TCP connection or liste
 process outside the sandbox (the launcher and the caller among them) and reaches no abstract unix socket bound
 outside it.
 
-It does NOT give: a private ``/dev/shm`` or ``/tmp`` (files it leaves in ``/dev/shm`` stay), a disk quota
-(``max_file_mb`` bounds each file, not their number), a memory bound for files in ``/dev/shm``, isolation from UDP
-and path-bound unix sockets, and, where the kernel has no Landlock, any file or network isolation at all (the program
+It does NOT give: a private ``/dev/shm`` (what a leased sandbox user leaves there is removed after the run; what a
+program of the calling user leaves stays), a disk quota (``max_file_mb`` bounds each file, not their number), a
+memory bound for files in ``/dev/shm``, isolation from UDP and path-bound unix sockets, and, where the kernel has no Landlock, any file or network isolation at all (the program
 then reads and writes whatever its user can, the checkout included) or protection of the launcher from a program of
 the same user. A root caller's program runs as a leased sandbox user id of its own wherever that user can start the
 interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
@@ -389,6 +389,8 @@ def _run_checked(
         return replace(result, uid=cfg["uid"], landlock_abi=None if confined is None else confined["abi"])
     finally:
         if lease is not None:
+            if mode == "rlimits":
+                _remove_files_of(lease.uid, SHM_DIR)
             lease.release()
         _remove_tree(Path(workdir))
 
@@ -534,6 +536,26 @@ def _kill_user(python: str, uid: int) -> None:
         _python_as(python, uid, ["-I", "-S", "-c", code], timeout_s=10.0)
     except (OSError, subprocess.SubprocessError):
         pass  # the id is then released with processes of it alive: the next run of it kills them before it starts
+
+
+def _remove_files_of(uid: int, folder: str) -> None:
+    """Remove what user `uid` (a leased sandbox id, its run over) left in the shared `folder` (``/dev/shm``, the
+    one host place besides its scratch directory that "rlimits" lets it write): a later run of the id would read it,
+    and its pages would stay in memory."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(Path(entry.path))
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # gone already, or not ours to remove
 
 
 def _remove_tree(path: Path) -> None:

@@ -190,6 +190,32 @@ ORPHAN_UID = 195_000
 
 
 @needs_system_python
+def test_what_the_program_leaves_in_dev_shm_is_removed_after_the_run():
+    """/dev/shm is the one shared place the program may write (POSIX semaphores live there): its files, a folder of
+    them and a named semaphore it never unlinks go with the run; another user's file there stays."""
+    mark = f"r3-left-{os.getpid()}"
+    keep = Path("/dev/shm") / f"{mark}-callers"
+    keep.write_text("mine")
+    code = (
+        "import os, ctypes\n"
+        f"open('/dev/shm/{mark}', 'w').write('x')\n"
+        f"os.mkdir('/dev/shm/{mark}-dir'); open('/dev/shm/{mark}-dir/f', 'w').write('x')\n"
+        "libc = ctypes.CDLL(None)\nlibc.sem_open.restype = ctypes.c_void_p\n"
+        f"print(libc.sem_open(b'/{mark}-sem', 0o100, 0o600, 1) not in (None, 0))\n"
+        "print(sorted(n for n in os.listdir('/dev/shm') if n.startswith('r3-left') or n.startswith('sem.r3-left')))\n"
+    )
+    try:
+        r = _run(code)
+        left = sorted(p.name for p in Path("/dev/shm").iterdir() if mark in p.name)
+    finally:
+        keep.unlink(missing_ok=True)
+    assert r.ok, r.output
+    made = [mark, f"{mark}-callers", f"{mark}-dir", f"sem.{mark}-sem"]
+    assert r.output.splitlines() == ["True", str(sorted(made))]
+    assert left == [f"{mark}-callers"]
+
+
+@needs_system_python
 def test_orphans_of_an_earlier_run_of_the_id_die_before_the_program_starts(monkeypatch, tmp_path):
     """A run whose caller was killed (its launcher with it) leaves its daemons running as its id, freed with the
     lock: the next run leasing the id kills them first, so its process count and files are its own."""
