@@ -1,4 +1,5 @@
-"""Child process of the checkpoint test: restore an R3 checkpoint in a fresh process and report its state."""
+"""Child process of the checkpoint test: rebuild the algorithm from an R3 checkpoint alone (``R3.from_checkpoint``:
+the config saved in it, then its state) in a fresh process, and report its state."""
 
 import json
 import os
@@ -32,12 +33,16 @@ if __name__ == "__main__":
     import torch
     from algo_checks import checkpoint_fingerprint  # beside this file (the parent sets PYTHONPATH)
 
+    from r3_rllib import R3
+
     torch.set_num_threads(1)
-    model_path, checkpoint = sys.argv[1], sys.argv[2]
+    checkpoint = sys.argv[1]
     ray.init(num_cpus=2, address="local", include_dashboard=False, log_to_driver=False)
-    algo = make_config(model_path).build_algo()
-    algo.restore(checkpoint)
+    algo = R3.from_checkpoint(checkpoint)
     out = {"iteration": algo.iteration, **checkpoint_fingerprint(algo)}
+    out["config"] = {
+        k: v for k, v in algo.config.to_dict().items() if k in ("lr", "env_config", "model_path")
+    }
     result = algo.train()
     out["next_iteration"] = result["training_iteration"]
     out["policy_version"] = float(result["rollout"]["policy_version"])

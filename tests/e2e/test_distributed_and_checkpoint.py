@@ -146,7 +146,7 @@ def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_rand
     assert saved["optim"] != 0.0 and saved["replay_size"] > 0
     env = {**os.environ, "PYTHONPATH": HERE}
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "resume_child.py"), tiny_random_model, checkpoint],
+        [sys.executable, os.path.join(HERE, "resume_child.py"), checkpoint],
         capture_output=True,
         text=True,
         timeout=300,
@@ -156,6 +156,12 @@ def test_checkpoint_restores_in_new_process_and_continues(ray_session, tiny_rand
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     child = json.loads(lines[-1][len("RESULT ") :])
     assert child["iteration"] == 2 and child["next_iteration"] == 3
+    # Rebuilt from the checkpoint alone (R3.from_checkpoint: the config saved in it), the run's settings came back.
+    assert child["config"] == {
+        "lr": LR_SCHEDULE,
+        "env_config": {"num_queries": 16},
+        "model_path": tiny_random_model,
+    }
     # Exact: the restore copies the tensors' bits, both processes sum them with the same code on one torch thread
     # (the learner's num_cpus_per_learner; algo_checks.checkpoint_fingerprint), and JSON carries a float's repr,
     # which reads back to the same float.

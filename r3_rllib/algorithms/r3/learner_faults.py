@@ -19,7 +19,8 @@ import ray
 #: How to go on after a learner died: the run's last checkpoint holds the learners' shards and every other state.
 RESUME_HINT = (
     "resume from the last checkpoint: `r3 train <config> --resume` (the experiment of the same name), or "
-    "`R3.from_checkpoint(path)` / `algo.restore_from_path(path)` in Python"
+    "`R3.from_checkpoint(path)` in Python (the algorithm rebuilt from the config saved in the checkpoint), or "
+    "`algo.restore(path)` into an algorithm built from the run's config"
 )
 
 

@@ -29,7 +29,7 @@ import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
-from r3_rllib.algorithms.r3 import checkpoint_tune
+from r3_rllib.algorithms.r3 import checkpoint_config, checkpoint_tune
 from r3_rllib.algorithms.r3.checkpoint import (
     LEARNER_DIR,
     AlgorithmState,
@@ -376,6 +376,18 @@ class R3(R3Console, Algorithm):
         return merge_eval_counts(parts)
 
     # -- checkpoints (checkpoint.py, checkpoint_files.py, checkpoint_tune.py) -------------------------------------
+    @classmethod
+    @override(Algorithm)
+    def from_checkpoint(cls, path, filesystem=None, *, config_overrides=None, trust_object_paths=False) -> R3:
+        """The algorithm saved at `path` (a checkpoint, or a Tune trial's folder: its newest complete one), built
+        from the config saved in it (read as data; code it names is refused unless `trust_object_paths`), with
+        `config_overrides` ({setting: value}) over it, and restored (checkpoint_config.py). Local folders only."""
+        if filesystem is not None:
+            raise ValueError("R3.from_checkpoint reads a local folder: copy the checkpoint here first")
+        return checkpoint_config.algorithm_from_checkpoint(
+            cls, path, config_overrides, trust_object_paths=trust_object_paths
+        )
+
     @override(Algorithm)
     def save(self, checkpoint_dir: str | None = None, *args, **kwargs):
         """Trainable.save (save_checkpoint, then Tune's copy into the trial), then the manifest that commits the
@@ -413,6 +425,7 @@ class R3(R3Console, Algorithm):
             stream_queue=self.coordinator.saved_queue,
         )
         write_algorithm_state(checkpoint_dir, state)
+        checkpoint_config.write_checkpoint_config(checkpoint_dir, self.config)  # R3.from_checkpoint reads it
         if replay is not None:
             self._replay.remember(replay)
         self._saved_manifest = checkpoint_tune.build_algorithm_manifest(self, checkpoint_dir)
@@ -451,19 +464,9 @@ class R3(R3Console, Algorithm):
         the policy's extra head beside it (learner_state.py). LoRA (lora_rank > 0): the folder holds the
         adapter merged into the base weights, and `path/lora_adapter` the adapter alone (loads with
         `PeftModel.from_pretrained(base, path/lora_adapter)`)."""
-        path = os.path.abspath(str(path))
-        kwargs = {"with_head": True} if with_head else {}
-        results = self.learner_group.foreach_learner(
-            lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
-        )
-        assert any(r is not None for r in all_results(results))
-        from r3_rllib.algorithms.r3.export import make_readable
-        from r3_rllib.algorithms.r3.runner_setup import load_policy_tokenizer
-        from r3_rllib.models.tiny import save_portable_tokenizer
+        from r3_rllib.algorithms.r3.export import export_algorithm_policy
 
-        save_portable_tokenizer(load_policy_tokenizer(self.config), path)  # loads with AutoTokenizer
-        make_readable(path)
-        return path
+        return export_algorithm_policy(self, path, with_head=with_head)
 
     def replay_metrics(self) -> dict[str, float]:
         """The replay actor's metrics (size, bytes, hits, misses, evictions); empty without one."""

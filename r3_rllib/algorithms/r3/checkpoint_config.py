@@ -1,0 +1,199 @@
+"""The config a run was built with, saved in each of its checkpoints (``r3_config.json``), and read back to rebuild
+the algorithm from the checkpoint alone: ``R3.from_checkpoint(path)``.
+
+Why a file of our own: RLlib's ``Algorithm.from_checkpoint`` rebuilds from a pickled config
+(``class_and_ctor_args.pkl``), and unpickling can run any code. Ours is JSON, read as data: every setting whose value
+is plain data (numbers, strings, lists, dicts), which is every setting a run file can hold. A setting holding code
+(a callbacks class, an env passed as a class or function) cannot be saved so: its name is listed under ``unsaved``,
+and rebuilding needs it in ``config_overrides``.
+
+Names of code are data too, and dangerous ones: a ``"module:attribute"`` path (an env, a reward function, an
+estimator, anywhere in the settings) is imported and called by the rebuilt algorithm, so a checkpoint from elsewhere
+could name any importable function (``subprocess:run``, its arguments among the env's options), and
+``trust_remote_code`` would run the model folder's code. :func:`config_from_checkpoint` refuses both unless the
+caller overrides the setting or passes ``trust_object_paths=True``.
+
+The file is listed in the checkpoint's manifest like every other file; it is checked against it before it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from r3_rllib.algorithms.r3.checkpoint import newest_complete_checkpoint
+from r3_rllib.algorithms.r3.checkpoint_files import (
+    CorruptCheckpointError,
+    atomic_write_bytes,
+    read_manifest,
+    trial_checkpoints,
+)
+
+#: The config's file inside an algorithm checkpoint directory.
+CONFIG_FILE = "r3_config.json"
+CONFIG_FORMAT_VERSION = 1
+#: ``package.module:attribute`` written with identifiers only (a prompt with a colon in it is not one).
+_OBJECT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+#: RLlib's algorithm class: R3.from_checkpoint is called on the class to build.
+_NOT_SAVED = frozenset({"class"})
+
+
+class CheckpointConfigError(ValueError):
+    """A checkpoint's saved config that cannot rebuild the algorithm as it is: missing, holding code, or refused by
+    this r3_rllib's rules; the message says which setting, and what to pass instead."""
+
+
+def _is_data(value: Any) -> bool:
+    """Whether ``value`` survives JSON unchanged (a tuple, a class or a function does not)."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+def config_record(config: Any) -> dict[str, Any]:
+    """What :func:`write_checkpoint_config` saves of ``config`` (an R3Config): its plain-data settings, and the
+    names of the settings that hold something else and differ from a fresh config's (``unsaved``)."""
+    defaults = type(config)().to_dict()
+    settings: dict[str, Any] = {}
+    unsaved: list[str] = []
+    for key, value in config.to_dict().items():
+        if key in _NOT_SAVED:
+            continue
+        if _is_data(value):
+            settings[key] = value
+        elif not _same(value, defaults.get(key)):
+            unsaved.append(key)
+    return {"format_version": CONFIG_FORMAT_VERSION, "settings": settings, "unsaved": sorted(unsaved)}
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an object whose == raises (an array) is not the default
+        return False
+
+
+def write_checkpoint_config(checkpoint_dir: str, config: Any) -> str:
+    """Write ``config``'s record (:func:`config_record`) into ``checkpoint_dir``, atomically; its path."""
+    path = os.path.join(checkpoint_dir, CONFIG_FILE)
+    atomic_write_bytes(path, (json.dumps(config_record(config), indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def read_checkpoint_config(checkpoint_dir: str) -> dict[str, Any]:
+    """The record saved in ``checkpoint_dir``, checked against the checkpoint's manifest (size and sha256).
+    CheckpointConfigError when there is none (a checkpoint of an older r3_rllib); CorruptCheckpointError when it
+    differs from the manifest or is not a record."""
+    path = os.path.join(checkpoint_dir, CONFIG_FILE)
+    manifest = read_manifest(checkpoint_dir)
+    entry = next((e for e in manifest.files if e.path == CONFIG_FILE), None) if manifest else None
+    if entry is None or not os.path.isfile(path):
+        raise CheckpointConfigError(
+            f"{checkpoint_dir} holds no saved config ({CONFIG_FILE}; checkpoints written before R3.from_checkpoint "
+            f"existed have none): build the algorithm from the run's config and restore the checkpoint into it, "
+            f"`algo = config.build_algo(); algo.restore({checkpoint_dir!r})` (for an `r3 train` run, "
+            "`config = load_run_file(<its run file>).config`, from r3_rllib.train_config)"
+        )
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CorruptCheckpointError(f"{path}: differs from the checkpoint's manifest (changed or damaged)")
+    try:
+        record = json.loads(data)
+        if record.get("format_version") != CONFIG_FORMAT_VERSION:
+            raise ValueError(f"format version {record.get('format_version')!r}, this r3_rllib reads 1")
+        if not isinstance(record.get("settings"), dict) or not isinstance(record.get("unsaved"), list):
+            raise ValueError("no 'settings' object or 'unsaved' list")
+    except (ValueError, AttributeError) as e:
+        raise CorruptCheckpointError(f"{path}: not a saved config ({e})") from e
+    return record
+
+
+def code_names(settings: Mapping[str, Any], where: str = "") -> Iterator[tuple[str, Any]]:
+    """Each ``(setting, value)`` in ``settings`` (nested ones dotted) that names code to import: a
+    ``"module:attribute"`` path, or ``trust_remote_code`` switched on."""
+    for key, value in settings.items():
+        name = f"{where}{key}"
+        if key == "trust_remote_code" and value:
+            yield name, value
+        elif isinstance(value, str) and _OBJECT_PATH.fullmatch(value):
+            yield name, value
+        elif isinstance(value, Mapping):
+            yield from code_names(value, f"{name}.")
+        elif isinstance(value, list):
+            yield from code_names({str(i): v for i, v in enumerate(value)}, f"{name}.")
+
+
+def config_from_checkpoint(
+    config_class: type,
+    checkpoint_dir: str,
+    config_overrides: Mapping[str, Any] | None = None,
+    *,
+    trust_object_paths: bool = False,
+) -> Any:
+    """A validated ``config_class`` (R3Config) with the settings saved in ``checkpoint_dir``, ``config_overrides``
+    (setting name -> value, as ``AlgorithmConfig.update_from_dict`` takes them) over them. CheckpointConfigError
+    naming the settings that held code and need an override, the code paths a checkpoint may not name unless
+    ``trust_object_paths``, or what this r3_rllib's rules refuse of the saved config (a rule added since the run)."""
+    record = read_checkpoint_config(checkpoint_dir)
+    overrides = dict(config_overrides or {})
+    source = os.path.join(checkpoint_dir, CONFIG_FILE)
+    missing = [name for name in record["unsaved"] if name not in overrides]
+    if missing:
+        raise CheckpointConfigError(
+            f"{source}: {', '.join(missing)} held code when the checkpoint was saved, which is not saved: pass "
+            f"{'them' if len(missing) > 1 else 'it'} in config_overrides, e.g. "
+            f"R3.from_checkpoint(path, config_overrides={{{missing[0]!r}: ...}})"
+        )
+    named = [(n, v) for n, v in code_names(record["settings"]) if n.split(".")[0] not in overrides]
+    if named and not trust_object_paths:
+        listed = "; ".join(f"{n} = {v!r}" for n, v in named)
+        raise CheckpointConfigError(
+            f"{source} names code the rebuilt algorithm would import and run ({listed}): a checkpoint from elsewhere "
+            "could name any function. Pass trust_object_paths=True if you trust where it came from, or give these "
+            "settings in config_overrides"
+        )
+    config = config_class().update_from_dict({**record["settings"], **overrides})
+    try:
+        config.validate()
+    except ValueError as e:
+        raise CheckpointConfigError(
+            f"{source}: this r3_rllib refuses the saved config ({e}). Change what it names with config_overrides, "
+            "e.g. R3.from_checkpoint(path, config_overrides={'group_size': 8})"
+        ) from e
+    return config
+
+
+def algorithm_from_checkpoint(
+    algo_class: Any,
+    path: str | os.PathLike,
+    config_overrides: Mapping[str, Any] | None = None,
+    *,
+    trust_object_paths: bool = False,
+) -> Any:
+    """``algo_class`` (R3) built from the config saved in the checkpoint at ``path`` (:func:`config_from_checkpoint`)
+    and restored from it. ``path``: a checkpoint folder, or a Tune trial's folder (its newest complete checkpoint;
+    none is moved aside). The algorithm is stopped again when the restore fails."""
+    path = os.path.abspath(os.fspath(path))
+    if trial_checkpoints(path):
+        choice = newest_complete_checkpoint(path, set_aside=False)
+        if choice.path is None:
+            raise CorruptCheckpointError(f"{path}: no complete checkpoint ({'; '.join(choice.refused)})")
+        path = choice.path
+    config = config_from_checkpoint(
+        type(algo_class.get_default_config()), path, config_overrides, trust_object_paths=trust_object_paths
+    )
+    algo = algo_class(config=config)
+    try:
+        algo.restore(path)
+    except BaseException:
+        algo.stop()
+        raise
+    return algo

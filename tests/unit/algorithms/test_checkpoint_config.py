@@ -1,0 +1,174 @@
+"""The config saved in every algorithm checkpoint (``r3_config.json``) and the config ``R3.from_checkpoint`` rebuilds
+from it: data only, checked against the manifest, code it names refused unless trusted, overrides over it, and this
+r3_rllib's rules applied with the checkpoint named. (The whole rebuild in a new process:
+tests/e2e/test_distributed_and_checkpoint.py::test_checkpoint_restores_in_new_process_and_continues.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from r3_rllib import R3Config
+from r3_rllib.algorithms.r3 import learner_faults
+from r3_rllib.algorithms.r3.checkpoint_config import (
+    CONFIG_FILE,
+    CheckpointConfigError,
+    code_names,
+    config_from_checkpoint,
+    config_record,
+    read_checkpoint_config,
+    write_checkpoint_config,
+)
+from r3_rllib.algorithms.r3.checkpoint_files import CorruptCheckpointError, build_manifest, write_manifest
+from r3_rllib.config import rules
+
+
+class MyCallbacks(RLlibCallback):
+    """A callbacks class: code, which a checkpoint does not save."""
+
+
+def _config(**training) -> R3Config:
+    return (
+        R3Config.r3_preset()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 64})
+        .env_runners(num_env_runners=2)
+        .training(
+            model_path="/models/tiny", group_size=4, queries_per_iteration=8, lr=[[0, 1e-3], [512, 1e-4]]
+        )
+        .training(**training)
+    )
+
+
+def _checkpoint(tmp_path, config: R3Config | None = None, record: dict | None = None) -> str:
+    """A checkpoint folder holding the saved config (of `config`, or `record` as written) and its manifest."""
+    folder = tmp_path / "checkpoint_000001"
+    folder.mkdir()
+    (folder / "r3_state.pkl").write_bytes(b"state")
+    if record is not None:
+        (folder / CONFIG_FILE).write_text(json.dumps(record))
+    else:
+        write_checkpoint_config(str(folder), config or _config())
+    write_manifest(str(folder), build_manifest(str(folder), {"iteration": 1}))
+    return str(folder)
+
+
+def test_every_data_setting_is_saved_and_code_is_named_not_saved():
+    config = _config().callbacks(MyCallbacks)
+    record = config_record(config)
+    settings = record["settings"]
+    assert settings["env_config"] == {"digits": 2, "num_queries": 64} and settings["num_env_runners"] == 2
+    assert settings["lr"] == [[0, 1e-3], [512, 1e-4]] and settings["replay"] is True
+    # RLlib's callbacks class held code; a default class (the runner's) or the algorithm class is not listed.
+    assert record["unsaved"] == ["callbacks"] and "callbacks" not in settings and "class" not in settings
+    assert config_record(_config())["unsaved"] == []
+    assert json.loads(json.dumps(record)) == record
+
+
+def test_the_rebuilt_config_has_the_saved_settings_and_the_overrides(tmp_path):
+    path = _checkpoint(tmp_path)
+    rebuilt = config_from_checkpoint(R3Config, path, {"num_env_runners": 1, "group_size": 8})
+    original = _config()
+    original.validate()  # as the rebuilt one was (validate() derives some of RLlib's settings)
+    differing = {k for k, v in rebuilt.to_dict().items() if v != original.to_dict()[k]}
+    assert differing == {"num_env_runners", "group_size"}
+    assert rebuilt.num_env_runners == 1 and rebuilt.group_size == 8 and rebuilt.lr == [[0, 1e-3], [512, 1e-4]]
+
+
+def test_settings_that_held_code_must_be_given_again(tmp_path):
+    path = _checkpoint(tmp_path, _config().callbacks(MyCallbacks))
+    with pytest.raises(
+        CheckpointConfigError, match=r"callbacks held code .* config_overrides=\{'callbacks': ...\}"
+    ):
+        config_from_checkpoint(R3Config, path)
+    assert config_from_checkpoint(R3Config, path, {"callbacks": MyCallbacks}).callbacks_class is MyCallbacks
+
+
+def test_code_named_by_path_is_refused_unless_trusted_or_overridden(tmp_path):
+    """A checkpoint from elsewhere could name any importable function, with its arguments among the options."""
+    config = _config().environment("subprocess:run", env_config={"args": ["touch", "/tmp/x"], "shell": False})
+    path = _checkpoint(tmp_path, config)
+    with pytest.raises(CheckpointConfigError, match=r"env = 'subprocess:run'.*trust_object_paths=True"):
+        config_from_checkpoint(R3Config, path)
+    overridden = config_from_checkpoint(R3Config, path, {"env": "arithmetic", "env_config": {"digits": 2}})
+    assert overridden.env == "arithmetic"
+    # Trusted, the path is taken as saved (validate() leaves an env the driver cannot check to the runners).
+    assert config_from_checkpoint(R3Config, path, trust_object_paths=True).env == "subprocess:run"
+
+
+def test_which_values_name_code():
+    settings = {
+        "env": "my_pkg.envs:MathEnv",
+        "env_config": {
+            "reward": "my_pkg.rewards:exact",
+            "prompt": "Question: {q}\nAnswer:",
+            "url": "http://x:80",
+        },
+        "reward_models": [{"kind": "rule", "fn": "rules:length"}],
+        "engine_kwargs": {"trust_remote_code": True},
+        "reflection_template": "Hint:{hint}",
+        "model_path": "/models/tiny",
+    }
+    assert dict(code_names(settings)) == {
+        "env": "my_pkg.envs:MathEnv",
+        "env_config.reward": "my_pkg.rewards:exact",
+        "reward_models.0.fn": "rules:length",
+        "engine_kwargs.trust_remote_code": True,
+    }
+
+
+def test_a_rule_added_since_names_the_checkpoint_and_the_way_out(tmp_path, monkeypatch):
+    path = _checkpoint(tmp_path)
+
+    def newer_rule(config):
+        return "training.group_size: this version wants at least 8" if config.group_size < 8 else None
+
+    monkeypatch.setattr(rules, "CROSS_FIELD_RULES", (*rules.CROSS_FIELD_RULES, newer_rule))
+    with pytest.raises(
+        CheckpointConfigError, match=r"r3_config.json: this r3_rllib refuses the saved config"
+    ) as e:
+        config_from_checkpoint(R3Config, path)
+    assert "wants at least 8" in str(e.value) and "config_overrides" in str(e.value)
+    assert config_from_checkpoint(R3Config, path, {"group_size": 8}).group_size == 8
+
+
+def test_a_setting_saved_under_its_former_name_is_read_under_its_new_one(tmp_path):
+    """replay_max_staleness became replay_max_age (config/settings.py RENAMED_FIELDS): a checkpoint of the old
+    name restores under the new one, with the rename's warning."""
+    record = config_record(_config(replay_max_age=7))
+    record["settings"]["replay_max_staleness"] = record["settings"].pop("replay_max_age")
+    path = _checkpoint(tmp_path, record=record)
+    with pytest.warns(FutureWarning, match="replay_max_staleness"):
+        rebuilt = config_from_checkpoint(R3Config, path)
+    assert rebuilt.replay_max_age == 7
+
+
+def test_a_checkpoint_without_a_saved_config_says_how_to_restore_it(tmp_path):
+    folder = tmp_path / "checkpoint_000001"
+    folder.mkdir()
+    (folder / "r3_state.pkl").write_bytes(b"state")
+    write_manifest(str(folder), build_manifest(str(folder), {"iteration": 1}))
+    with pytest.raises(CheckpointConfigError, match=r"holds no saved config .*algo.restore\("):
+        read_checkpoint_config(str(folder))
+
+
+@pytest.mark.parametrize("damage", ["changed", "not json", "not a record"])
+def test_a_changed_or_damaged_saved_config_is_refused(tmp_path, damage):
+    path = _checkpoint(tmp_path)
+    saved = tmp_path / "checkpoint_000001" / CONFIG_FILE
+    if damage == "changed":
+        saved.write_text(saved.read_text().replace('"group_size": 4', '"group_size": 5'))
+        match = "differs from the checkpoint's manifest"
+    else:
+        saved.write_text("{not json" if damage == "not json" else json.dumps({"format_version": 1}))
+        write_manifest(path, build_manifest(path, {"iteration": 1}))
+        match = "not a saved config"
+    with pytest.raises(CorruptCheckpointError, match=match):
+        read_checkpoint_config(path)
+
+
+def test_the_learner_death_hint_names_ways_that_work():
+    assert "R3.from_checkpoint(path)" in learner_faults.RESUME_HINT and "restore_from_path" not in (
+        learner_faults.RESUME_HINT
+    )
