@@ -113,7 +113,8 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     try:
         first = again.train()
         assert again.coordinator.in_flight
-        middle = again.save(str(tmp_path / "prefetched")).checkpoint.path
+        # RLlib's Checkpointable calls (save_to_path / restore_from_path) write and read the format of save/restore.
+        middle = again.save_to_path(tmp_path / "prefetched")
         assert again.coordinator.ready is not None and not again.coordinator.in_flight
         repeated = _reproducible_numbers(again, [first, again.train()])
     finally:
@@ -122,7 +123,7 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     # A new algorithm restored from that checkpoint trains the saved rollout as its next iteration.
     restored = prefetching.build_algo()
     try:
-        restored.restore(middle)
+        restored.restore_from_path(middle)
         resumed = _reproducible_numbers(restored, [restored.train()])
     finally:
         restored.stop()

@@ -172,3 +172,17 @@ def test_the_learner_death_hint_names_ways_that_work():
     assert "R3.from_checkpoint(path)" in learner_faults.RESUME_HINT and "restore_from_path" not in (
         learner_faults.RESUME_HINT
     )
+
+
+def test_rllibs_checkpointable_calls_refuse_what_our_format_does_not_hold():
+    """save_to_path / restore_from_path lead to save / restore (the whole algorithm, a local folder): a partial
+    state, a component or another file system is refused before anything is touched."""
+    from r3_rllib.algorithms.r3.checkpointing import R3Checkpoints
+
+    untouched = object()  # no attribute of an algorithm: any use of it would fail otherwise
+    with pytest.raises(ValueError, match="pass only the path"):
+        R3Checkpoints.save_to_path(untouched, "ckpt", state={"learner": {}})
+    with pytest.raises(ValueError, match="whole R3 checkpoint"):
+        R3Checkpoints.restore_from_path(untouched, "ckpt", component="learner_group")
+    with pytest.raises(ValueError, match="local folder"):
+        R3Checkpoints.from_checkpoint("ckpt", filesystem=object())
