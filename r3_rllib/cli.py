@@ -249,8 +249,36 @@ def _fit_and_report(tuner, config_path: str, storage: str, exp_dir: str) -> int:
         print(f"trial {r.path}: iterations={m.get('training_iteration')} accuracy={acc} error={error}")
         if error:
             print(f"r3 train: {error} (traceback: {os.path.join(r.path, 'error.txt')})", file=sys.stderr)
-    print(f"results in {exp_dir}")
+    from r3_rllib.algorithms.r3.tune_output import shown_path
+
+    print(f"results in {shown_path(exp_dir)}")
+    print("\n".join(next_steps(exp_dir, [str(r.path) for r in results])))
     return 1 if failed else 0
+
+
+def next_steps(exp_dir: str, trials: list[str]) -> list[str]:
+    """The commands that show, export and continue a finished run, as ``r3 train`` prints them at its end (the
+    export and the Python line for the first trial with a checkpoint); paths below the working folder relative."""
+    import shlex
+
+    from r3_rllib.algorithms.r3.checkpoint_files import trial_checkpoints
+    from r3_rllib.algorithms.r3.tune_output import shown_path
+
+    run = shlex.quote(shown_path(exp_dir))
+    lines = [
+        "next:",
+        f"  r3 report {run} -o report.html   # one HTML page: curves, health checks, samples",
+        f"  r3 samples {run}   # the completions, with rewards",
+        f"  tensorboard --logdir {run}   # the curves",
+    ]
+    saved = next((t for t in trials if os.path.isdir(t) and trial_checkpoints(t)), None)
+    if saved is not None:
+        lines += [
+            f"  r3 export {shlex.quote(shown_path(saved))} --out <folder>   # a Hugging Face folder of its newest "
+            "checkpoint",
+            f"  in Python: R3.from_checkpoint({shown_path(saved)!r})   # the algorithm back (from r3_rllib import R3)",
+        ]
+    return lines
 
 
 def _disk_full(error: BaseException, storage: str) -> bool:

@@ -192,6 +192,16 @@ def _check_progress_output(
     # The trial is named after its method (the run file's grpo preset) and says where its results are (relative to
     # the working folder, the storage path here).
     assert re.search(rf"^grpo_arithmetic_\w+_00000: results in cli/{re.escape(trial_dir.name)}$", first, re.M)
+    # The resumed run ends with what to run next: the report, samples and curves, the export and the Python way on.
+    steps = resumed[resumed.index("\nnext:\n") :]
+    for command in (
+        "r3 report ",
+        "r3 samples ",
+        "tensorboard --logdir ",
+        "r3 export ",
+        "R3.from_checkpoint(",
+    ):
+        assert command in steps, steps
     with open(trial_dir / "progress.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert "eval/accuracy" in rows[0]

@@ -129,3 +129,39 @@ def test_each_module_command_parses_its_own_options():
     finally:
         samples.run_samples = original
     assert seen["full"] is True and seen["command"] == "samples"
+
+
+def test_the_end_of_a_run_names_its_report_samples_curves_export_and_the_way_on(tmp_path):
+    """What `r3 train` prints after "results in": a command per way to look at the run, then the export and the
+    Python call for the first trial that saved a checkpoint (one without is skipped). Each command ran on a real
+    run's folder when this was written: r3 report, r3 samples, r3 export (tests/e2e/test_cli_train.py runs
+    r3 train to its end)."""
+    from r3_rllib.cli import next_steps
+
+    exp = tmp_path / "my run"
+    bare, saved = exp / "trial_a", exp / "trial_b"
+    bare.mkdir(parents=True)
+    (saved / "checkpoint_000002").mkdir(parents=True)
+    lines = next_steps(str(exp), [str(bare), str(saved)])  # tmp_path: outside the working folder, absolute
+    quoted = f"'{exp}'"  # a folder with a space, quoted for the shell
+    assert lines[:4] == [
+        "next:",
+        f"  r3 report {quoted} -o report.html   # one HTML page: curves, health checks, samples",
+        f"  r3 samples {quoted}   # the completions, with rewards",
+        f"  tensorboard --logdir {quoted}   # the curves",
+    ]
+    assert lines[4].startswith(f"  r3 export '{saved}' --out <folder>")
+    assert lines[5].startswith(f"  in Python: R3.from_checkpoint({str(saved)!r})")
+    assert len(next_steps(str(exp), [str(bare)])) == 4
+
+
+def test_the_next_steps_show_paths_below_the_working_folder_relative(tmp_path, monkeypatch):
+    from r3_rllib.cli import next_steps
+
+    (tmp_path / "runs" / "x" / "t" / "checkpoint_000001").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    lines = next_steps(str(tmp_path / "runs" / "x"), [str(tmp_path / "runs" / "x" / "t")])
+    assert (
+        lines[1].startswith("  r3 report runs/x -o report.html")
+        and "R3.from_checkpoint('runs/x/t')" in lines[5]
+    )

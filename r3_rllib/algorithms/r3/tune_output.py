@@ -47,14 +47,14 @@ class ProgressLineCallback(Callback):
         print(text, file=self.stream or sys.stdout, flush=True)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._print(f"{trial}: results in {_shown_path(getattr(trial, 'path', None) or trial.local_path)}")
+        self._print(f"{trial}: results in {shown_path(getattr(trial, 'path', None) or trial.local_path)}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         line = format_progress_line(result, self.total)
         self._print(f"{trial}: {line}" if len(trials) > 1 else line)
 
 
-def _shown_path(path: str) -> str:
+def shown_path(path: str) -> str:
     """``path`` relative to the working folder when it lies below it (``runs/<name>/<trial>``), else as it is."""
     try:
         relative = os.path.relpath(path)
