@@ -148,8 +148,9 @@ def _warn_kept_stop(stop: dict | None, exp_dir: str) -> None:
     print(
         f"r3 train: warning: --resume keeps the stop condition the run was started with ({_stop_text(kept[0])}), "
         f"not the one given now ({_stop_text(wanted)}): Tune restores an experiment as it was started, and a trial "
-        f"that reached its stop stays finished. To train longer, continue a checkpoint from Python or start a new "
-        f"run (another run.name) with the longer stop (README: r3 train --resume).",
+        f"that reached its stop stays finished. To train longer, start a new run (another run.name) with the longer "
+        f"stop from this one's newest checkpoint: --set training.resume_from_checkpoint=<its trial's folder> "
+        f"(README: r3 train --resume).",
         file=sys.stderr,
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -599,6 +600,18 @@ def env_seeds_are_integers(config: Any) -> str | None:
     return None
 
 
+def resume_checkpoint_exists(config: Any) -> str | None:
+    """``resume_from_checkpoint`` is restored once the runners and learners have started: a path that is not there
+    is named now, before Ray starts (a Tune search over it is checked in each trial)."""
+    path = getattr(config, "resume_from_checkpoint", None)
+    if isinstance(path, (str, os.PathLike)) and not os.path.isdir(path):
+        return (
+            f"resume_from_checkpoint: no folder {os.fspath(path)!r} here (a checkpoint's folder, or a Tune trial's "
+            "folder for its newest complete checkpoint)"
+        )
+    return None
+
+
 def _env_config_choices(env_config: Any) -> list[Mapping]:
     """The env_configs ``env_config`` stands for: itself, or each mapping of a Ray Tune grid search over whole
     env_configs (``tune.grid_search([{...}, {...}])`` is a ``{"grid_search": [...]}`` placeholder, resolved per
@@ -688,6 +701,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     task_reward_parts_need_the_task_reward,
     env_seeds_are_integers,
     env_config_fits_the_env,
+    resume_checkpoint_exists,
     distillation_has_no_rejection,
     fsdp_needs_several_learners,
     minibatches_fit_the_batch,

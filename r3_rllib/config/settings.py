@@ -562,6 +562,15 @@ class R3Settings:
     """The run's length in iterations, for the progress line's x/N and ETA in an algo.train() loop (None: neither);
     `r3 train` takes stop.training_iteration. Also a keyword of `.reporting()`."""
 
+    # --- starting point --------------------------------------------------------------------------------------
+    resume_from_checkpoint: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
+    """A checkpoint of an earlier run that this run starts from (its folder, or a trial's folder: the newest
+    complete checkpoint in it): the learners' weights and optimizer, the runners' data positions, the replay buffer,
+    the iteration and the samples counted so far (an lr schedule goes on from them), restored once the algorithm is
+    built; this run's own settings apply (TRL's resume_from_checkpoint, verl's resume_from_path). To train a
+    finished run longer: another run.name, a longer stop, and this. A trial that `r3 train --resume` resumes goes on
+    from its own newest checkpoint instead; R3.from_checkpoint ignores this setting of the saved config."""
+
     # --- evaluation ------------------------------------------------------------------------------------------
     eval_interval: int = setting(0, range=">= 0", integer=True)
     """Held-out greedy accuracy every this many iterations (0: off)."""

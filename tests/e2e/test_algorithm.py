@@ -113,17 +113,18 @@ def test_train_two_iterations_reports_metrics_syncs_weights_and_exports(
     try:
         first = again.train()
         assert again.coordinator.in_flight
-        # RLlib's Checkpointable calls (save_to_path / restore_from_path) write and read the format of save/restore.
+        # RLlib's Checkpointable save (save_to_path) writes the format of save (restore_from_path: test_overlap.py).
         middle = again.save_to_path(tmp_path / "prefetched")
         assert again.coordinator.ready is not None and not again.coordinator.in_flight
         repeated = _reproducible_numbers(again, [first, again.train()])
     finally:
         again.stop()
     assert repeated == numbers
-    # A new algorithm restored from that checkpoint trains the saved rollout as its next iteration.
-    restored = prefetching.build_algo()
+    # A new algorithm started from that checkpoint (resume_from_checkpoint: restored as it is built) trains the
+    # saved rollout as its next iteration.
+    restored = prefetching.copy().training(resume_from_checkpoint=middle).build_algo()
     try:
-        restored.restore_from_path(middle)
+        assert restored.iteration == 1
         resumed = _reproducible_numbers(restored, [restored.train()])
     finally:
         restored.stop()

@@ -46,7 +46,7 @@ def test_overlap_trains_one_update_old_and_checkpoints_the_batch_in_flight(
 
     restored = tiny_config(tiny_random_model, overlap_generation=True).build_algo()
     try:
-        restored.restore(checkpoint)
+        restored.restore_from_path(checkpoint)  # RLlib's Checkpointable restore: our format, as restore()
         assert _query_ids(restored.coordinator.ready) == pending
         result = restored.train()
         assert result["rollout"]["policy_lag"] == 1.0

@@ -160,7 +160,9 @@ def config_from_checkpoint(
             "could name any function. Pass trust_object_paths=True if you trust where it came from, or give these "
             "settings in config_overrides"
         )
-    config = config_class().update_from_dict({**record["settings"], **overrides})
+    # The checkpoint the saved run started from was restored already, and is in this checkpoint's state.
+    settings = {**record["settings"], "resume_from_checkpoint": None}
+    config = config_class().update_from_dict({**settings, **overrides})
     try:
         config.validate()
     except ValueError as e:
@@ -169,6 +171,18 @@ def config_from_checkpoint(
             "e.g. R3.from_checkpoint(path, config_overrides={'group_size': 8})"
         ) from e
     return config
+
+
+def checkpoint_folder(path: str | os.PathLike) -> str:
+    """The checkpoint folder ``path`` names: itself, or for a Tune trial's folder its newest complete checkpoint
+    (none is moved aside); CorruptCheckpointError when the trial has none."""
+    path = os.path.abspath(os.fspath(path))
+    if trial_checkpoints(path):
+        choice = newest_complete_checkpoint(path, set_aside=False)
+        if choice.path is None:
+            raise CorruptCheckpointError(f"{path}: no complete checkpoint ({'; '.join(choice.refused)})")
+        path = choice.path
+    return path
 
 
 def algorithm_from_checkpoint(
@@ -181,12 +195,7 @@ def algorithm_from_checkpoint(
     """``algo_class`` (R3) built from the config saved in the checkpoint at ``path`` (:func:`config_from_checkpoint`)
     and restored from it. ``path``: a checkpoint folder, or a Tune trial's folder (its newest complete checkpoint;
     none is moved aside). The algorithm is stopped again when the restore fails."""
-    path = os.path.abspath(os.fspath(path))
-    if trial_checkpoints(path):
-        choice = newest_complete_checkpoint(path, set_aside=False)
-        if choice.path is None:
-            raise CorruptCheckpointError(f"{path}: no complete checkpoint ({'; '.join(choice.refused)})")
-        path = choice.path
+    path = checkpoint_folder(path)
     config = config_from_checkpoint(
         type(algo_class.get_default_config()), path, config_overrides, trust_object_paths=trust_object_paths
     )

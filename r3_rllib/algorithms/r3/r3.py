@@ -28,6 +28,7 @@ import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
+from r3_rllib.algorithms.r3.checkpoint_config import checkpoint_folder
 from r3_rllib.algorithms.r3.checkpointing import R3Checkpoints
 from r3_rllib.algorithms.r3.config import R3Config
 from r3_rllib.algorithms.r3.console import R3Console
@@ -119,6 +120,10 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         self.training_method = method_for(self.config)
         if self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync()
+        if (
+            self.config.resume_from_checkpoint
+        ):  # an earlier run's state, this run's settings (config/settings.py)
+            self.restore(checkpoint_folder(self.config.resume_from_checkpoint))
 
     def _check_schedule(self) -> Schedule | None:
         """The R^3 schedule for the runners' data size (r3_schedule.py): logged, and an error for settings that make

@@ -186,3 +186,21 @@ def test_rllibs_checkpointable_calls_refuse_what_our_format_does_not_hold():
         R3Checkpoints.restore_from_path(untouched, "ckpt", component="learner_group")
     with pytest.raises(ValueError, match="local folder"):
         R3Checkpoints.from_checkpoint("ckpt", filesystem=object())
+
+
+def test_resume_from_checkpoint_is_checked_before_ray_and_not_carried_into_a_rebuild(tmp_path):
+    """A run started from an earlier checkpoint saves that setting too; its own checkpoint already holds the state,
+    so R3.from_checkpoint builds without it (the earlier folder may be gone)."""
+    from r3_rllib.train_config import load_run_file
+
+    missing = tmp_path / "gone"
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint: no folder .*gone"):
+        _config(resume_from_checkpoint=str(missing)).validate()
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    path = _checkpoint(tmp_path, _config(resume_from_checkpoint=str(earlier)))
+    earlier.rmdir()
+    assert config_from_checkpoint(R3Config, path).resume_from_checkpoint is None
+    run_file = tmp_path / "longer.yaml"
+    run_file.write_text(f"training:\n  resume_from_checkpoint: {path}\nstop:\n  training_iteration: 60\n")
+    assert load_run_file(str(run_file)).config.resume_from_checkpoint == path
