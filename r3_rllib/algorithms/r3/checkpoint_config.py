@@ -18,6 +18,7 @@ The file is listed in the checkpoint's manifest like every other file; it is che
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -131,6 +132,19 @@ def code_names(settings: Mapping[str, Any], where: str = "") -> Iterator[tuple[s
             yield from code_names({str(i): v for i, v in enumerate(value)}, f"{name}.")
 
 
+def _check_override_names(overrides: Mapping[str, Any], config_class: type) -> None:
+    """CheckpointConfigError for a key of ``overrides`` that names no setting (``update_from_dict`` would keep it
+    as a stray attribute, and the run would go on with the saved value)."""
+    from r3_rllib.config.settings import RENAMED_FIELDS
+
+    known = set(config_class().to_dict()) | set(RENAMED_FIELDS)
+    for key in overrides:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise CheckpointConfigError(f"config_overrides: no setting named {key!r}{hint}")
+
+
 def config_from_checkpoint(
     config_class: type,
     checkpoint_dir: str,
@@ -144,6 +158,7 @@ def config_from_checkpoint(
     ``trust_object_paths``, or what this r3_rllib's rules refuse of the saved config (a rule added since the run)."""
     record = read_checkpoint_config(checkpoint_dir)
     overrides = dict(config_overrides or {})
+    _check_override_names(overrides, config_class)
     source = os.path.join(checkpoint_dir, CONFIG_FILE)
     missing = [name for name in record["unsaved"] if name not in overrides]
     if missing:

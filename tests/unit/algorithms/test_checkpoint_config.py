@@ -76,6 +76,15 @@ def test_the_rebuilt_config_has_the_saved_settings_and_the_overrides(tmp_path):
     assert rebuilt.num_env_runners == 1 and rebuilt.group_size == 8 and rebuilt.lr == [[0, 1e-3], [512, 1e-4]]
 
 
+def test_an_override_that_names_no_setting_is_refused(tmp_path):
+    """update_from_dict would keep the typo as a stray attribute and run with the saved value."""
+    path = _checkpoint(tmp_path)
+    with pytest.raises(
+        CheckpointConfigError, match=r"no setting named 'num_env_runner'; did you mean 'num_env_runners'"
+    ):
+        config_from_checkpoint(R3Config, path, {"num_env_runner": 1})
+
+
 def test_settings_that_held_code_must_be_given_again(tmp_path):
     path = _checkpoint(tmp_path, _config().callbacks(MyCallbacks))
     with pytest.raises(
