@@ -166,12 +166,17 @@ _DROP_REMEDY = (
 )
 
 
-@functools.lru_cache(maxsize=8)
 def sandbox_user_unavailable_reason(python: str) -> str | None:
     """Why a root caller's "rlimits" run of `python` cannot drop to a sandbox user id, or None when it can (probed
-    once per interpreter: the interpreter started as a user id of :data:`SANDBOX_UID_RANGE`, no groups). Where it
-    cannot, the program runs as root. The usual cause: the interpreter, or the virtual environment around it, lies
-    under a home folder other users cannot enter (``/root`` is 0700)."""
+    once per interpreter, however its path is written: the interpreter started as a user id of
+    :data:`SANDBOX_UID_RANGE`, no groups). Where it cannot, the program runs as root. The usual cause: the
+    interpreter, or the virtual environment around it, lies under a home folder other users cannot enter (``/root``
+    is 0700)."""
+    return _sandbox_user_unavailable_reason(os.path.abspath(python))
+
+
+@functools.lru_cache(maxsize=8)
+def _sandbox_user_unavailable_reason(python: str) -> str | None:
     if not sys.platform.startswith("linux"):
         return f"it needs Linux, this is {sys.platform}"
     if os.geteuid() != 0:
