@@ -16,8 +16,8 @@ and examples/ use none):
     (``contains``, ``get``)                                  driver reach remote runners; Tune has no public lookup
 4   ``Algorithm._counters``                                  r3.py ``restore_env_runners``: counts restored runners as
                                                              RLlib's own restore does
-5   ``Trainable._iteration``                                 r3.py ``load_checkpoint``: restores the iteration count
-                                                             (``Algorithm.iteration`` reads it)
+5   ``Trainable._iteration``                                 checkpointing.py ``load_checkpoint``: restores the
+                                                             iteration count (``Algorithm.iteration`` reads it)
 6   ``Learner._is_built``                                    learner.py ``R3Learner.build`` (replaces ``Learner.build``
 7   ``Learner._device``                                      without calling it, so it sets the attributes the base
 8   ``Learner._module``                                      class's other methods read)
@@ -100,7 +100,7 @@ def test_algorithm_counts_restored_runners_in_a_defaultdict():
 
 
 def test_trainable_iteration_reads_the_private_counter():
-    # 5. r3.py `load_checkpoint` sets `_iteration`; the public properties must read that attribute.
+    # 5. checkpointing.py `load_checkpoint` sets `_iteration`; the public properties must read that attribute.
     from ray.tune.trainable import Trainable
 
     assert "self._iteration = 0" in inspect.getsource(Trainable.__init__)
