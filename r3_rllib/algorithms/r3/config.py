@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -212,6 +213,10 @@ class R3Config(AlgorithmConfig):
                 raise ValueError(
                     f"Unknown R3 setting {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
                 )
+            if key == "resume_from_checkpoint" and isinstance(value, (str, os.PathLike)):
+                # Absolute here, in the process that sets it: a Tune trial runs in its own folder, where a path
+                # relative to the working folder (runs/<name>/<trial>) names nothing.
+                value = os.path.abspath(os.path.expanduser(os.fspath(value)))
             if value is not NotProvided:
                 setattr(self, key, value)
 

@@ -213,3 +213,15 @@ def test_resume_from_checkpoint_is_checked_before_ray_and_not_carried_into_a_reb
     run_file = tmp_path / "longer.yaml"
     run_file.write_text(f"training:\n  resume_from_checkpoint: {path}\nstop:\n  training_iteration: 60\n")
     assert load_run_file(str(run_file)).config.resume_from_checkpoint == path
+
+
+def test_a_relative_resume_path_is_made_absolute_where_it_is_set(tmp_path, monkeypatch):
+    """`--set training.resume_from_checkpoint=runs/<name>/<trial>` names a folder below the working folder; the Tune
+    trial that restores it runs in its own folder, so the driver's config holds the absolute path."""
+    (tmp_path / "runs" / "x" / "t").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    config = _config(resume_from_checkpoint="runs/x/t")
+    assert config.resume_from_checkpoint == str(tmp_path / "runs" / "x" / "t")
+    assert (
+        R3Config().update_from_dict(config.to_dict()).resume_from_checkpoint == config.resume_from_checkpoint
+    )
