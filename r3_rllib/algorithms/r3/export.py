@@ -88,6 +88,17 @@ def find_checkpoint(run_dir: str | os.PathLike, index: int | None = None) -> tup
     return trial, choice.path
 
 
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder of a run of ours (an experiment of Tune trials, a trial, or a checkpoint), which
+    :func:`find_checkpoint` takes, rather than a model folder."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return False
+    if _is_checkpoint(path) or _is_trial(path):
+        return True
+    return any(_is_trial(os.path.join(path, n)) for n in os.listdir(path))
+
+
 def _is_checkpoint(path: str) -> bool:
     """A checkpoint folder: Tune's ``checkpoint_NNNNNN`` or any folder ``Algorithm.save`` wrote."""
     has_files = any(os.path.isfile(os.path.join(path, n)) for n in (R3_STATE_FILE, MANIFEST_FILE))

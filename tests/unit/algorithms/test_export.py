@@ -189,3 +189,35 @@ def test_cli_export_exits_2_naming_the_problem(tmp_path, capsys):
     rc = r3_main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "export")])
     assert rc == 2
     assert "r3 export: no run folder at" in capsys.readouterr().err
+
+
+def test_r3_eval_takes_a_run_and_evaluates_its_checkpoint(tmp_path, capsys):
+    """`r3 eval --model <trial>` exports the trial's newest complete checkpoint to a temporary folder (as r3 export
+    would) and hands that policy to the engine; the folder is gone afterwards. A folder that is
+    neither a model nor a run is refused, naming what --model takes (before: a tokenizer error of transformers)."""
+    import argparse
+
+    from r3_rllib.eval.evaluate import add_eval_args, run_eval
+
+    trial = _trial(tmp_path)
+    policy = _trained_model(3)
+    _write_checkpoint(trial / "checkpoint_000000", policy.state_dict(), SETTINGS, iteration=1)
+    seen = []
+
+    def engine_factory(kind, model_path, tokenizer, **kwargs):
+        seen.append((Path(model_path), load_tiny(model_path)[0].state_dict()["model.norm.weight"]))
+        raise OSError("stop here: the policy was handed over")
+
+    def parse(model):
+        return add_eval_args(argparse.ArgumentParser()).parse_args(
+            ["--model", str(model), "--env", "arithmetic"]
+        )
+
+    with pytest.raises(OSError, match="stop here"):
+        run_eval(parse(trial), engine_factory=engine_factory)
+    ((folder, weights),) = seen
+    assert f"{trial} is a run: its checkpoint exported to {folder}" in capsys.readouterr().err
+    torch.testing.assert_close(weights, policy.state_dict()["model.norm.weight"], rtol=0, atol=0)
+    assert not folder.exists()
+    assert run_eval(parse(tmp_path), engine_factory=engine_factory) == 2  # no model, no run of ours
+    assert "neither a model folder nor a run of ours" in capsys.readouterr().err
