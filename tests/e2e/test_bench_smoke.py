@@ -243,6 +243,13 @@ def test_gateway_smoke(capsys):
     assert "| hf / tiny |" in out and "| True |" in out  # the direct replay sampled the gateway's tokens
 
 
+def test_sandbox_smoke(capsys):
+    mod = load("bench_sandbox")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| rlimits, no Landlock |" in out and "x baseline" in out
+
+
 def test_learner_entropy_smoke(capsys):
     mod = load("bench_learner_entropy")
     assert mod.main(["--smoke"]) == 0
