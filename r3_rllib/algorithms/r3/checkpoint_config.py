@@ -67,11 +67,25 @@ def config_record(config: Any) -> dict[str, Any]:
     for key, value in config.to_dict().items():
         if key in _NOT_SAVED:
             continue
+        value = _numpy_scalars_as_python(value)
         if _is_data(value):
             settings[key] = value
         elif not _same(value, defaults.get(key)):
             unsaved.append(key)
     return {"format_version": CONFIG_FORMAT_VERSION, "settings": settings, "unsaved": sorted(unsaved)}
+
+
+def _numpy_scalars_as_python(value: Any) -> Any:
+    """``value`` with numpy scalars (an lr drawn by a sweep as ``np.float64``) as the Python numbers they hold, in
+    lists and dicts too: data, which JSON holds."""
+    if isinstance(value, dict):
+        return {k: _numpy_scalars_as_python(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numpy_scalars_as_python(v) for v in value]
+    item = getattr(value, "item", None)
+    if type(value).__module__ == "numpy" and callable(item) and getattr(value, "ndim", None) == 0:
+        return item()
+    return value
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -66,6 +66,17 @@ def test_every_data_setting_is_saved_and_code_is_named_not_saved():
     assert json.loads(json.dumps(record)) == record
 
 
+def test_numpy_scalars_are_saved_as_the_numbers_they_hold():
+    """A sweep's draw (np.float64, np.int64) is data, saved as a JSON number, not listed as code."""
+    import numpy as np
+
+    config = _config(lr=np.float64(3e-4), group_size=np.int64(6))
+    record = config_record(config.environment(env_config={"digits": np.int64(3)}))
+    assert record["unsaved"] == []
+    assert record["settings"]["lr"] == 3e-4 and type(record["settings"]["lr"]) is float
+    assert record["settings"]["group_size"] == 6 and record["settings"]["env_config"]["digits"] == 3
+
+
 def test_the_rebuilt_config_has_the_saved_settings_and_the_overrides(tmp_path):
     path = _checkpoint(tmp_path)
     rebuilt = config_from_checkpoint(R3Config, path, {"num_env_runners": 1, "group_size": 8})
