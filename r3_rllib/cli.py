@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 PROGRESS_COLUMNS = {
     "training_iteration": "iter",
@@ -410,9 +411,9 @@ MODULE_COMMANDS = {
         "warm-start the tiny arithmetic model (supervised)",
     ),
     "eval": (
-        "r3_rllib.eval.evaluate",
+        "r3_rllib.cli",
         "add_eval_args",
-        "run_eval",
+        "run_eval_command",
         "pass@1 over n samples on math benchmarks (the base policy; --with-head: R^2PO's rollout head on)",
     ),
     "plot": (
@@ -440,6 +441,38 @@ MODULE_COMMANDS = {
         "a Hugging Face folder (model, tokenizer, card) of a run's checkpoint",
     ),
 }
+
+
+def add_eval_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``r3 eval``'s arguments (eval/evaluate.py)."""
+    from r3_rllib.eval.evaluate import add_eval_args as add
+
+    return add(parser)
+
+
+def run_eval_command(args: argparse.Namespace, *, engine_factory: Any = None) -> int:
+    """``r3 eval``; ``--model`` may also name a run of ours (an experiment with one trial, a trial or a checkpoint
+    folder): its newest complete checkpoint (or that checkpoint) is exported to a temporary Hugging Face folder, as
+    ``r3 export`` would, and evaluated (eval/evaluate.py ``run_eval``)."""
+    import tempfile
+
+    from r3_rllib.algorithms.r3.export import ExportError, export_run, is_run_folder
+    from r3_rllib.eval.evaluate import run_eval
+
+    if not is_run_folder(args.model):
+        return run_eval(args, engine_factory=engine_factory)
+    with tempfile.TemporaryDirectory(prefix="r3-eval-") as tmp:
+        try:
+            folder = export_run(args.model, Path(tmp) / "policy")
+        except ExportError as e:
+            print(f"r3 eval: error: --model {args.model}: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"r3 eval: {args.model} is a run: its checkpoint exported to {folder} for this evaluation",
+            file=sys.stderr,
+        )
+        exported = argparse.Namespace(**{**vars(args), "model": str(folder)})
+        return run_eval(exported, engine_factory=engine_factory, model_label=str(args.model))
 
 
 def main(argv: list[str] | None = None) -> int:

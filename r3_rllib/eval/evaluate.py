@@ -20,7 +20,6 @@ import itertools
 import json
 import math
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -682,37 +681,23 @@ def _check_data_dir(names: list[str], data_dir: str | None) -> None:
 
 
 def run_eval(
-    args: argparse.Namespace, *, engine_factory: Callable[..., GenerationEngine] | None = None
+    args: argparse.Namespace,
+    *,
+    engine_factory: Callable[..., GenerationEngine] | None = None,
+    model_label: str | None = None,
 ) -> int:
     """``r3 eval``: evaluate a model on benchmarks, print the markdown table, optionally write JSON (and .md).
-    ``--model`` may also name a run of ours (an experiment with one trial, a trial or a checkpoint folder): its
-    newest complete checkpoint (or that checkpoint) is exported to a temporary Hugging Face folder, as ``r3
-    export`` would, and evaluated."""
-    from r3_rllib.algorithms.r3.export import ExportError, export_run, is_run_folder
-
-    if not is_run_folder(args.model):
-        model = Path(args.model)
-        if model.is_dir() and not (model / "config.json").is_file():
-            print(
-                f"r3 eval: error: --model {args.model}: a folder without config.json is neither a model folder nor a "
-                "run of ours (runs/<name> with one trial, a trial's folder or a checkpoint folder)",
-                file=sys.stderr,
-            )
-            return 2
-        return _run_eval(args, engine_factory, str(args.model))
-    with tempfile.TemporaryDirectory(prefix="r3-eval-") as tmp:
-        try:
-            folder = export_run(args.model, Path(tmp) / "policy")
-        except ExportError as e:
-            print(f"r3 eval: error: --model {args.model}: {e}", file=sys.stderr)
-            return 2
+    ``model_label``: what the report names as the model (default ``--model``; ``r3 eval`` of a run passes the run's
+    folder while ``--model`` is its export, cli.py)."""
+    model = Path(args.model)
+    if model.is_dir() and not (model / "config.json").is_file():
         print(
-            f"r3 eval: {args.model} is a run: its checkpoint exported to {folder} for this evaluation",
+            f"r3 eval: error: --model {args.model}: a folder without config.json is neither a model folder nor a "
+            "run of ours (runs/<name> with one trial, a trial's folder or a checkpoint folder)",
             file=sys.stderr,
         )
-        return _run_eval(
-            argparse.Namespace(**{**vars(args), "model": str(folder)}), engine_factory, str(args.model)
-        )
+        return 2
+    return _run_eval(args, engine_factory, model_label or str(args.model))
 
 
 def _run_eval(

@@ -197,7 +197,7 @@ def test_r3_eval_takes_a_run_and_evaluates_its_checkpoint(tmp_path, capsys):
     neither a model nor a run is refused, naming what --model takes (before: a tokenizer error of transformers)."""
     import argparse
 
-    from r3_rllib.eval.evaluate import add_eval_args, run_eval
+    from r3_rllib.cli import add_eval_args, run_eval_command
 
     trial = _trial(tmp_path)
     policy = _trained_model(3)
@@ -214,10 +214,10 @@ def test_r3_eval_takes_a_run_and_evaluates_its_checkpoint(tmp_path, capsys):
         )
 
     with pytest.raises(OSError, match="stop here"):
-        run_eval(parse(trial), engine_factory=engine_factory)
+        run_eval_command(parse(trial), engine_factory=engine_factory)
     ((folder, weights),) = seen
     assert f"{trial} is a run: its checkpoint exported to {folder}" in capsys.readouterr().err
     torch.testing.assert_close(weights, policy.state_dict()["model.norm.weight"], rtol=0, atol=0)
     assert not folder.exists()
-    assert run_eval(parse(tmp_path), engine_factory=engine_factory) == 2  # no model, no run of ours
+    assert run_eval_command(parse(tmp_path), engine_factory=engine_factory) == 2  # no model, no run of ours
     assert "neither a model folder nor a run of ours" in capsys.readouterr().err
