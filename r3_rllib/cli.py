@@ -461,6 +461,13 @@ def run_eval_command(args: argparse.Namespace, *, engine_factory: Any = None) ->
 
     if not is_run_folder(args.model):
         return run_eval(args, engine_factory=engine_factory)
+    if getattr(args, "with_head", False):
+        print(
+            f"r3 eval: error: --with-head: {args.model} is a run, whose export is the inference policy without its "
+            "rollout head; export it with the head (algo.export_policy(path, with_head=True)) and pass that folder",
+            file=sys.stderr,
+        )
+        return 2
     with tempfile.TemporaryDirectory(prefix="r3-eval-") as tmp:
         try:
             folder = export_run(args.model, Path(tmp) / "policy")

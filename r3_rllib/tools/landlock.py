@@ -114,9 +114,9 @@ def _add_path_rule(libc: ctypes.CDLL, ruleset: int, path: str, allowed: int) -> 
 def restrict_self(abi: int, read: list[str], write: list[str], devices: list[str]) -> None:
     """Confine this process and everything it starts from now on (see the module docstring): read and execute
     beneath `read`, every right beneath `write`, read and write of the files `devices`, reading this process's own
-    ``/proc`` entry; every other file, TCP
-    bind/connect (ABI >= 4), signals and abstract unix sockets leaving the sandbox (ABI >= 6) refused. Sets
-    no-new-privileges (Landlock requires it of an unprivileged process). Raises OSError when the kernel refuses."""
+    ``/proc`` entry; every other file, TCP bind/connect (ABI >= 4), signals and abstract unix sockets leaving the
+    sandbox (ABI >= 6) refused. Sets no-new-privileges (Landlock requires it of an unprivileged process). Raises
+    OSError when the kernel refuses."""
     rights = handled_rights(abi)
     libc = _libc()
     attr = struct.pack("=QQQ", rights.fs, rights.net, rights.scoped)

@@ -48,10 +48,11 @@ outside it.
 
 It does NOT give: a private ``/dev/shm`` (what a leased sandbox user leaves there is removed after the run; what a
 program of the calling user leaves stays), a disk quota (``max_file_mb`` bounds each file, not their number), a
-memory bound for files in ``/dev/shm``, isolation from UDP and path-bound unix sockets, and, where the kernel has no Landlock, any file or network isolation at all (the program
-then reads and writes whatever its user can, the checkout included) or protection of the launcher from a program of
-the same user. A root caller's program runs as a leased sandbox user id of its own wherever that user can start the
-interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
+memory bound for files in ``/dev/shm``, isolation from UDP and path-bound unix sockets, and, where the kernel has no
+Landlock, any file or network isolation at all (the program then reads and writes whatever its user can, the
+checkout included) or protection of the launcher from a program of the same user. A root caller's program runs as
+a leased sandbox user id of its own wherever that user can start the interpreter
+(:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
 ``RLIMIT_NPROC`` bounding its processes (root is not held to it: only the timeout, the kernel's pid_max and a
 container's pids cgroup, if set, bound a root program's fork bomb; as the calling user ``RLIMIT_NPROC`` would count
 all of that user's processes, so it is not set), the scratch directory its own, and no signal to any process but its
@@ -532,10 +533,8 @@ def _python_as(python: str, uid: int, args: list[str], timeout_s: float) -> subp
 def _kill_user(python: str, uid: int) -> None:
     """Kill every process running as the leased sandbox id `uid` (no other live run holds it): one
     ``kill(-1, SIGKILL)`` sent as that user (`python`, an interpreter it can start) reaches them all at once."""
-    if uid <= 0:
-        raise ValueError(
-            f"refusing to kill the processes of user id {uid}"
-        )  # kill(-1) as root ends the machine
+    if uid <= 0:  # kill(-1) as root ends the machine
+        raise ValueError(f"refusing to kill the processes of user id {uid}")
     code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
     try:
         _python_as(python, uid, ["-I", "-S", "-c", code], timeout_s=10.0)

@@ -71,10 +71,9 @@ def _exec_program(cfg: dict) -> None:
             # Set here, not only by the seccomp filter (which "rlimits" may run without): a setuid or file-capability
             # binary the program executes gains nothing.
             _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        # "rlimits": the files, TCP sockets and signals the program may reach (tools/landlock.py).
         rules = cfg["landlock"]
-        if (
-            rules is not None
-        ):  # "rlimits": the files, TCP sockets and signals it may reach (tools/landlock.py)
+        if rules is not None:
             landlock.restrict_self(rules["abi"], rules["read"], rules["write"], rules["devices"])
         for which, value in cfg["limits"]:
             resource.setrlimit(which, (value, value))

@@ -26,13 +26,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from r3_rllib.algorithms.r3.checkpoint import newest_complete_checkpoint
-from r3_rllib.algorithms.r3.checkpoint_files import (
-    CorruptCheckpointError,
-    atomic_write_bytes,
-    read_manifest,
-    trial_checkpoints,
-)
+from r3_rllib.algorithms.r3.checkpoint_files import CorruptCheckpointError, atomic_write_bytes, read_manifest
 
 #: The config's file inside an algorithm checkpoint directory.
 CONFIG_FILE = "r3_config.json"
@@ -203,15 +197,12 @@ def config_from_checkpoint(
 
 
 def checkpoint_folder(path: str | os.PathLike) -> str:
-    """The checkpoint folder ``path`` names: itself, or for a Tune trial's folder its newest complete checkpoint
-    (none is moved aside); CorruptCheckpointError when the trial has none."""
-    path = os.path.abspath(os.fspath(path))
-    if trial_checkpoints(path):
-        choice = newest_complete_checkpoint(path, set_aside=False)
-        if choice.path is None:
-            raise CorruptCheckpointError(f"{path}: no complete checkpoint ({'; '.join(choice.refused)})")
-        path = choice.path
-    return path
+    """The checkpoint folder ``path`` names, as ``r3 export`` and ``r3 eval`` read it (export.py
+    ``find_checkpoint``): itself, a trial's newest complete checkpoint, or that of an experiment's only trial (none is
+    moved aside). An ExportError (a ValueError) says why there is none."""
+    from r3_rllib.algorithms.r3.export import find_checkpoint
+
+    return find_checkpoint(path, verify=False, who="restore")[1]
 
 
 def algorithm_from_checkpoint(
@@ -222,8 +213,8 @@ def algorithm_from_checkpoint(
     trust_object_paths: bool = False,
 ) -> Any:
     """``algo_class`` (R3) built from the config saved in the checkpoint at ``path`` (:func:`config_from_checkpoint`)
-    and restored from it. ``path``: a checkpoint folder, or a Tune trial's folder (its newest complete checkpoint;
-    none is moved aside). The algorithm is stopped again when the restore fails."""
+    and restored from it. ``path``: a checkpoint folder, a Tune trial's folder or an experiment's with one trial
+    (:func:`checkpoint_folder`). The algorithm is stopped again when the restore fails."""
     path = checkpoint_folder(path)
     config = config_from_checkpoint(
         type(algo_class.get_default_config()), path, config_overrides, trust_object_paths=trust_object_paths

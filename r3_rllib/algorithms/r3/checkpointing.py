@@ -33,8 +33,8 @@ class R3Checkpoints(Algorithm):
     def from_checkpoint(
         cls, path, filesystem=None, *, config_overrides=None, trust_object_paths=False
     ) -> Any:
-        """The algorithm saved at `path` (a checkpoint, or a Tune trial's folder: its newest complete one), built
-        from the config saved in it (read as data; code it names is refused unless `trust_object_paths`), with
+        """The algorithm saved at `path` (a checkpoint, a Tune trial's folder or an experiment's with one trial),
+        built from the config saved in it (read as data; code it names is refused unless `trust_object_paths`), with
         `config_overrides` ({setting: value}) over it, and restored (checkpoint_config.py). Local folders only."""
         if filesystem is not None:
             raise ValueError("R3.from_checkpoint reads a local folder: copy the checkpoint here first")

@@ -62,16 +62,20 @@ class CheckpointSource:
     settings: dict[str, Any]
 
 
-def find_checkpoint(run_dir: str | os.PathLike, index: int | None = None) -> tuple[str, str]:
+def find_checkpoint(
+    run_dir: str | os.PathLike, index: int | None = None, *, verify: bool = True, who: str = "r3 export"
+) -> tuple[str, str]:
     """(trial folder, checkpoint folder) of ``run_dir`` (an experiment, a trial or a checkpoint folder): the
-    trial's newest complete checkpoint, or ``checkpoint_<index>`` verified against its manifest."""
+    trial's newest complete checkpoint, or ``checkpoint_<index>`` verified against its manifest. ``verify=False``
+    checks the files' presence and sizes only, hashing none (for a restore, which hashes them: a multi-GB checkpoint
+    is read once); ``who`` names the caller in the note on a newer checkpoint skipped."""
     run_dir = os.path.abspath(os.fspath(run_dir))
     if not os.path.isdir(run_dir):
         raise ExportError(f"no run folder at {run_dir}")
     if _is_checkpoint(run_dir):
         if index is not None:
             raise ExportError(f"{run_dir} is a checkpoint folder: --checkpoint picks one of a trial's")
-        return os.path.dirname(run_dir), _verified(run_dir)
+        return os.path.dirname(run_dir), _verified(run_dir) if verify else run_dir
     trial = run_dir if _is_trial(run_dir) else _only_trial(run_dir)
     if index is not None:
         path = os.path.join(trial, f"checkpoint_{index:06d}")
@@ -79,12 +83,12 @@ def find_checkpoint(run_dir: str | os.PathLike, index: int | None = None) -> tup
             found = ", ".join(os.path.basename(p) for _, p in reversed(trial_checkpoints(trial))) or "none"
             raise ExportError(f"no checkpoint {index} in {trial} (its checkpoints: {found})")
         return trial, _verified(path)
-    choice = newest_complete_checkpoint(trial, set_aside=False)
+    choice = newest_complete_checkpoint(trial, set_aside=False, hashes=verify)
     if choice.path is None:
         reasons = "; ".join(choice.refused) or "it has none"
         raise ExportError(f"no complete checkpoint in {trial} ({reasons})")
     for reason in choice.refused:
-        print(f"r3 export: skipped a newer checkpoint: {reason}", file=sys.stderr)
+        print(f"{who}: skipped a newer checkpoint: {reason}", file=sys.stderr)
     return trial, choice.path
 
 

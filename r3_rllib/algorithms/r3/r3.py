@@ -120,9 +120,8 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         self.training_method = method_for(self.config)
         if self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync()
-        if (
-            self.config.resume_from_checkpoint
-        ):  # an earlier run's state, this run's settings (config/settings.py)
+        # An earlier run's state with this run's settings (config/settings.py resume_from_checkpoint).
+        if self.config.resume_from_checkpoint:
             self.restore(checkpoint_folder(self.config.resume_from_checkpoint))
 
     def _check_schedule(self) -> Schedule | None:

@@ -236,3 +236,27 @@ def test_a_relative_resume_path_is_made_absolute_where_it_is_set(tmp_path, monke
     assert (
         R3Config().update_from_dict(config.to_dict()).resume_from_checkpoint == config.resume_from_checkpoint
     )
+
+
+def test_a_checkpoint_is_found_as_r3_export_finds_it(tmp_path):
+    """R3.from_checkpoint and resume_from_checkpoint take what r3 export and r3 eval take: a checkpoint, a trial's
+    folder (its newest complete checkpoint) or an experiment's folder with one trial; a folder of two trials is
+    refused, naming them."""
+    from r3_rllib.algorithms.r3.checkpoint_config import checkpoint_folder
+    from r3_rllib.algorithms.r3.export import ExportError
+
+    trial = tmp_path / "runs" / "tiny" / "grpo_0"
+    trial.mkdir(parents=True)
+    for index in (1, 2):
+        (trial / f"checkpoint_00000{index}").mkdir()
+        (trial / f"checkpoint_00000{index}" / "r3_state.pkl").write_bytes(b"state")
+        write_manifest(
+            str(trial / f"checkpoint_00000{index}"), build_manifest(str(trial / f"checkpoint_00000{index}"))
+        )
+    (trial / "checkpoint_000003").mkdir()  # a save that did not finish (no manifest): skipped
+    newest = str(trial / "checkpoint_000002")
+    assert checkpoint_folder(trial) == newest and checkpoint_folder(trial.parent) == newest
+    assert checkpoint_folder(trial / "checkpoint_000001") == str(trial / "checkpoint_000001")
+    (trial.parent / "grpo_1" / "checkpoint_000000").mkdir(parents=True)
+    with pytest.raises(ExportError, match="holds 2 trials"):
+        checkpoint_folder(trial.parent)

@@ -221,3 +221,8 @@ def test_r3_eval_takes_a_run_and_evaluates_its_checkpoint(tmp_path, capsys):
     assert not folder.exists()
     assert run_eval_command(parse(tmp_path), engine_factory=engine_factory) == 2  # no model, no run of ours
     assert "neither a model folder nor a run of ours" in capsys.readouterr().err
+    # The export of a run leaves the rollout head out: --with-head on one is refused, not run on a missing head.
+    with_head = parse(trial)
+    with_head.with_head = True
+    assert run_eval_command(with_head, engine_factory=engine_factory) == 2 and len(seen) == 1
+    assert "--with-head: " in capsys.readouterr().err

@@ -98,6 +98,7 @@ def test_writes_reach_only_the_scratch_directory_and_dev_shm(tmp_path):
     mark = f"r3-landlock-{os.getpid()}"
     shm = Path("/dev/shm") / mark
     outside = [ray_like / "planted.py", Path("/tmp") / mark, Path("/var/tmp") / mark]
+    outside = [p for p in outside if p.parent.is_dir()]  # /var/tmp may be missing in a slim container
     targets = {f"w{i}": f"open({str(p)!r}, 'w').write('x')" for i, p in enumerate(outside)}
     targets |= {
         "mkdir": f"os.mkdir({str(tmp_path / 'made')!r})",
@@ -112,7 +113,7 @@ def test_writes_reach_only_the_scratch_directory_and_dev_shm(tmp_path):
             path.unlink(missing_ok=True)
     assert r.ok, r.output
     got = dict(line.rsplit(" ", 1) for line in r.output.splitlines())
-    assert got == {"w0": "PermissionError", "w1": "PermissionError", "w2": "PermissionError"} | {
+    assert got == {f"w{i}": "PermissionError" for i in range(len(outside))} | {
         "mkdir": "PermissionError",
         "scratch": "ok",
         "shm": "ok",
