@@ -569,7 +569,9 @@ class R3Settings:
     the iteration and the samples counted so far (an lr schedule goes on from them), restored once the algorithm is
     built; this run's own settings apply (TRL's resume_from_checkpoint, verl's resume_from_path). To train a
     finished run longer: another run.name, a longer stop, and this. A trial that `r3 train --resume` resumes goes on
-    from its own newest checkpoint instead; R3.from_checkpoint ignores this setting of the saved config."""
+    from its own newest checkpoint instead; R3.from_checkpoint ignores this setting of the saved config. A checkpoint
+    whose weights do not fit this run's model (another model, LoRA rank or target modules, rollout head) is refused
+    before anything is restored, naming the tensors and saved settings that differ."""
 
     # --- evaluation ------------------------------------------------------------------------------------------
     eval_interval: int = setting(0, range=">= 0", integer=True)

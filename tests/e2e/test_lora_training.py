@@ -5,6 +5,7 @@ merged model and the adapter folder."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from numeric import engine_atol, forward_atol
 from transformers import AutoModelForCausalLM
 
 from r3_rllib import R3Config
+from r3_rllib.algorithms.r3.checkpoint import LEARNER_DIR
+from r3_rllib.algorithms.r3.checkpoint_config import ModelMismatchError, write_checkpoint_config
+from r3_rllib.algorithms.r3.checkpoint_files import build_manifest, read_manifest, write_manifest
 from r3_rllib.models import default_tiny_model_path
 
 pytestmark = pytest.mark.slow
@@ -80,6 +84,8 @@ def test_lora_trains_syncs_the_adapter_only_restores_and_exports(
         with pytest.raises(AssertionError):
             assert_runner_scores_like(algo, base, tolerance=tolerance)
 
+        if engine == "hf":
+            _another_rank_is_refused_and_nothing_changes(algo, config, checkpoint, tmp_path)
         algo.restore(checkpoint)
         # Exact: the restore copies the adapter's, the base's and AdamW's tensors bit for bit
         # (algo_checks.checkpoint_fingerprint says why the sums are then equal to the last bit).
@@ -87,3 +93,31 @@ def test_lora_trains_syncs_the_adapter_only_restores_and_exports(
         assert algo.train()["rollout"]["policy_version"] == 2  # the restored version, one update on
     finally:
         algo.stop()
+
+
+def _another_rank_is_refused_and_nothing_changes(
+    algo, config: R3Config, checkpoint: str, tmp_path: Path
+) -> None:
+    """A checkpoint of a rank-8 run (its learner's files and saved config) restored into this rank-4 run: refused
+    before anything is restored, naming the tensors and the setting that differ (before, DCP's size error came from
+    inside the learner, naming one tensor)."""
+    import gymnasium as gym
+
+    other = tmp_path / "rank8" / Path(checkpoint).name
+    shutil.copytree(checkpoint, other)
+    rank8 = config.copy(copy_frozen=False).training(lora_rank=8)
+    space = gym.spaces.Text(8)
+    learner = rank8.build_learner(
+        env=None, spaces={"__env__": (space, space), "default_policy": (space, space)}
+    )
+    shutil.rmtree(other / LEARNER_DIR)
+    learner.save_dcp(str(other / LEARNER_DIR))
+    write_checkpoint_config(str(other), rank8)
+    write_manifest(str(other), build_manifest(str(other), read_manifest(checkpoint).meta))
+    before = checkpoint_fingerprint(algo)
+    with pytest.raises(ModelMismatchError) as refused:
+        algo.restore(str(other))
+    message = str(refused.value)
+    assert "of another shape (" in message and "lora_A" in message, message
+    assert "lora_rank=8 there, 4 here" in message and "model_path=" not in message, message
+    assert checkpoint_fingerprint(algo) == before

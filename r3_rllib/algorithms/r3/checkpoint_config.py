@@ -44,6 +44,40 @@ class CheckpointConfigError(ValueError):
     this r3_rllib's rules; the message says which setting, and what to pass instead."""
 
 
+class ModelMismatchError(ValueError):
+    """A checkpoint whose model tensors differ from the learners' (another model, LoRA rank or target modules, or
+    a rollout head on one side only): refused before anything is restored."""
+
+
+#: The settings that decide which tensors a learner's checkpoint holds.
+MODEL_SETTINGS = ("model_path", "lora_rank", "lora_target_modules", "rollout_head")
+
+
+def model_mismatch_message(checkpoint_dir: str, mismatch: str, config: Any) -> str:
+    """The refusal of :class:`ModelMismatchError`: what differs (``mismatch``, from the learner), and the
+    settings of :data:`MODEL_SETTINGS` where the checkpoint's saved config and ``config`` disagree."""
+    try:
+        saved = read_checkpoint_config(checkpoint_dir)["settings"]
+    except CheckpointConfigError:  # saved before configs were: the tensors alone say it
+        saved = {}
+    differ = [
+        f"{key}={saved[key]!r} there, {getattr(config, key)!r} here"
+        for key in MODEL_SETTINGS
+        if key in saved and not _same(saved[key], _plain(getattr(config, key)))
+    ]
+    settings = f" Its settings: {'; '.join(differ)}." if differ else ""
+    return (
+        f"{checkpoint_dir} holds weights that do not fit this run's model: {mismatch}.{settings} Restore a "
+        f"checkpoint of this model, or give this run the checkpoint's {', '.join(MODEL_SETTINGS)} "
+        "(`R3.from_checkpoint(path)` rebuilds the run it came from)."
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A setting as its saved record holds it (a path as a string)."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 def _is_data(value: Any) -> bool:
     """Whether ``value`` survives JSON unchanged (a tuple, a class or a function does not)."""
     try:

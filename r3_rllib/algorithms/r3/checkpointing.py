@@ -101,6 +101,15 @@ class R3Checkpoints(Algorithm):
         self._verified = None
         state = read_algorithm_state(checkpoint_dir)
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
+        # Another model's or LoRA setup's weights: refused by name, with the settings behind them, not by DCP's
+        # error on its first differing tensor from inside a learner.
+        mismatch = all_results(
+            self.learner_group.foreach_learner(lambda learner, _p=path: learner.dcp_model_mismatch(_p))
+        )
+        if mismatch[0] is not None:
+            raise checkpoint_config.ModelMismatchError(
+                checkpoint_config.model_mismatch_message(checkpoint_dir, mismatch[0], self.config)
+            )
         all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
         self.weights.version = state.policy_version
         self._rng.bit_generator.state = state.rng

@@ -95,6 +95,7 @@ class R3Learner(TorchLearner):
     export_hf = state_method("export_hf")
     save_dcp = state_method("save_dcp")
     load_dcp = state_method("load_dcp")
+    dcp_model_mismatch = state_method("dcp_model_mismatch")
     parameter_checksum = state_method("parameter_checksum")
     optimizer_checksum = state_method("optimizer_checksum")
     head_checksum = state_method("head_checksum")

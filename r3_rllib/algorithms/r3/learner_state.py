@@ -220,6 +220,24 @@ class PolicyState:
         with atomic_open(os.path.join(path, f"rank{self.rank}_extra.pt")) as f:
             torch.save(extra, f)
 
+    def dcp_model_mismatch(self, path: str) -> str | None:
+        """How the model tensors saved in ``path`` (a :meth:`save_dcp` folder) differ from this learner's, by name and
+        shape, read from DCP's metadata alone (allow-listed, see :meth:`load_dcp`); None where they match or there is
+        no metadata (DCP reports that). A checkpoint of another model or LoRA setup is refused with this before DCP
+        fails on its first differing tensor."""
+        from r3_rllib.algorithms.r3.safe_pickle import check_dcp_metadata
+
+        metadata = check_dcp_metadata(path)
+        if metadata is None:
+            return None
+        saved = {
+            name.removeprefix("model."): tuple(getattr(entry, "size", ()))
+            for name, entry in metadata.state_dict_metadata.items()
+            if name.startswith("model.")
+        }
+        current = {name: tuple(t.shape) for name, t in self._dcp_state()["model"].items()}
+        return model_state_mismatch(saved, current)
+
     def load_dcp(self, path: str) -> None:
         """Restore :meth:`save_dcp`'s files without running code from them: DCP's pickled ``.metadata`` is read with
         an allow-list first (safe_pickle.py), the extra file with ``torch.load(weights_only=True)``. The driver has
@@ -281,6 +299,36 @@ class PolicyState:
         from r3_rllib.models.rollout_head import get_rollout_head
 
         return get_rollout_head(self.policy)
+
+
+def model_state_mismatch(
+    saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]], shown: int = 3
+) -> str | None:
+    """What differs between a checkpoint's model tensors and a learner's (each a name -> shape map): tensors of
+    another shape, tensors the learner has and the checkpoint lacks, and the reverse, with at most ``shown`` names of
+    each; None where the two hold the same names and shapes."""
+
+    def some(names: list[str]) -> str:
+        more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+        return ", ".join(names[:shown]) + more
+
+    reshaped = [
+        f"{n} saved {list(saved[n])}, here {list(current[n])}"
+        for n in current
+        if n in saved and saved[n] != current[n]
+    ]
+    missing = [n for n in current if n not in saved]
+    extra = [n for n in saved if n not in current]
+    parts = []
+    if reshaped:
+        parts.append(f"{len(reshaped)} of another shape ({some(reshaped)})")
+    if missing:
+        parts.append(f"{len(missing)} not in the checkpoint ({some(missing)})")
+    if extra:
+        parts.append(f"{len(extra)} only in the checkpoint ({some(extra)})")
+    if not parts:
+        return None
+    return f"of {len(current)} model tensors here, " + "; ".join(parts)
 
 
 def state_method(name: str) -> Callable[..., Any]:

@@ -350,9 +350,11 @@ def _declared(source: str, offset: int, what: str) -> CorruptCheckpointError:
     return unreadable_file(source, f"at byte {offset}: {what}")
 
 
-def check_dcp_metadata(dcp_dir: str) -> None:
-    """Read ``dcp_dir/.metadata`` with the DCP allow-list before DCP reads it with ``pickle.load``; a missing file is
-    left for DCP to report."""
+def check_dcp_metadata(dcp_dir: str) -> Any:
+    """Read ``dcp_dir/.metadata`` with the DCP allow-list before DCP reads it with ``pickle.load``; what it holds
+    (DCP's ``Metadata``: each saved entry's name and size), or None where there is no file (left for DCP to
+    report)."""
     path = os.path.join(dcp_dir, ".metadata")
     if os.path.exists(path):
-        safe_load(path, dcp_metadata_global)
+        return safe_load(path, dcp_metadata_global)
+    return None

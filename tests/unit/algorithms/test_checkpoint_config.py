@@ -11,13 +11,14 @@ import pytest
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from r3_rllib import R3Config
-from r3_rllib.algorithms.r3 import learner_faults
+from r3_rllib.algorithms.r3 import learner_faults, learner_state
 from r3_rllib.algorithms.r3.checkpoint_config import (
     CONFIG_FILE,
     CheckpointConfigError,
     code_names,
     config_from_checkpoint,
     config_record,
+    model_mismatch_message,
     read_checkpoint_config,
     write_checkpoint_config,
 )
@@ -260,3 +261,29 @@ def test_a_checkpoint_is_found_as_r3_export_finds_it(tmp_path):
     (trial.parent / "grpo_1" / "checkpoint_000000").mkdir(parents=True)
     with pytest.raises(ExportError, match="holds 2 trials"):
         checkpoint_folder(trial.parent)
+
+
+def test_model_tensors_that_differ_are_named_by_kind():
+    """Hand-built name -> shape maps: a reshaped tensor, one the checkpoint lacks and one only it has, each counted
+    and named (at most `shown` names, then how many more); the same maps match."""
+    here = {"embed.weight": (32, 8), "head.weight": (32, 8), "lora_A": (4, 8)}
+    assert learner_state.model_state_mismatch(here, dict(here)) is None
+    saved = {"embed.weight": (64, 8), "head.weight": (32, 8), "lora_B": (8, 4), "norm.weight": (8,)}
+    assert learner_state.model_state_mismatch(saved, here) == (
+        "of 3 model tensors here, 1 of another shape (embed.weight saved [64, 8], here [32, 8]); "
+        "1 not in the checkpoint (lora_A); 2 only in the checkpoint (lora_B, norm.weight)"
+    )
+    assert learner_state.model_state_mismatch(saved, here, shown=1).endswith("(lora_B, ... (1 more))")
+
+
+def test_the_model_mismatch_names_the_settings_that_differ(tmp_path):
+    folder = _checkpoint(tmp_path, _config(lora_rank=8))
+    message = model_mismatch_message(folder, "of 2 model tensors here, ...", _config(lora_rank=4))
+    assert message.startswith(
+        f"{folder} holds weights that do not fit this run's model: of 2 model tensors here"
+    )
+    assert "Its settings: lora_rank=8 there, 4 here." in message and "model_path=" not in message
+    moved = model_mismatch_message(folder, "...", _config(lora_rank=8, model_path="/elsewhere/tiny"))
+    assert "model_path='/models/tiny' there, '/elsewhere/tiny' here" in moved
+    (tmp_path / "old").mkdir()  # a checkpoint without a saved config: the tensors alone
+    assert "Its settings" not in model_mismatch_message(str(tmp_path / "old"), "...", _config())

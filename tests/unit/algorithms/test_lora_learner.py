@@ -218,3 +218,20 @@ def test_export_policy_of_a_peft_model_writes_both_folders(tiny_random_model, tm
         torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=forward_atol(want), rtol=0)
     assert (tmp_path / "p" / ADAPTER_DIR / "adapter_model.safetensors").is_file()
     assert any(".lora_A." in n for n, _ in peft_model.named_parameters())  # the model keeps its adapter
+
+
+def test_a_checkpoint_of_another_rank_or_of_full_weights_is_told_apart(tiny_random_model, tmp_path):
+    """dcp_model_mismatch reads the saved names and shapes from DCP's metadata: the same setup matches, another rank
+    differs in the adapter's shapes, a full fine-tuning learner's checkpoint holds other tensors altogether."""
+    rank4 = _learner(tiny_random_model)
+    rank4.save_dcp(str(tmp_path / "rank4"))
+    assert rank4.dcp_model_mismatch(str(tmp_path / "rank4")) is None
+    rank8 = _learner(tiny_random_model, lora_rank=8).dcp_model_mismatch(str(tmp_path / "rank4"))
+    assert rank8 is not None and "of another shape (" in rank8 and "not in the checkpoint" not in rank8
+    full = _learner(tiny_random_model, lora_rank=0)
+    full.save_dcp(str(tmp_path / "full"))
+    adapter_on_full = rank4.dcp_model_mismatch(str(tmp_path / "full"))
+    assert "not in the checkpoint (" in adapter_on_full and "only in the checkpoint (" in adapter_on_full
+    assert (
+        full.dcp_model_mismatch(str(tmp_path / "missing")) is None
+    )  # no metadata: DCP names the missing file

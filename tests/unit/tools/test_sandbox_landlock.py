@@ -31,7 +31,12 @@ def _attempts(targets: dict[str, str]) -> str:
     """A program that tries each `name: expression` and prints `name ok` or `name <error type>`."""
     lines = ["import os, socket, signal"]
     for name, expression in targets.items():
-        lines += ["try:", f"    {expression}", f"    print({name!r}, 'ok', flush=True)", "except OSError as e:"]
+        lines += [
+            "try:",
+            f"    {expression}",
+            f"    print({name!r}, 'ok', flush=True)",
+            "except OSError as e:",
+        ]
         lines += [f"    print({name!r}, type(e).__name__, flush=True)"]
     return "\n".join(lines) + "\n"
 
