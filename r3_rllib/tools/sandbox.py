@@ -32,7 +32,7 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
 
 **Isolation ``"rlimits"``** (the fallback where namespaces are not available). It gives: the resource limits below,
 a scratch directory on the host (removed afterwards), the seccomp filter where the kernel allows one (no memfd, no
-SysV IPC, no user namespaces, no ptrace), a wall-clock timeout measured independently of the program's pipes (a
+SysV IPC, no user namespaces, no ptrace, no socket but a unix one: no UDP), a wall-clock timeout measured independently of the program's pipes (a
 program that closes stdout/stderr is still killed at ``timeout_s`` and reported ``timed_out``), and a launcher that is
 a child subreaper and kills every descendant when the program ends or times out.
 
@@ -48,9 +48,10 @@ outside it.
 
 It does NOT give: a private ``/dev/shm`` (what a leased sandbox user leaves there is removed after the run; what a
 program of the calling user leaves stays), a disk quota (``max_file_mb`` bounds each file, not their number), a
-memory bound for files in ``/dev/shm``, isolation from UDP and path-bound unix sockets, and, where the kernel has no
-Landlock, any file or network isolation at all (the program then reads and writes whatever its user can, the
-checkout included) or protection of the launcher from a program of the same user. A root caller's program runs as
+memory bound for files in ``/dev/shm``, isolation from path-bound unix sockets, where the kernel refuses a seccomp
+filter any network isolation, and, where the kernel has no Landlock, any file isolation at all (the program then
+reads and writes whatever its user can, the checkout included) or protection of the launcher from a program of the
+same user. A root caller's program runs as
 a leased sandbox user id of its own wherever that user can start the interpreter
 (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
 ``RLIMIT_NPROC`` bounding its processes (root is not held to it: only the timeout, the kernel's pid_max and a

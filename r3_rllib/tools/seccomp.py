@@ -21,6 +21,10 @@ the 32-bit ``int 0x80`` entry on x86_64, or an x32 call, kills the process, so n
   operations bypass seccomp), Linux AIO (``io_setup`` and the rest: 16 contexts took the host's whole ``aio-max-nr``
   for the run, ``io_setup`` failing with EAGAIN for every other process meanwhile), kernel modules and ``kexec``,
   ``open_by_handle_at`` and the kernel log (``syslog``);
+- ``socket`` of any family but ``AF_UNIX`` is denied with ``EPERM``: no UDP, TCP, raw or netlink socket, whatever
+  the Landlock ABI (Landlock governs TCP from ABI 4 and never UDP). ``socketpair`` and unix sockets stay, for the
+  program's own processes; a path-bound unix socket of the host stays reachable where the program can see its path
+  (under "namespaces" it cannot; under "rlimits" Ray's need its token);
 - ``clone3`` fails with ``ENOSYS``: it passes its flags in a struct that a filter cannot read, and on ``ENOSYS`` the C
   library falls back to ``clone``, whose flags the filter checks: threads, ``fork`` and ``subprocess`` keep working;
 - everything else is allowed (a deny list: a system call added to the kernel later is allowed until listed here).
@@ -51,12 +55,17 @@ NAMESPACE_CLONE_FLAGS = (
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 )
 
-#: Per architecture: its AUDIT_ARCH value, the numbers of `clone` and `clone3`, and the denied system calls.
+#: The one socket family a program may open: AF_UNIX (pipes between its own processes; multiprocessing's).
+AF_UNIX = 1
+
+#: Per architecture: its AUDIT_ARCH value, the numbers of `clone`, `clone3` and `socket`, and the denied system
+#: calls.
 ARCHES: dict[str, dict] = {
     "x86_64": {
         "audit_arch": 0xC000003E,
         "clone": 56,
         "clone3": 435,
+        "socket": 41,
         "denied": {
             "memfd_create": 319,
             "memfd_secret": 447,
@@ -125,6 +134,7 @@ ARCHES: dict[str, dict] = {
         "audit_arch": 0xC00000B7,
         "clone": 220,
         "clone3": 435,
+        "socket": 198,
         "denied": {
             "memfd_create": 279,
             "memfd_secret": 447,
@@ -200,7 +210,8 @@ def filter_program(arch: str) -> bytes:
     """The filter for `arch` ('x86_64' or 'aarch64') as packed ``struct sock_filter`` instructions.
 
     Layout: check the architecture (else kill), refuse x32 calls, one compare-and-return pair per denied call,
-    then ``clone3`` (ENOSYS), then ``clone`` with its flags tested, and allow the rest. Every jump is forward and
+    then ``clone3`` (ENOSYS), ``socket`` with its family tested, ``clone`` with its flags tested, and allow the
+    rest. Every jump is forward and
     short (at most 3), so no offset can overflow the 8-bit jump fields however long the list grows.
     """
     table = ARCHES[arch]
@@ -217,6 +228,11 @@ def filter_program(arch: str) -> bytes:
     prog += [
         _insn(_JEQ_K, 0, 1, table["clone3"]),
         _insn(_RET_K, 0, 0, RET_ERRNO | ENOSYS),
+        _insn(_JEQ_K, 0, 4, table["socket"]),
+        _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),
+        _insn(_JEQ_K, 1, 0, AF_UNIX),
+        _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
+        _insn(_RET_K, 0, 0, RET_ALLOW),
         _insn(_JEQ_K, 0, 3, table["clone"]),
         _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),
         _insn(_JSET_K, 0, 1, NAMESPACE_CLONE_FLAGS),

@@ -10,6 +10,7 @@ tests under "rlimits" skip where the kernel refuses a filter.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -83,6 +84,46 @@ def test_no_user_namespace_and_no_mount(isolation):
     lines = r.output.splitlines()
     assert lines[:2] == ["unshare -1 1", "clone -1 1"] and lines[2] != "tool 0"
     assert lines[3] == "mount -1 1" and lines[4] == "fork 7"
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_no_udp_or_other_network_socket_but_unix_sockets_and_multiprocessing_work(isolation):
+    """Before: under "rlimits" a UDP datagram reached any local port whatever the Landlock ABI (Landlock governs TCP
+    only). Now a socket of any family but AF_UNIX is refused (the seccomp filter); the program's own unix sockets,
+    socketpairs and multiprocessing's queues still work."""
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.setblocking(False)
+    port = receiver.getsockname()[1]
+    code = (
+        "import multiprocessing, socket\n"
+        "def attempt(name, make):\n"
+        "    try:\n        make()\n        print(name, 'ok', flush=True)\n"
+        "    except OSError as e:\n        print(name, type(e).__name__, flush=True)\n"
+        f"attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {port})))\n"
+        "attempt('tcp6', lambda: socket.socket(socket.AF_INET6))\n"
+        "attempt('netlink', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW))\n"
+        "attempt('unix', lambda: socket.socket(socket.AF_UNIX).close())\n"
+        "a, b = socket.socketpair(); a.sendall(b'hi'); print('socketpair', b.recv(2).decode())\n"
+        "q = multiprocessing.get_context('fork').Queue()\n"
+        "p = multiprocessing.get_context('fork').Process(target=q.put, args=(7,)); p.start()\n"
+        "print('queue', q.get(timeout=10)); p.join()\n"
+    )
+    try:
+        r = run_python(code, isolation=isolation, timeout_s=20.0)
+        with pytest.raises(BlockingIOError):  # nothing arrived
+            receiver.recv(16)
+    finally:
+        receiver.close()
+    assert r.ok, r.output
+    assert r.output.splitlines() == [
+        "udp PermissionError",
+        "tcp6 PermissionError",
+        "netlink PermissionError",
+        "unix ok",
+        "socketpair hi",
+        "queue 7",
+    ]
 
 
 @needs_namespaces
