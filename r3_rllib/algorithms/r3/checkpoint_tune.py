@@ -114,6 +114,16 @@ def disk_full_error(error: BaseException, target: str, trial_dir: str | None) ->
     )
 
 
+def trial_restores_itself(storage: Any) -> bool:
+    """Whether a trainable with Tune ``storage`` (None outside Tune) is a trial that already has a complete checkpoint
+    of its own on local disk: one restarted after a failure or resumed (``r3 train --resume``), which Tune restores
+    from that checkpoint right after ``setup``. Checked by presence and sizes (the restore hashes it)."""
+    if storage is None:
+        return False
+    trial_dir = os.path.normpath(storage.trial_fs_path)
+    return newest_complete_checkpoint(trial_dir, set_aside=False, hashes=False).path is not None
+
+
 def resume_target(checkpoint: Any, storage: Any) -> tuple[Any, str | None]:
     """What ``Trainable.restore`` should restore when asked for ``checkpoint`` (a path, a ``ray.tune.Checkpoint`` or
     Tune's ``_TrainingResult``) by a trainable with Tune ``storage`` (None outside Tune). A checkpoint of the

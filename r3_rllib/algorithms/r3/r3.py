@@ -28,6 +28,7 @@ import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
+from r3_rllib.algorithms.r3 import checkpoint_tune
 from r3_rllib.algorithms.r3.checkpoint_config import checkpoint_folder
 from r3_rllib.algorithms.r3.checkpointing import R3Checkpoints
 from r3_rllib.algorithms.r3.config import R3Config
@@ -120,8 +121,10 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         self.training_method = method_for(self.config)
         if self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync()
-        # An earlier run's state with this run's settings (config/settings.py resume_from_checkpoint).
-        if self.config.resume_from_checkpoint:
+        # An earlier run's state with this run's settings (config/settings.py resume_from_checkpoint); not in a
+        # trial that Tune is about to restore from a newer checkpoint of its own (restarted or resumed).
+        restores_itself = checkpoint_tune.trial_restores_itself(getattr(self, "_storage", None))
+        if self.config.resume_from_checkpoint and not restores_itself:
             self.restore(checkpoint_folder(self.config.resume_from_checkpoint))
 
     def _check_schedule(self) -> Schedule | None:

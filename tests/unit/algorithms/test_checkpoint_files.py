@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from r3_rllib.algorithms.r3 import checkpoint as checkpoint_module
-from r3_rllib.algorithms.r3 import checkpoint_files
+from r3_rllib.algorithms.r3 import checkpoint_files, checkpoint_tune
 from r3_rllib.algorithms.r3.checkpoint import (
     ALGORITHM_STATE_VERSION,
     FORMAT_KEY,
@@ -325,3 +325,21 @@ def test_a_pickle_tune_would_load_before_us_is_refused(tmp_path, with_manifest):
         pickle.dump({"iteration": 1}, f)
     with pytest.raises(CorruptCheckpointError, match="Tune's restore would unpickle it"):
         checkpoint_files.verify_checkpoint(ckpt)
+
+
+def test_a_trial_with_a_checkpoint_of_its_own_restores_itself(tmp_path):
+    """A restarted or resumed Tune trial (a complete checkpoint in its folder) is restored by Tune from that, so
+    resume_from_checkpoint is not restored before it; a new trial, an incomplete checkpoint only, or no Tune at all
+    restores resume_from_checkpoint."""
+
+    class Storage:
+        trial_fs_path = str(tmp_path / "trial")
+
+    os.makedirs(Storage.trial_fs_path)
+    assert not checkpoint_tune.trial_restores_itself(None)
+    assert not checkpoint_tune.trial_restores_itself(Storage())
+    _checkpoint(tmp_path / "trial" / "checkpoint_000000", manifest=False)  # cut short: no manifest
+    assert not checkpoint_tune.trial_restores_itself(Storage())
+    assert os.path.isdir(tmp_path / "trial" / "checkpoint_000000")  # a look only: nothing set aside
+    _checkpoint(tmp_path / "trial" / "checkpoint_000001")
+    assert checkpoint_tune.trial_restores_itself(Storage())
