@@ -254,7 +254,8 @@ def _fit_and_report(tuner, config_path: str, storage: str, exp_dir: str) -> int:
     from r3_rllib.algorithms.r3.tune_output import shown_path
 
     print(f"results in {shown_path(exp_dir)}")
-    print("\n".join(next_steps(exp_dir, [str(r.path) for r in results])))
+    if any(r.metrics for r in results):  # a run that failed before its first iteration has nothing to show
+        print("\n".join(next_steps(exp_dir, [str(r.path) for r in results])))
     return 1 if failed else 0
 
 

@@ -155,6 +155,29 @@ def test_the_end_of_a_run_names_its_report_samples_curves_export_and_the_way_on(
     assert len(next_steps(str(exp), [str(bare)])) == 4
 
 
+def test_a_run_that_failed_before_its_first_iteration_shows_its_error_not_the_next_steps(tmp_path, capsys):
+    """Before: a run refused at start (e.g. a checkpoint of another model) ended with report, samples and tensorboard
+    commands for a run that had nothing to show. A trial with results still gets them."""
+    from types import SimpleNamespace
+
+    from r3_rllib.cli import _fit_and_report
+
+    refused = SimpleNamespace(
+        path=str(tmp_path / "t0"), metrics={}, error=ValueError("ModelMismatchError: no fit")
+    )
+    trained = SimpleNamespace(path=str(tmp_path / "t1"), metrics={"training_iteration": 2}, error=None)
+
+    def report(*results) -> tuple[int, str]:
+        tuner = SimpleNamespace(fit=lambda: list(results))
+        code = _fit_and_report(tuner, "run.yaml", str(tmp_path), str(tmp_path / "exp"))
+        return code, capsys.readouterr().out
+
+    code, out = report(refused)
+    assert code == 1 and "error=ModelMismatchError: no fit" in out and "next:" not in out
+    code, out = report(refused, trained)
+    assert code == 1 and "\nnext:\n" in out
+
+
 def test_the_next_steps_show_paths_below_the_working_folder_relative(tmp_path, monkeypatch):
     from r3_rllib.cli import next_steps
 
