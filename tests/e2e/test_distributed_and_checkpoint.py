@@ -30,7 +30,42 @@ def abs_param_sum(algo) -> float:
     )[0]
 
 
-def _trajectory(model_path: str, num_learners: int, iterations: int = 2, **training) -> list[dict]:
+def _exact_state(algo) -> dict[str, float]:
+    """The whole (gathered) parameters' and AdamW moments' sums, each with math.fsum: exactly rounded, so equal to
+    the last bit for the same tensors however they are sharded or ordered; and the policy version. Every rank
+    computes it (gathering a sharded tensor is collective); rank 0's is returned."""
+
+    def exact(
+        learner,
+    ) -> dict[str, float]:  # nested: Ray pickles it by value (the learners cannot import tests/)
+        import math
+
+        from torch.distributed.tensor import DTensor
+
+        def entries(tensors) -> list[float]:
+            whole = [t.full_tensor() if isinstance(t, DTensor) else t for t in tensors]
+            return [x for t in whole for x in t.detach().double().flatten().tolist()]
+
+        moments = [s[k] for s in learner._optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        return {
+            "params": math.fsum(entries(learner.policy.parameters())),
+            "moments": math.fsum(entries(moments)),
+            "version": learner.policy_state.version,
+        }
+
+    return algo.learner_call(exact)[0]
+
+
+def _trajectory(
+    model_path: str,
+    num_learners: int,
+    iterations: int = 2,
+    save_to: str | None = None,
+    restore_from: str | None = None,
+    **training,
+) -> list[dict]:
+    """Each iteration's learner metrics, then the parameter checksums; with `save_to`, the run's final checkpoint
+    and exact state; with `restore_from`, the exact state after restoring that checkpoint at the end."""
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"num_queries": 64})
@@ -59,6 +94,12 @@ def _trajectory(model_path: str, num_learners: int, iterations: int = 2, **train
         vocab = algo.learner_call(lambda lr: lr.policy.config.vocab_size)[0]
         scale = abs_param_sum(algo) if num_learners == 0 else None  # the one-learner run gives the scale
         out.append({"params": per_rank[0], "per_rank": per_rank, "abs_params": scale, "vocab": vocab})
+        if save_to is not None:
+            out[-1]["checkpoint"] = algo.save(save_to).checkpoint.path
+            out[-1]["exact"] = _exact_state(algo)
+        if restore_from is not None:
+            algo.restore(restore_from)
+            out[-1]["restored"] = _exact_state(algo)
         return out
     finally:
         algo.stop()
@@ -93,14 +134,20 @@ def _assert_same_trajectory(one: list[dict], two: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_learner(ray_session, tiny_random_model) -> list[dict]:
-    """The trajectory of one learner, computed once for the tests that compare several learners with it."""
-    return _trajectory(tiny_random_model, 0)
+def one_learner(ray_session, tiny_random_model, tmp_path_factory) -> list[dict]:
+    """The trajectory of one learner, computed once for the tests that compare several learners with it, and its
+    final checkpoint."""
+    return _trajectory(tiny_random_model, 0, save_to=str(tmp_path_factory.mktemp("one_learner") / "ckpt"))
 
 
 def test_two_fsdp_learners_match_one(one_learner, tiny_random_model):
     one = one_learner
-    _assert_same_trajectory(one, _trajectory(tiny_random_model, 2))
+    two = _trajectory(tiny_random_model, 2, restore_from=one[-1]["checkpoint"])
+    _assert_same_trajectory(one, two)
+    # The one learner's checkpoint restored into two sharded learners (DCP reshards; the second rank takes rank 0's
+    # RNG state): the same tensors to the last bit. Before, the second learner found no rank1_extra.pt and the
+    # restore failed as a corrupt checkpoint.
+    assert two[-1]["restored"] == one[-1]["exact"]
     # Token-budget micro-batches: each rank packs its own samples (1-2 of ~10-15 tokens per pass), so the ranks
     # may run different numbers of passes; the gradient is the same because losses use global normalisers. The
     # passes have other shapes than above: other float rounding, within the same tolerances.

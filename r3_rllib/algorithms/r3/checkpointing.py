@@ -9,6 +9,8 @@ read with pickle's code-running loader.
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 from typing import Any
 
@@ -23,6 +25,8 @@ from r3_rllib.algorithms.r3.checkpoint import (
     write_algorithm_state,
 )
 from r3_rllib.algorithms.r3.learner_calls import all_results
+
+logger = logging.getLogger(__name__)
 
 
 class R3Checkpoints(Algorithm):
@@ -109,6 +113,16 @@ class R3Checkpoints(Algorithm):
         if mismatch[0] is not None:
             raise checkpoint_config.ModelMismatchError(
                 checkpoint_config.model_mismatch_message(checkpoint_dir, mismatch[0], self.config)
+            )
+        saved_ranks = len(glob.glob(os.path.join(path, "rank*_extra.pt")))
+        if saved_ranks != len(mismatch):
+            logger.warning(
+                "%s was saved by %d learner(s) and is restored into %d: the weights and the optimizer state are "
+                "resharded (DCP), every learner without a saved RNG state of its own takes rank 0's, so the run "
+                "goes on from the same state but not with the same random numbers as an unchanged one",
+                checkpoint_dir,
+                saved_ranks,
+                len(mismatch),
             )
         all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
         self.weights.version = state.policy_version

@@ -250,6 +250,10 @@ class PolicyState:
 
         check_dcp_metadata(path)
         extra_path = os.path.join(path, f"rank{self.rank}_extra.pt")
+        if not os.path.exists(extra_path):
+            # Saved by fewer learners than this run has: DCP reshards the weights and the optimizer state, and this
+            # rank takes rank 0's RNG state and policy version (the version is every rank's).
+            extra_path = os.path.join(path, "rank0_extra.pt")
         try:  # read before anything changes: a bad file leaves the learner as it was
             extra = torch.load(extra_path, weights_only=True)
         except Exception as e:  # unpickling errors of any kind; torch's message says what it refused
