@@ -133,9 +133,8 @@ class R3Learner(TorchLearner):
         self._method = method_for(self.config)
         self._extras = self._method.learner_extras(policy, self.config)
         self._trainable_at_build = {id(p) for p in policy.parameters() if p.requires_grad}
-        self._phase: TrainingPhase = (
-            DEFAULT_PHASE  # the phase of the update in progress (update_from_samples)
-        )
+        # The phase of the update in progress (update_from_samples).
+        self._phase: TrainingPhase = DEFAULT_PHASE
         groups = self._extras.param_groups(policy)
         # The groups without a learning rate of their own follow `lr` (a number, or the schedule the algorithm
         # reads for each update: core/schedules.py); a rollout head's rollout_head_lr stays as set.
