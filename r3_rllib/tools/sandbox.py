@@ -32,9 +32,10 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
 
 **Isolation ``"rlimits"``** (the fallback where namespaces are not available). It gives: the resource limits below,
 a scratch directory on the host (removed afterwards), the seccomp filter where the kernel allows one (no memfd, no
-SysV IPC, no user namespaces, no ptrace, no socket but a unix one: no UDP), a wall-clock timeout measured independently of the program's pipes (a
-program that closes stdout/stderr is still killed at ``timeout_s`` and reported ``timed_out``), and a launcher that is
-a child subreaper and kills every descendant when the program ends or times out.
+SysV IPC, no user namespaces, no ptrace, no socket but a unix one: no UDP), a wall-clock timeout measured
+independently of the program's pipes (a program that closes stdout/stderr is still killed at ``timeout_s`` and
+reported ``timed_out``), and a launcher that is a child subreaper and kills every descendant when the program ends or
+times out.
 
 *Landlock*, where the kernel has it (Linux 5.13+; :func:`landlock_abi`, reported as
 :attr:`SandboxResult.landlock_abi`; :mod:`r3_rllib.tools.landlock`), confines the program whichever user it runs as,
@@ -51,9 +52,8 @@ program of the calling user leaves stays), a disk quota (``max_file_mb`` bounds 
 memory bound for files in ``/dev/shm``, isolation from path-bound unix sockets, where the kernel refuses a seccomp
 filter any network isolation, and, where the kernel has no Landlock, any file isolation at all (the program then
 reads and writes whatever its user can, the checkout included) or protection of the launcher from a program of the
-same user. A root caller's program runs as
-a leased sandbox user id of its own wherever that user can start the interpreter
-(:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
+same user. A root caller's program runs as a leased sandbox user id of its own wherever that user can start the
+interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
 ``RLIMIT_NPROC`` bounding its processes (root is not held to it: only the timeout, the kernel's pid_max and a
 container's pids cgroup, if set, bound a root program's fork bomb; as the calling user ``RLIMIT_NPROC`` would count
 all of that user's processes, so it is not set), the scratch directory its own, and no signal to any process but its

@@ -211,8 +211,8 @@ def filter_program(arch: str) -> bytes:
 
     Layout: check the architecture (else kill), refuse x32 calls, one compare-and-return pair per denied call,
     then ``clone3`` (ENOSYS), ``socket`` with its family tested, ``clone`` with its flags tested, and allow the
-    rest. Every jump is forward and
-    short (at most 3), so no offset can overflow the 8-bit jump fields however long the list grows.
+    rest. Every jump is forward and short (at most 4), so no offset can overflow the 8-bit jump fields however long
+    the list grows.
     """
     table = ARCHES[arch]
     prog = [
