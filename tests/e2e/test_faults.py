@@ -229,3 +229,47 @@ def test_a_dead_learner_is_named(ray_session, tiny_random_model):
         assert caught.value.ranks == (1,)
     finally:
         algo.stop()
+
+
+def test_a_learner_that_raises_mid_update_is_reported_while_the_other_waits_in_a_collective(
+    ray_session, tiny_random_model
+):
+    """num_learners=2 (FSDP2 over gloo): rank 1's update raises before its first collective, while rank 0 waits in
+    the forward pass's all-gather for it. Before, the driver waited for both calls, so the run hung until the process
+    group's timeout (Ray Train's 30 minutes) with the error unseen; now rank 1's error stops the run within
+    seconds (learner_calls.collective_results)."""
+    import threading
+
+    # Noisy rewards: every group has advantages, so every iteration updates.
+    config = _config(tiny_random_model, env=faulty_envs.NoisyRewardEnv).learners(
+        num_learners=2, num_cpus_per_learner=1
+    )
+    algo = config.build_algo()
+    try:
+        algo.train()
+
+        def arm(learner) -> None:  # nested: sent by value (the learners cannot import tests/)
+            def fail(*args, **kwargs):
+                raise ValueError("rank 1's update failed before its first collective")
+
+            if learner._rank == 1:
+                learner.update_from_samples = fail
+
+        algo.learner_group.foreach_learner(arm)
+        outcome: dict = {}
+
+        def train() -> None:
+            try:
+                algo.train()
+            except Exception as e:  # noqa: BLE001 - the error is what the test checks
+                outcome["error"] = e
+
+        t0 = time.monotonic()
+        thread = threading.Thread(target=train, daemon=True)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the update still waits for the learner stuck in the collective"
+        print(f"the failure was reported after {time.monotonic() - t0:.1f} s")
+        assert "rank 1's update failed before its first collective" in str(outcome.get("error")), outcome
+    finally:
+        algo.stop()

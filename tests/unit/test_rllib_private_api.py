@@ -39,6 +39,10 @@ and examples/ use none):
 13  ``ray.tune.registry._has_rllib_trainable``               r3_rllib/__init__.py ``_answer_for_r3``: wrapped so that Tune
                                                              resolves "R3" without registering (importing) every RLlib
                                                              algorithm; no public hook answers an unknown name
+14  ``LearnerGroup._worker_manager``                         learner_calls.py ``collective_results``: an update's calls
+    (``foreach_actor_async(func, tag)``,                     fetched as they finish, so one learner's failure is seen
+    ``fetch_ready_async_reqs(tags, timeout_seconds)``)       while the others wait in a collective (``foreach_learner``
+                                                             waits for all)
 ==  =======================================================  ==============================================================
 """
 
@@ -196,3 +200,14 @@ def test_tune_registry_asks_a_module_global_for_unknown_trainables():
         source.count("_has_rllib_trainable(") >= 2
     )  # its definition and at least one call by its global name
     assert getattr(registry._has_rllib_trainable, "answers_r3", False)
+
+
+def test_learner_group_keeps_a_manager_that_calls_learners_asynchronously():
+    # 14. learner_calls.py `collective_results`.
+    from ray.rllib.core.learner.learner_group import LearnerGroup
+    from ray.rllib.utils.actor_manager import FaultTolerantActorManager
+
+    assert "self._worker_manager = FaultTolerantActorManager(" in inspect.getsource(LearnerGroup.__init__)
+    assert _params(FaultTolerantActorManager.foreach_actor_async)[:3] == ["self", "func", "tag"]
+    params = _params(FaultTolerantActorManager.fetch_ready_async_reqs)
+    assert {"tags", "timeout_seconds"} <= set(params)

@@ -38,7 +38,7 @@ from r3_rllib.algorithms.r3.groups import build_training_batch, rescore_ranking_
 from r3_rllib.algorithms.r3.health_monitor import observe_health
 from r3_rllib.algorithms.r3.heldout import merge_eval_counts
 from r3_rllib.algorithms.r3.iteration_settings import iteration_settings, max_staleness_of
-from r3_rllib.algorithms.r3.learner_calls import all_results, first_result, to_learners
+from r3_rllib.algorithms.r3.learner_calls import all_results, collective_results, first_result, to_learners
 from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
@@ -260,10 +260,12 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         lr = scheduled_value(self.config.lr, self.metrics.peek("num_env_steps_sampled_lifetime", default=0.0))
         results = None
         try:
-            results = self.learner_group.foreach_learner(
+            # A learner's failure is seen at once, not after the collective the others wait in times out.
+            results = collective_results(
+                self.learner_group,
                 lambda learner, _sent=sent, _seed=seed, _phase=phase, _lr=lr: learner.update_from_samples(
                     _sent, seed=_seed, phase=_phase, lr=_lr
-                )
+                ),
             )
             return first_result(results)
         except Exception as err:

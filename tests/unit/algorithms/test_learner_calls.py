@@ -62,3 +62,69 @@ def test_results_in_rank_order_and_the_first_failure_raised():
     assert learner_calls.first_result([_Result(True, "rank 0"), _Result(True, "rank 1")]) == "rank 0"
     with pytest.raises(RuntimeError, match="rank 1 failed"):
         learner_calls.all_results([_Result(True, 1), _Result(False, RuntimeError("rank 1 failed"))])
+
+
+@dataclass
+class _Answer:
+    actor_id: int
+    ok: bool
+    value: Any = None
+
+    def get(self) -> Any:
+        return self.value
+
+
+class _Manager:
+    """RLlib's FaultTolerantActorManager as collective_results uses it: each fetch hands out the next batch of
+    answers (what finished within the wait), under the tag of the call."""
+
+    def __init__(self, batches: list[list[_Answer]], fired: int) -> None:
+        self.batches, self.fired, self.tags, self.fetches = list(batches), fired, [], 0
+
+    def foreach_actor_async(self, func, tag=None) -> int:
+        self.tags.append(tag)
+        return self.fired
+
+    def fetch_ready_async_reqs(self, *, tags, timeout_seconds) -> list[_Answer]:
+        assert tags == self.tags[-1] and timeout_seconds == 0.25
+        self.fetches += 1
+        return self.batches.pop(0) if self.batches else []
+
+
+class _RemoteGroup:
+    is_local = False
+
+    def __init__(self, manager: _Manager, size: int = 3) -> None:
+        self._worker_manager, self.size = manager, size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def test_collective_results_come_in_rank_order_once_all_learners_answered():
+    manager = _Manager([[_Answer(2, True, "c")], [], [_Answer(0, True, "a"), _Answer(1, True, "b")]], fired=3)
+    results = learner_calls.collective_results(_RemoteGroup(manager), print, poll_s=0.25)
+    assert [r.value for r in results] == ["a", "b", "c"] and manager.fetches == 3
+    assert learner_calls.first_result(results) == "a"
+
+
+def test_a_failed_learner_is_returned_while_the_others_still_wait_in_the_collective():
+    """Before, the driver waited for every learner: those waiting in a collective for the failed one held it until
+    the process group's timeout (30 min). Now the failure comes back with the first fetch that holds it."""
+    failure = ValueError("rank 1 failed")
+    manager = _Manager([[], [_Answer(1, False, failure)], [_Answer(0, True, "never read")]], fired=3)
+    results = learner_calls.collective_results(_RemoteGroup(manager), print, poll_s=0.25)
+    assert [r.actor_id for r in results] == [1] and manager.fetches == 2
+    with pytest.raises(ValueError, match="rank 1 failed"):
+        learner_calls.all_results(results)
+    # The next call has a tag of its own: the stuck calls' answers are never read as its own.
+    second = _Manager([[_Answer(i, True) for i in range(3)]], fired=3)
+    learner_calls.collective_results(_RemoteGroup(second), print, poll_s=0.25)
+    assert manager.tags[0] != second.tags[0]
+
+
+def test_learners_that_could_not_be_called_are_named_before_anyone_waits():
+    manager = _Manager([], fired=2)
+    with pytest.raises(RuntimeError, match="1 of 3 learners could not be called"):
+        learner_calls.collective_results(_RemoteGroup(manager), print, poll_s=0.25)
+    assert manager.fetches == 0
