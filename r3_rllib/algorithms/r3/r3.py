@@ -245,8 +245,9 @@ class R3(R3Console, R3Checkpoints, Algorithm):
     def _learner_entropies(self, samples: list[Sample]) -> list[np.ndarray]:
         """The learners' exact entropies of the samples' response tokens (ranking_entropy_source='learner')."""
         sent = to_learners(self.learner_group, TrainingBatch.from_samples(samples))
+        # A forward pass of the sharded policy: collectives, so a learner's failure is seen at once.
         return first_result(
-            self.learner_group.foreach_learner(lambda learner, _sent=sent: learner.score_entropies(_sent))
+            collective_results(self.learner_group, lambda learner, _sent=sent: learner.score_entropies(_sent))
         )
 
     def _update_learners(self, batch: list[Sample], phase: TrainingPhase | None = None) -> dict[str, float]:

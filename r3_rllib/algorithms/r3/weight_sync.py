@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from r3_rllib.algorithms.r3.learner_calls import collective_results
+
 # Same-width integer carriers for dtypes numpy cannot represent.
 _CARRIERS: dict[int, torch.dtype] = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -181,7 +183,8 @@ class PolicyWeights:
 
     def _publish(self) -> tuple:
         """Learner rank 0's weights in the object store: (object ref, version); the version becomes ours."""
-        results = self.learners.foreach_learner(lambda learner: learner.weights_ref())
+        # Gathering sharded weights is collective: a learner's failure (rank 0 out of memory) is seen at once.
+        results = collective_results(self.learners, lambda learner: learner.weights_ref())
         refs = []
         for r in results:
             if not r.ok:

@@ -18,6 +18,8 @@ class _Result:
 
 
 class FakeLearners:
+    is_local = True  # one learner in the driver's process: called as foreach_learner calls it
+
     def __init__(self, version: int) -> None:
         self.version = version
 
