@@ -107,22 +107,23 @@ class R3Checkpoints(Algorithm):
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
         # Another model's or LoRA setup's weights: refused by name, with the settings behind them, not by DCP's
         # error on its first differing tensor from inside a learner.
-        mismatch = all_results(
+        per_learner = all_results(
             self.learner_group.foreach_learner(lambda learner, _p=path: learner.dcp_model_mismatch(_p))
         )
-        if mismatch[0] is not None:
+        mismatch = next((m for m in per_learner if m is not None), None)
+        if mismatch is not None:
             raise checkpoint_config.ModelMismatchError(
-                checkpoint_config.model_mismatch_message(checkpoint_dir, mismatch[0], self.config)
+                checkpoint_config.model_mismatch_message(checkpoint_dir, mismatch, self.config)
             )
-        saved_ranks = len(glob.glob(os.path.join(path, "rank*_extra.pt")))
-        if saved_ranks != len(mismatch):
+        saved_ranks, learners = len(glob.glob(os.path.join(path, "rank*_extra.pt"))), len(per_learner)
+        if saved_ranks != learners:
             logger.warning(
                 "%s was saved by %d learner(s) and is restored into %d: the weights and the optimizer state are "
                 "resharded (DCP), every learner without a saved RNG state of its own takes rank 0's, so the run "
                 "goes on from the same state but not with the same random numbers as an unchanged one",
                 checkpoint_dir,
                 saved_ranks,
-                len(mismatch),
+                learners,
             )
         all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
         self.weights.version = state.policy_version

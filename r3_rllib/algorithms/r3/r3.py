@@ -123,9 +123,9 @@ class R3(R3Console, R3Checkpoints, Algorithm):
             self.weights.sync()
         # An earlier run's state with this run's settings (config/settings.py resume_from_checkpoint); not in a
         # trial that Tune is about to restore from a newer checkpoint of its own (restarted or resumed).
-        restores_itself = checkpoint_tune.trial_restores_itself(getattr(self, "_storage", None))
-        if self.config.resume_from_checkpoint and not restores_itself:
-            self.restore(checkpoint_folder(self.config.resume_from_checkpoint))
+        resume = self.config.resume_from_checkpoint
+        if resume and not checkpoint_tune.trial_restores_itself(getattr(self, "_storage", None)):
+            self.restore(checkpoint_folder(resume))
 
     def _check_schedule(self) -> Schedule | None:
         """The R^3 schedule for the runners' data size (r3_schedule.py): logged, and an error for settings that make
