@@ -231,15 +231,26 @@ def test_a_dead_learner_is_named(ray_session, tiny_random_model):
         algo.stop()
 
 
-def test_a_learner_that_raises_mid_update_is_reported_while_the_other_waits_in_a_collective(
-    ray_session, tiny_random_model
+#: phase -> (the learner method whose rank-1 call raises before its first collective, what the driver does).
+COLLECTIVE_PHASES = {
+    "update": ("update_from_samples", lambda algo, path: algo.train()),
+    "save": ("save_dcp", lambda algo, path: algo.save(path)),
+    "load": ("load_dcp", lambda algo, path: algo.restore(path)),
+    "export": ("export_hf", lambda algo, path: algo.export_policy(path)),
+}
+
+
+@pytest.mark.parametrize("phase", list(COLLECTIVE_PHASES))
+def test_a_learner_that_raises_in_a_collective_call_is_reported_while_the_other_waits(
+    ray_session, tiny_random_model, tmp_path, phase
 ):
-    """num_learners=2 (FSDP2 over gloo): rank 1's update raises before its first collective, while rank 0 waits in
-    the forward pass's all-gather for it. Before, the driver waited for both calls, so the run hung until the process
-    group's timeout (Ray Train's 30 minutes) with the error unseen; now rank 1's error stops the run within
-    seconds (learner_calls.collective_results)."""
+    """num_learners=2 (FSDP2 over gloo): rank 1's call raises before its first collective, while rank 0 waits for
+    it in one (the update's forward all-gather, DCP's save and load, the export's state-dict gather). Before, the
+    driver waited for both calls, so the run hung until the process group's timeout (Ray Train's 30 minutes) with
+    the error unseen; now rank 1's error reaches the caller within seconds (learner_calls.collective_results)."""
     import threading
 
+    method, act = COLLECTIVE_PHASES[phase]
     # Noisy rewards: every group has advantages, so every iteration updates.
     config = _config(tiny_random_model, env=faulty_envs.NoisyRewardEnv).learners(
         num_learners=2, num_cpus_per_learner=1
@@ -247,29 +258,33 @@ def test_a_learner_that_raises_mid_update_is_reported_while_the_other_waits_in_a
     algo = config.build_algo()
     try:
         algo.train()
+        target = str(tmp_path / "out")
+        if phase == "load":
+            target = algo.save(str(tmp_path / "ckpt")).checkpoint.path
+        message = f"rank 1's {method} failed before its first collective"
 
-        def arm(learner) -> None:  # nested: sent by value (the learners cannot import tests/)
+        def arm(learner, _method=method, _message=message) -> None:  # nested: sent by value
             def fail(*args, **kwargs):
-                raise ValueError("rank 1's update failed before its first collective")
+                raise ValueError(_message)
 
             if learner._rank == 1:
-                learner.update_from_samples = fail
+                setattr(learner, _method, fail)
 
         algo.learner_group.foreach_learner(arm)
         outcome: dict = {}
 
-        def train() -> None:
+        def call() -> None:
             try:
-                algo.train()
+                act(algo, target)
             except Exception as e:  # noqa: BLE001 - the error is what the test checks
                 outcome["error"] = e
 
         t0 = time.monotonic()
-        thread = threading.Thread(target=train, daemon=True)
+        thread = threading.Thread(target=call, daemon=True)
         thread.start()
         thread.join(timeout=120)
-        assert not thread.is_alive(), "the update still waits for the learner stuck in the collective"
+        assert not thread.is_alive(), f"the {phase} still waits for the learner stuck in the collective"
         print(f"the failure was reported after {time.monotonic() - t0:.1f} s")
-        assert "rank 1's update failed before its first collective" in str(outcome.get("error")), outcome
+        assert message in str(outcome.get("error")), outcome
     finally:
         algo.stop()

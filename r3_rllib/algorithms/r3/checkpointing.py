@@ -24,7 +24,7 @@ from r3_rllib.algorithms.r3.checkpoint import (
     read_algorithm_state,
     write_algorithm_state,
 )
-from r3_rllib.algorithms.r3.learner_calls import all_results
+from r3_rllib.algorithms.r3.learner_calls import all_results, collective_results
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ class R3Checkpoints(Algorithm):
         state file (checkpoint.py); then the manifest of these files, which save() writes once they are in place."""
         self._checkpoint_target = checkpoint_dir
         path = os.path.abspath(os.path.join(checkpoint_dir, LEARNER_DIR))
-        all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.save_dcp(_p)))
+        # Every rank writes its shard in DCP's collectives: one rank's error stops the save at once, not after the
+        # others' wait for it in a collective (learner_calls.collective_results).
+        all_results(collective_results(self.learner_group, lambda learner, _p=path: learner.save_dcp(_p)))
         # The rollout in flight: its queries are already consumed from the runners' env order, keep its samples.
         self.coordinator.drain()
         replay = self._replay.client.get_state() if self._replay_available else None
@@ -108,7 +110,7 @@ class R3Checkpoints(Algorithm):
         # Another model's or LoRA setup's weights: refused by name, with the settings behind them, not by DCP's
         # error on its first differing tensor from inside a learner.
         per_learner = all_results(
-            self.learner_group.foreach_learner(lambda learner, _p=path: learner.dcp_model_mismatch(_p))
+            collective_results(self.learner_group, lambda learner, _p=path: learner.dcp_model_mismatch(_p))
         )
         mismatch = next((m for m in per_learner if m is not None), None)
         if mismatch is not None:
@@ -125,7 +127,7 @@ class R3Checkpoints(Algorithm):
                 saved_ranks,
                 learners,
             )
-        all_results(self.learner_group.foreach_learner(lambda learner, _p=path: learner.load_dcp(_p)))
+        all_results(collective_results(self.learner_group, lambda learner, _p=path: learner.load_dcp(_p)))
         self.weights.version = state.policy_version
         self._rng.bit_generator.state = state.rng
         self._iteration = state.iteration

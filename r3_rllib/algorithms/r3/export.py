@@ -339,14 +339,15 @@ def run_export(args: argparse.Namespace) -> int:
 def export_algorithm_policy(algo: Any, path: str | os.PathLike, *, with_head: bool = False) -> str:
     """``R3.export_policy``: every learner writes its part of the policy as a Hugging Face folder at ``path``, then
     the tokenizer goes beside it and the folder is made readable to all."""
-    from r3_rllib.algorithms.r3.learner_calls import all_results
+    from r3_rllib.algorithms.r3.learner_calls import all_results, collective_results
     from r3_rllib.algorithms.r3.runner_setup import load_policy_tokenizer
     from r3_rllib.models.tiny import save_portable_tokenizer
 
     path = os.path.abspath(str(path))
     kwargs = {"with_head": True} if with_head else {}
-    results = algo.learner_group.foreach_learner(
-        lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
+    # The full state dict is gathered in a collective: one rank's error stops the export at once.
+    results = collective_results(
+        algo.learner_group, lambda learner, _p=path, _kw=kwargs: learner.export_hf(_p, **_kw)
     )
     assert any(r is not None for r in all_results(results))
     save_portable_tokenizer(load_policy_tokenizer(algo.config), path)  # loads with AutoTokenizer

@@ -401,8 +401,8 @@ class R3(R3Console, R3Checkpoints, Algorithm):
             super().cleanup()
 
     def learner_call(self, fn) -> list[Any]:
-        """Run `fn(learner)` on every learner (collective helpers, tests)."""
-        return all_results(self.learner_group.foreach_learner(fn))
+        """Run `fn(learner)` on every learner (collective helpers, tests); one learner's error returns at once."""
+        return all_results(collective_results(self.learner_group, fn))
 
 
 def _env_size(env) -> int | None:
