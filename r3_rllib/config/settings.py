@@ -195,6 +195,13 @@ class R3Settings:
     MiniMax-M1 paper and verl's CISPO example (its clip_ratio_low=10). In [0, 1) or None."""
     kl_coef: float = setting(0.0, range=">= 0", finite=True)
     """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
+    entropy_coef: float = setting(0.0, range=">= 0", finite=True)
+    """Weight of the entropy bonus (verl's entropy_coeff; verl-agent's HGPO recipe uses 0.001): the loss is the
+    policy loss minus entropy_coef times the trained tokens' entropies of softmax(logits / temperature), aggregated
+    by loss_agg_mode as the policy loss is, with their gradients (recomputed chunk by chunk in backward, as the
+    log-probs are). Groups whose advantages are all zero then stay in the batch: they carry the bonus. Logged as
+    learner/entropy_bonus (entropy_coef times that aggregate). R^2PO: stage B's (the base), not stage A's (the
+    head), as kl_coef. 0 (default): off, and costs nothing."""
     kl_type: str = setting("k3", choices=KL_KINDS)
     """KL estimator: 'k1', 'k2', 'k3' (clamped as verl's low_var_kl) or 'k3_unclamped' (R^2PO's reference code)."""
     weight_decay: float = setting(0.0, range=">= 0", finite=True)

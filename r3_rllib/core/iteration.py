@@ -40,8 +40,8 @@ class IterationSettings:
     batch_step_params: dict[str, Any] = field(default_factory=dict)
     """The keyword arguments the batch step declared it reads from the config."""
     keep_zero_advantage: bool = False
-    """Keep groups whose advantages are all zero in the batch (set when kl_coef > 0: they add KL, no policy
-    gradient; see groups.py)."""
+    """Keep groups whose advantages are all zero in the batch (set when kl_coef > 0 or entropy_coef > 0: they add
+    KL or the entropy bonus, no policy gradient; see groups.py)."""
     overlong: OverlongShaping | None = None
     """DAPO's soft overlong penalty added to every trained sample's reward before advantages; None while off."""
     phase: TrainingPhase | None = None

@@ -29,7 +29,8 @@ HeadFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 class RowScores(NamedTuple):
-    """Per scored position (``[N]``, fp32): log-probs, no-grad entropies (or None), base log-probs (or None)."""
+    """Per scored position (``[N]``, fp32): log-probs, entropies (or None; no-grad unless asked for with gradients),
+    base log-probs (or None)."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None
@@ -64,32 +65,38 @@ def _score_rows(
     with_entropy: bool,
     base_fn: HeadFn | None = None,
     base_grad: bool = False,
+    entropy_grad: bool = False,
 ) -> RowScores:
     """Log-probs of `targets` [N] (and no-grad entropies) under softmax(head_fn(hidden) / temperature), `hidden`
     [N, H], `chunk` rows at a time; with `base_fn`, also the log-probs of `targets` under
     softmax(base_fn(hidden) / temperature) (R^2PO's base logits next to the rollout ones), without gradients unless
-    `base_grad`.
+    `base_grad`. `entropy_grad`: the entropies (computed whatever `with_entropy`) carry gradients (an entropy bonus
+    in the loss).
 
     With gradients and more than one chunk each chunk runs under activation checkpointing: autograd then keeps only
     the chunk's hidden rows and recomputes its [chunk, V] logits in backward, so the fp32 logits of all scored
-    positions (5 GB for 8k positions of a 151k vocabulary) never exist at once.
+    positions (5 GB for 8k positions of a 151k vocabulary) never exist at once. The outputs with gradients (log-probs,
+    and entropies or base log-probs when asked with gradients) leave a chunk stacked in one tensor, so that
+    recomputing the chunk recomputes all of them from the same logits.
     """
     entropies: dict[int, torch.Tensor] = {}
     base: dict[int, torch.Tensor] = {}
 
     def one(k: int, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         logits = head_fn(h).float() / temperature
-        # Entropies (and no-grad base log-probs) once per chunk, not again when checkpointing recomputes it.
-        if with_entropy and k not in entropies:
+        rows = [_picked_logprobs(logits, t)]
+        if entropy_grad:
+            rows.append(entropy_from_logits(logits))
+        elif with_entropy and k not in entropies:
+            # No-grad outputs once per chunk, not again when checkpointing recomputes it.
             with torch.no_grad():
                 entropies[k] = entropy_from_logits(logits)
-        picked = _picked_logprobs(logits, t)
         if base_fn is not None and base_grad:
-            return torch.stack((picked, _picked_logprobs(base_fn(h).float() / temperature, t)))
-        if base_fn is not None and k not in base:
+            rows.append(_picked_logprobs(base_fn(h).float() / temperature, t))
+        elif base_fn is not None and k not in base:
             with torch.no_grad():
                 base[k] = _picked_logprobs(base_fn(h).float() / temperature, t)
-        return picked
+        return torch.stack(rows)
 
     starts = list(range(0, hidden.shape[0], chunk)) or [0]
     recompute = torch.is_grad_enabled() and len(starts) > 1
@@ -97,12 +104,15 @@ def _score_rows(
     for k, s in enumerate(starts):
         h, t = hidden[s : s + chunk], targets[s : s + chunk]
         parts.append(checkpoint(one, k, h, t, use_reentrant=False) if recompute else one(k, h, t))
-    scored = torch.cat(parts, dim=-1)
-    entropy = torch.cat([entropies[k] for k in range(len(starts))]) if with_entropy else None
+    scored = iter(torch.cat(parts, dim=-1))  # [outputs with gradients, N]: log-probs first
+    logp = next(scored)
+    entropy = next(scored) if entropy_grad else None
+    if with_entropy and not entropy_grad:
+        entropy = torch.cat([entropies[k] for k in range(len(starts))])
     if base_fn is not None and base_grad:
-        return RowScores(scored[0], entropy, scored[1])
+        return RowScores(logp, entropy, next(scored))
     base_logp = torch.cat([base[k] for k in range(len(starts))]) if base_fn is not None else None
-    return RowScores(scored, entropy, base_logp)
+    return RowScores(logp, entropy, base_logp)
 
 
 def _with_head(lm_fn: HeadFn, rollout_head: torch.nn.Module | None) -> HeadFn:
@@ -203,9 +213,11 @@ def token_logprobs(
     with_base: bool = False,
     base_grad: bool = False,
     position_ids: torch.Tensor | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Log-probs of each next token under softmax(logits / temperature) (and optionally the no-grad entropy of each
-    of those next-token distributions), fp32, shape ``[B, T - 1]``; see the module docstring for how.
+    """Log-probs of each next token under softmax(logits / temperature) (and optionally the entropy of each of
+    those next-token distributions, no-grad unless ``entropy_grad``), fp32, shape ``[B, T - 1]``; see the module
+    docstring for how.
 
     ``logp[b, t]`` scores ``input_ids[b, t + 1]``. Only positions where ``response_mask`` (``[B, T - 1]`` bool,
     default all) is set are scored; the others are 0 (entropy 0). ``temperature`` is the rollout's sampling
@@ -218,15 +230,21 @@ def token_logprobs(
     only. Its hook must be off (it is unless switched on). ``with_base`` (with ``rollout_head``): also return, as a
     third element, the log-probs under the base logits from the same forward, without gradients (R^2PO stage A's
     KL term) unless ``base_grad``.
+
+    ``entropy_grad`` (an entropy bonus in the loss): the entropies are returned (whatever ``with_entropy``) with
+    their gradients, recomputed chunk by chunk in backward as the log-probs are.
     """
     if with_base and rollout_head is None:
         raise ValueError("with_base needs a rollout_head: without one the scored log-probs are the base ones")
     mask = _scored_mask(input_ids, response_mask, temperature, chunk)
     targets = input_ids[:, 1:][mask]
+    with_entropy = with_entropy or entropy_grad
 
     def score(head_fn: HeadFn, base_fn: HeadFn, rows: torch.Tensor) -> RowScores:
         base_fn = base_fn if with_base else None
-        return _score_rows(head_fn, rows, targets, temperature, chunk, with_entropy, base_fn, base_grad)
+        return _score_rows(
+            head_fn, rows, targets, temperature, chunk, with_entropy, base_fn, base_grad, entropy_grad
+        )
 
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     if position_ids is not None:

@@ -267,6 +267,15 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
 
 
+def entropy_bonus(
+    entropy: torch.Tensor, mask: torch.Tensor, agg_mode: str, *, norm_len: float | None = None
+) -> torch.Tensor:
+    """The entropy bonus's aggregate (an objective subtracts a coefficient times it): the per-token entropies
+    ``entropy`` ``[B, T]`` (of the tempered next-token distributions, with their gradients), reduced over ``mask``
+    by ``agg_mode`` as the policy loss is (:func:`aggregate_loss`), so each token weighs in both terms alike."""
+    return aggregate_loss(entropy, mask, agg_mode, norm_len=norm_len)
+
+
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 #: Name -> policy loss ``fn(logprobs, old_logprobs, advantages, mask, *, is_weights, **params) -> (loss, metrics)``,
@@ -579,22 +588,26 @@ def rl_objective(
     agg_mode: str = "token-mean",
     norm_len: float | None = None,
     kl_agg_mode: str | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The learner's whole objective on one micro-batch: the policy loss named ``policy_loss`` (from
     :data:`LOSS_FNS`, with ``loss_params``), weighted per token by the behaviour importance weight, plus
-    ``kl_coef`` times the KL to a reference policy when ``ref_logprobs`` is given.
+    ``kl_coef`` times the KL to a reference policy when ``ref_logprobs`` is given, minus ``entropy_coef`` times the
+    :func:`entropy_bonus` of ``entropy`` (``[B, T]``, the tokens' entropies with their gradients) when it is > 0.
 
     The behaviour-to-proximal correction is ``correction`` (:mod:`r3_rllib.core.mismatch`: importance weights,
     rejection, veto; its diagnostics are added to the metrics as ``mismatch_*``); None: no correction. Rejected
-    tokens leave both the policy loss and the KL term, numerator and this micro-batch's normaliser (the loss is aggregated over
-    ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept count too
+    tokens leave the policy loss, the KL term and the entropy bonus, numerator and this micro-batch's normaliser
+    (the loss is aggregated over ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept count too
     (:func:`~r3_rllib.core.mismatch.micro_batch_share`, :func:`~r3_rllib.core.mismatch.normaliser_share`).
 
     The reduction over tokens is the micro-batch's own (``agg_mode``; the KL term's is ``kl_agg_mode``, None: the
     same); the caller rescales it to the global token or sequence count of the minibatch, which only it knows
     (ranks and micro-batches split one minibatch). Returns
     ``(loss, metrics)`` with detached scalar metrics: the policy loss's own (``clip_frac_low``, ...), plus
-    ``pg_loss``, ``kl`` and ``is_weight_mean`` (with a weight).
+    ``pg_loss``, ``kl``, ``is_weight_mean`` (with a weight) and ``entropy_bonus`` (the term subtracted; only when
+    ``entropy_coef`` > 0).
     """
     is_w, diagnostics = None, {}
     if correction is not None:
@@ -613,6 +626,12 @@ def rl_objective(
         kl = aggregate_loss(per_token_kl, mask, kl_agg_mode or agg_mode, norm_len=norm_len)
         loss = loss + kl_coef * kl
     out = {k: v.detach() for k, v in metrics.items()}
+    if entropy_coef > 0:
+        if entropy is None:
+            raise ValueError(f"entropy_coef={entropy_coef} needs the tokens' entropies (with gradients)")
+        bonus = entropy_coef * entropy_bonus(entropy, mask, agg_mode, norm_len=norm_len)
+        loss = loss - bonus
+        out["entropy_bonus"] = bonus.detach()
     out["pg_loss"] = pg.detach()
     out["kl"] = kl.detach()
     if is_w is not None:

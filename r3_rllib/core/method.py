@@ -77,6 +77,12 @@ class TrainingPhase:
         """The phase's KL term (:func:`config_kl_term` by default)."""
         return config_kl_term(config)
 
+    def entropy_coef(self, config: Any) -> float:
+        """The weight of the phase's entropy bonus: ``entropy_coef`` where the base logits are trained, 0 where the
+        rollout logits are scored (R^2PO's stage A trains the head alone; the bonus, like ``kl_coef``, regularises
+        the policy, whose base does not move there)."""
+        return 0.0 if self.scores_rollout_logits else float(getattr(config, "entropy_coef", 0.0))
+
     def correction(self, config: Any) -> RolloutCorrection:
         """The rollout correction of the phase's updates: the importance weight when ``off_policy_correction`` is
         on, rejection and veto as configured (:func:`~r3_rllib.core.mismatch.correction_from_config`)."""

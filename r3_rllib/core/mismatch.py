@@ -254,7 +254,7 @@ class RunningMax:
 
 
 #: The metrics that are values of the objective (or of its terms): scaled like the loss whose value they report.
-LOSS_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "r2po_kl")
+LOSS_KEYS: tuple[str, ...] = ("loss", "pg_loss", "kl", "r2po_kl", "entropy_bonus")
 
 
 def scale_loss_metrics(metrics: dict, factor: float) -> None:

@@ -33,6 +33,8 @@ BAD_VALUES = [
     ("training", "lr", "abc", "lr must be a number"),
     ("training", "temperature", -0.5, "temperature must be finite and > 0"),
     ("training", "kl_coef", -0.1, "kl_coef must be finite and >= 0"),
+    ("training", "entropy_coef", -0.001, "entropy_coef must be finite and >= 0"),
+    ("training", "entropy_coef", float("nan"), "entropy_coef must be finite and >= 0"),
     ("training", "max_new_tokens", -5, "max_new_tokens must be >= 1"),
     ("training", "top_p", 2, "top_p must be in (0, 1]"),
     ("training", "num_epochs", 0, "num_epochs must be >= 1"),

@@ -16,7 +16,8 @@ Choices the paper leaves open, made here and documented:
 - A group whose advantages are all zero carries no policy gradient. Without a KL term it is left out of the batch
   (it would only cost compute). With a KL term (``kl_coef > 0``) it is kept, as verl keeps it: its tokens still
   carry the KL penalty to the reference, and leaving them out would shrink the loss's token (or sequence) count and
-  so re-weight every other sample's gradient by how many groups happened to collapse.
+  so re-weight every other sample's gradient by how many groups happened to collapse. An entropy bonus
+  (``entropy_coef > 0``) keeps them likewise: their tokens carry it.
 """
 
 from __future__ import annotations
@@ -157,8 +158,8 @@ def build_training_batch(
 
     ``fetch_replay(requests)`` returns, per request, up to k past samples of that query with the wanted outcome.
     Samples of groups that still have zero advantage everywhere are kept out of the batch (they carry no policy
-    gradient) unless ``settings.keep_zero_advantage`` (a KL term: see the module docstring); either way they are
-    counted in ``zero_adv_frac``, and ``train_zero_adv_samples`` counts those kept.
+    gradient) unless ``settings.keep_zero_advantage`` (a KL term or an entropy bonus: see the module docstring);
+    either way they are counted in ``zero_adv_frac``, and ``train_zero_adv_samples`` counts those kept.
 
     The inputs are left as they are: the batch holds copies of the samples with their ``reward`` (a ranking
     reward where one was given; ``env_reward`` keeps the env's), ``advantage`` and ``is_replay`` set.

@@ -43,7 +43,7 @@ def iteration_settings(
         reflection=reflection,
         # Each estimator declares the config fields it reads (core/registry.py): no per-estimator branch here.
         **estimator_settings(config.advantage_estimator, config),
-        keep_zero_advantage=config.kl_coef > 0,
+        keep_zero_advantage=config.kl_coef > 0 or config.entropy_coef > 0,
         overlong=overlong_shaping(config),
         phase=method_for(config).phase(config, iteration) if iteration is not None else None,
     )

@@ -301,9 +301,8 @@ class R3Learner(TorchLearner):
             for chunk in self._micro.chunks(mb, batch):
                 idx, real = chunk_or_dummy(chunk)
                 packed = pack_batch(batch, idx, self._pad_id, self._device)
-                ranks = self._ranked.needs_entropy(
-                    idx, real
-                )  # deferred groups of a later minibatch: rank here
+                # Deferred groups of a later minibatch: rank them here.
+                ranks = self._ranked.needs_entropy(idx, real)
                 lp, entropy = self._score(
                     self.policy, packed, with_entropy=ranks, rollout=self._phase.scores_rollout_logits
                 )
@@ -332,20 +331,18 @@ class R3Learner(TorchLearner):
         )
         return score_entropies(score, _fetched(batch), self._pad_id, self._device, self.config)
 
-    def _score(
-        self, model, packed, *, with_entropy: bool = False, rollout: bool = False, with_base: bool = False
-    ):
+    def _score(self, model, packed, *, rollout: bool = False, **flags: bool):
         # The KL reference is scored at the rollout temperature too (as verl does): the penalty then compares two
         # distributions of the same shape, and at T = 1 nothing changes. `rollout`: the method's rollout logits
-        # (its score_kwargs); `with_base`: also the base log-probs from the same forward, as a third element.
+        # (its score_kwargs); `flags`: token_logprobs' with_entropy, entropy_grad (the entropy bonus's entropies,
+        # with gradients) and with_base (also the base log-probs from the same forward, as a third element).
         return token_logprobs(
             model,
             packed["input_ids"],
             packed["attention_mask"],
             response_mask=packed["response_mask"],
             temperature=self._temperature,
-            with_entropy=with_entropy,
-            with_base=with_base,
+            **flags,
             **self._extras.score_kwargs(rollout),
         )
 
@@ -404,13 +401,14 @@ class R3Learner(TorchLearner):
         cfg = self.config
         packed = pack_batch(batch, idx, self._pad_id, self._device)
         mask = packed["response_mask"]
-        kl = step.kl
+        kl, entropy_coef = step.kl, self._phase.entropy_coef(cfg)
         # The first minibatch's deferred groups: rank them from this forward.
         ranks = self._ranked.needs_entropy(idx, real)
         logp, entropy, *base = self._score(
             self.policy,
             packed,
             with_entropy=cfg.learner_entropy or ranks,
+            entropy_grad=entropy_coef > 0,  # the entropy bonus's, recomputed in backward as the log-probs
             rollout=self._phase.scores_rollout_logits,
             with_base=kl.coef > 0 and kl.target == "base",  # a term toward the current base: same forward
         )
@@ -438,6 +436,8 @@ class R3Learner(TorchLearner):
             agg_mode=cfg.loss_agg_mode,
             kl_agg_mode=kl.agg_mode,
             norm_len=cfg.max_new_tokens,
+            entropy=entropy,
+            entropy_coef=entropy_coef,
         )
         metrics["kl"] = metrics["kl"] * ratio  # the micro-batches' weighted sum is then the minibatch's KL
         loss = self._distill.add(loss, metrics, packed, logp, old, step.correction)  # learner_distill.py
@@ -461,7 +461,7 @@ class R3Learner(TorchLearner):
         metrics["loss"] = loss.detach()
         metrics["clip_frac"] = metrics.pop("clip_frac_low", 0.0) + metrics.pop("clip_frac_high", 0.0)
         if entropy is not None:
-            metrics["entropy"] = invariant_masked_mean(entropy, mask)
+            metrics["entropy"] = invariant_masked_mean(entropy.detach(), mask)
         return metrics
 
     def _apply_gradients(self) -> float:

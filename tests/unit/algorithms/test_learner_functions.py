@@ -101,6 +101,69 @@ def test_response_only_tempered_scoring_matches_full_logits_with_gradients(tiny_
     assert "forward" not in vars(model.get_output_embeddings())
 
 
+def test_entropies_with_gradients_match_autograd_of_the_full_logits_in_every_chunking(tiny_random_model):
+    """The entropy bonus's path (entropy_grad): the entropies of softmax(logits / T) carry gradients, recomputed
+    per chunk in backward, and the gradient of a loss mixing log-probs and entropies is the full logits' one."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_model, torch_dtype=torch.float32)
+    g = torch.Generator().manual_seed(2)
+    input_ids = torch.randint(0, model.config.vocab_size, (3, 9), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[2, 7:] = 0
+    mask = torch.zeros((3, 8), dtype=torch.bool)
+    mask[0, 2:8] = True
+    mask[1, 4:7] = True
+    mask[2, 1:6] = True  # 14 scored positions
+    temperature = 0.7
+    lp_weights, ent_weights = torch.randn((2, 3, 8), generator=g)
+
+    def grads():
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    want_lp = torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1) * mask
+    want_ent = entropy_from_logits(logits) * mask
+    (want_lp * lp_weights + want_ent * ent_weights).sum().backward()
+    want_grads = grads()
+    # chunk=4: 4 checkpointed chunks (the last one of 2 rows); 1024: one chunk, no checkpointing; the wrapper
+    # takes the full-logits fallback, chunked as well.
+    for scored, chunk in ((model, 4), (model, 1024), (_NoHeadSwap(model), 4)):
+        model.zero_grad()
+        lp, ent = token_logprobs(
+            scored,
+            input_ids,
+            attention_mask,
+            response_mask=mask,
+            temperature=temperature,
+            entropy_grad=True,
+            chunk=chunk,
+        )
+        assert ent.requires_grad
+        (lp * lp_weights + ent * ent_weights).sum().backward()
+        torch.testing.assert_close(ent.detach(), want_ent.detach(), atol=forward_atol(want_ent), rtol=0)
+        assert bool((ent.detach()[~mask] == 0).all())
+        got = grads()
+        assert got.keys() == want_grads.keys()
+        # Per-token terms summed in other chunks: ulps of the largest gradient entry (tests/numeric.py).
+        tol = grad_atol(*want_grads.values())
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(got[name], grad, atol=tol, rtol=0, msg=f"chunk {chunk}: {name}")
+    # The entropies' gradient is a part the comparison sees: the log-probs' alone differ far beyond `tol`.
+    model.zero_grad()
+    lp, _ = token_logprobs(
+        model,
+        input_ids,
+        attention_mask,
+        response_mask=mask,
+        temperature=temperature,
+        with_entropy=True,
+        chunk=4,
+    )
+    (lp * lp_weights).sum().backward()
+    assert max(float((grads()[n] - w).abs().max()) for n, w in want_grads.items()) > 100 * tol
+    assert "forward" not in vars(model.get_output_embeddings())
+
+
 def test_token_logprobs_rejects_bad_arguments(tiny_random_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model, torch_dtype=torch.float32)
     ids = torch.zeros((2, 5), dtype=torch.long)

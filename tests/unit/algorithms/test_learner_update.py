@@ -4,6 +4,8 @@ gives."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -31,8 +33,8 @@ def _learner(model_path: str, **training) -> R3Learner:
             model_path=model_path,
             micro_batch_size=3,
             gradient_checkpointing=False,
-            lr=1e-2,  # large steps: a wrong proximal policy in a later minibatch changes the result visibly
-            **training,
+            # lr 1e-2 unless given: large steps, a wrong proximal policy in a later minibatch changes the result visibly
+            **{"lr": 1e-2, **training},
         )
     )
     space = gym.spaces.Text(8)
@@ -297,3 +299,67 @@ def test_tool_tokens_carry_no_loss_and_do_not_count_as_trained(tiny_random_model
     learner = _learner(tiny_random_model, **settings)
     learner.update_from_samples(TrainingBatch.from_samples(unmasked), seed=0)
     assert any((a - b).abs().max() > 1e-6 for a, b in zip(_params(learner), updates[0], strict=True))
+
+
+def _mean_entropy(learner: R3Learner, samples: list[Sample]) -> float:
+    """Mean entropy of the policy's tempered next-token distributions over the samples' response tokens."""
+    from r3_rllib.algorithms.r3.rl_module import pack_samples
+
+    packed = pack_samples(samples, learner._pad_id, "cpu")
+    with torch.no_grad():
+        _, entropy = learner._score(learner.policy, packed, with_entropy=True)
+    return float(entropy[packed["response_mask"]].double().mean())
+
+
+def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_random_model):
+    """With every advantage zero (and no KL term) the policy loss has no gradient: the entropy bonus is the whole
+    update, so the policy's entropy rises with it and nothing moves without it (one thread, fixed samples, seed)."""
+    samples = [dataclasses.replace(s, advantage=0.0) for s in random_samples(6, 0, max_response_len=6)]
+    # Temperature 0.25: the tiny random model's tempered distributions sit well below the maximum entropy (about 4.1
+    # of ln 100 nats), where one lr 1e-4 step raised it by ~0.24 (lr 1e-5: ~0.05, 1e-3: ~0.26).
+    settings = dict(num_minibatches=1, num_epochs=1, lr=1e-4, temperature=0.25, loss_agg_mode="token-mean")
+    off, on = (
+        _learner(tiny_random_model, **settings),
+        _learner(tiny_random_model, entropy_coef=0.01, **settings),
+    )
+    before = _mean_entropy(off, samples)
+    start = _params(off)
+    off_metrics = off.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
+    on_metrics = on.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
+
+    assert off_metrics["grad_norm"] == 0.0 and "entropy_bonus" not in off_metrics
+    for a, b in zip(_params(off), start, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Far above what float32 scoring can move an entropy near 4 (forward_atol: ~1e-4).
+    assert _mean_entropy(on, samples) > before + 100 * forward_atol(before)
+    # Logged: entropy_coef times the token-mean entropy (the update's one optimizer step scores the policy before
+    # it), over the two micro-batches; float32 sums of a few tokens' entropies, weighted by the micro-batches' shares.
+    assert on_metrics["entropy_bonus"] == pytest.approx(0.01 * on_metrics["entropy"], abs=f32_tol(0.05, 16))
+    assert on_metrics["entropy"] == pytest.approx(before, abs=forward_atol(before))
+    assert on_metrics["loss"] == pytest.approx(
+        on_metrics["pg_loss"] - on_metrics["entropy_bonus"], abs=f32_tol(0.05, 16)
+    )
+
+
+def test_the_entropy_bonus_trains_the_base_and_keeps_zero_advantage_groups():
+    """R^2PO: the bonus is stage B's (the base), not stage A's (the head alone), as kl_coef; with the bonus on,
+    groups whose advantages are all zero stay in the batch (their tokens carry it)."""
+    from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
+    from r3_rllib.core.method import DEFAULT_PHASE
+
+    cfg = R3Config.grpo_preset().training(entropy_coef=0.01)
+    assert DEFAULT_PHASE.entropy_coef(cfg) == R2POPhase(BASE_STAGE).entropy_coef(cfg) == 0.01
+    assert R2POPhase(HEAD_STAGE).entropy_coef(cfg) == 0.0
+    assert iteration_settings(cfg, dataset_epoch=0, policy_version=0).keep_zero_advantage
+    plain = R3Config.grpo_preset()
+    assert not iteration_settings(plain, dataset_epoch=0, policy_version=0).keep_zero_advantage
+
+
+def test_r2po_stage_a_has_no_entropy_bonus_and_stage_b_has_it(tiny_random_model):
+    learner = _learner(tiny_random_model, rollout_head=True, entropy_coef=0.01, num_minibatches=1)
+    batch = TrainingBatch.from_samples(_samples(6))
+    head = learner.update_from_samples(batch, seed=0, phase=R2POPhase(HEAD_STAGE))
+    base = learner.update_from_samples(batch, seed=0, phase=R2POPhase(BASE_STAGE))
+    # Nothing but the policy term in stage A: the head starts at zero, so its KL to the initial model is 0 too.
+    assert "entropy_bonus" not in head and head["loss"] == head["pg_loss"]
+    assert base["entropy_bonus"] > 0 and base["loss"] < base["pg_loss"]

@@ -501,3 +501,67 @@ def test_new_losses_return_the_keys_the_learner_logs():
         (cispo_policy_loss, {"clip_high": 0.2}),
     ):
         assert set(fn(lp, lp, SEQ_ADV, SEQ_MASK, **kw)[1]) == keys
+
+
+#: Next-token logits of two rows over a 4-token vocabulary, uniform over 4, 2, 3 and 1 entries (the others -inf):
+#: entropies ln 4, ln 2, ln 3 and 0 in closed form. The second row's last two positions are padding (ln 4 each).
+_NEG = -math.inf
+ENTROPY_LOGITS = torch.tensor(
+    [
+        [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, _NEG, _NEG], [0.0, 0.0, 0.0, _NEG]],
+        [[0.0, _NEG, _NEG, _NEG], [1.0, 1.0, 1.0, 1.0], [5.0, 5.0, 5.0, 5.0]],
+    ],
+    dtype=torch.float64,
+)
+ENTROPY_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    ("mode", "pg", "entropy"),
+    [
+        # Ratio 1, advantages (1, -0.5): per-token loss -1, -1, -1 and +0.5. Entropies ln 4 + ln 2 + ln 3 + 0 = ln 24.
+        ("token-mean", (-3.0 + 0.5) / 4, math.log(24.0) / 4),
+        # Per row: mean(-1, -1, -1) = -1 and +0.5; entropies ln 24 / 3 and 0; then the mean over the two rows.
+        ("seq-mean-token-mean", (-1.0 + 0.5) / 2, math.log(24.0) / 3 / 2),
+    ],
+)
+def test_rl_objective_subtracts_entropy_coef_times_the_entropy_aggregated_as_the_policy_loss(
+    mode, pg, entropy
+):
+    from r3_rllib.core.losses import entropy_bonus, rl_objective
+
+    zeros = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    params = {"clip_low": 0.2, "clip_high": 0.2, "agg_mode": mode, "norm_len": None}
+    ent = entropy_from_logits(ENTROPY_LOGITS).requires_grad_(True)
+    tol = f64_tol(4.0, ulps=16)  # float64 sums of a few terms up to ln 4
+    assert float(entropy_bonus(ent.detach(), ENTROPY_MASK, mode)) == pytest.approx(entropy, abs=tol)
+
+    loss, m = rl_objective(
+        zeros,
+        zeros,
+        zeros,
+        adv,
+        ENTROPY_MASK,
+        loss_params=params,
+        agg_mode=mode,
+        entropy=ent,
+        entropy_coef=0.1,
+    )
+    assert float(m["pg_loss"]) == pytest.approx(pg, abs=tol)
+    assert float(m["entropy_bonus"]) == pytest.approx(0.1 * entropy, abs=tol)
+    assert float(loss.detach()) == pytest.approx(pg - 0.1 * entropy, abs=tol)
+    # The bonus's gradient on each entropy: -coef times the token's weight in the aggregate (0 on padding).
+    loss.backward()
+    per_token = 1 / 4 if mode == "token-mean" else 1 / 3 / 2
+    last = 1 / 4 if mode == "token-mean" else 1 / 2
+    want = -0.1 * torch.tensor([[per_token] * 3, [last, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(ent.grad, want, atol=tol, rtol=0)
+
+    # Off (the default): no term, no metric, and no entropies needed.
+    plain, m = rl_objective(zeros, zeros, zeros, adv, ENTROPY_MASK, loss_params=params, agg_mode=mode)
+    assert "entropy_bonus" not in m and float(plain) == pytest.approx(pg, abs=tol)
+    with pytest.raises(ValueError, match="entropy_coef=0.1 needs the tokens' entropies"):
+        rl_objective(
+            zeros, zeros, zeros, adv, ENTROPY_MASK, loss_params=params, agg_mode=mode, entropy_coef=0.1
+        )
