@@ -230,9 +230,11 @@ def test_learner_killed_mid_update_tune_restarts_from_the_newest_checkpoint(
     uninterrupted, tiny_random_model, tmp_path
 ):
     """One remote learner, a Tune trial with max_failures=1 (run.max_failures of `r3 train`) and a checkpoint
-    every iteration: the learner's process exits inside the update of iteration LEARNER_KILL; the trial fails
-    (LearnerDiedError), Tune restarts it from the checkpoint of the iteration before, and every iteration's digest
-    in progress.csv is the uninterrupted run's (one learner in the driver: the same numbers)."""
+    every iteration, started from the uninterrupted run's checkpoint after iteration 1 (resume_from_checkpoint):
+    the learner's process exits inside the update of iteration LEARNER_KILL; the trial fails (LearnerDiedError),
+    Tune restarts it from its own checkpoint of the iteration before (not from the run's starting checkpoint:
+    R3.setup leaves it to Tune), and every iteration's digest in progress.csv is the uninterrupted run's (one
+    learner in the driver: the same numbers), each iteration trained once."""
     from ray import tune
 
     marker = str(tmp_path / "learner_killed")
@@ -246,7 +248,7 @@ def test_learner_killed_mid_update_tune_restarts_from_the_newest_checkpoint(
             )
 
     config = (
-        chaos_config(tiny_random_model)
+        chaos_config(tiny_random_model, resume_from_checkpoint=uninterrupted["checkpoints"][0])
         .learners(num_learners=1, num_cpus_per_learner=1)
         .callbacks(on_train_result=kill_next_update)
     )
@@ -265,5 +267,14 @@ def test_learner_killed_mid_update_tune_restarts_from_the_newest_checkpoint(
     [result] = list(tuner.fit())
     assert result.error is None, result.error
     assert os.path.exists(marker)
+    assert (
+        LEARNER_KILL > 2
+    )  # so the trial has a checkpoint of its own, newer than the starting one, to restart from
     digests = _progress_digests(result.path)
-    assert [digests[i] for i in range(1, ITERATIONS + 1)] == uninterrupted["digests"], LEARNER_KILL
+    assert sorted(digests) == list(range(2, ITERATIONS + 1))
+    assert [digests[i] for i in range(2, ITERATIONS + 1)] == uninterrupted["digests"][1:], LEARNER_KILL
+    import csv
+
+    with open(os.path.join(result.path, "progress.csv")) as f:
+        rows = [int(r["training_iteration"]) for r in csv.DictReader(f)]
+    assert rows == list(range(2, ITERATIONS + 1))  # each iteration once: none re-run after the restart
