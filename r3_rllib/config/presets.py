@@ -26,6 +26,11 @@ _CISPO_RUN = f"{VERL_MAIN} examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.s
 #: R^2PO's reference code: stage A (the head's training) and the reference-model server it reads its KL targets from.
 _R2PO_HEAD = "RRPO-ARR/Code@8a2cc4d simple_grpo_v1/rollout_head_train.py"
 _R2PO_REF = "RRPO-ARR/Code@8a2cc4d simple_grpo_v1/ref_server.py"
+#: HGPO's recipe in a verl-agent tree (recipe/hgpo): its run script and the verl-agent trainer defaults it keeps
+#: (recipe/hgpo/config/hgpo_trainer.yaml extends ppo_trainer.yaml). The HGPO authors' SERL repository
+#: (OliverLeeXZ/SERL@3c63ef3, the same files) holds the same values.
+_HGPO_RUN = "zzj1111/alfworldauto@51c1a03 recipe/hgpo/run_qwen2.5_1.5b_alfworld_train.sh"
+_HGPO_TRAINER = "zzj1111/alfworldauto@398416f verl/trainer/config/ppo_trainer.yaml"
 #: The trainer the DAPO recipe runs, where a batch left short after max_num_gen_batches raises (RayDAPOTrainer.fit).
 _DAPO_TRAINER = "volcengine/verl@2bb42bae^ recipe/dapo/dapo_ray_trainer.py"
 
@@ -78,6 +83,31 @@ PRESET_RECIPES: dict[str, dict[str, RecipeValue]] = {
         # None: a fifth of max_new_tokens, the recipe's 4096 of max_response_length 20480.
         "overlong_buffer_len": RecipeValue(None, "overlong_buffer_len=4096 of 20480 (a fifth)", VERL_DAPO),
         "overlong_penalty_factor": RecipeValue(1.0, "overlong_penalty_factor=1.0", VERL_DAPO),
+    },
+    "hgpo": {
+        "advantage_estimator": RecipeValue("hgpo", "algorithm.adv_estimator='hgpo'", _HGPO_RUN),
+        "hgpo_setting": RecipeValue(
+            "hgpo", "algorithm.adv_estimator='hgpo' (every history level)", _HGPO_RUN
+        ),
+        "hgpo_history_length": RecipeValue(2, "history_length=2 (env.history_length)", _HGPO_RUN),
+        "hgpo_mode": RecipeValue("mean_std_norm", 'mode="mean_std_norm"', _HGPO_RUN),
+        "hgpo_alpha": RecipeValue(1.0, 'weight_type="length", length_weight_alpha=1.0', _HGPO_RUN),
+        "hgpo_base_group": RecipeValue(False, "base_group=False", _HGPO_RUN),
+        "step_gamma": RecipeValue(0.95, "algorithm.gamma=0.95", _HGPO_RUN),
+        "invalid_action_penalty": RecipeValue(
+            0.1, "use_invalid_action_penalty=True, invalid_action_penalty_coef=0.1", _HGPO_RUN
+        ),
+        "kl_coef": RecipeValue(0.01, "use_kl_loss=True, kl_loss_coef=0.01", _HGPO_RUN),
+        "kl_type": RecipeValue("k3", "kl_loss_type=low_var_kl", _HGPO_RUN),
+        "entropy_coef": RecipeValue(0.001, "entropy_coeff: 0.001", _HGPO_TRAINER),
+        "clip_low": RecipeValue(0.2, "clip_ratio_low: 0.2", _HGPO_TRAINER),
+        "clip_high": RecipeValue(0.2, "clip_ratio_high: 0.2", _HGPO_TRAINER),
+        "clip_ratio_c": RecipeValue(3.0, "clip_ratio_c: 3.0", _HGPO_TRAINER),
+        "loss_agg_mode": RecipeValue("token-mean", 'loss_agg_mode: "token-mean"', _HGPO_TRAINER),
+        "policy_loss": RecipeValue("clipped_pg", 'policy_loss.loss_mode: "vanilla"', _HGPO_TRAINER),
+        "off_policy_correction": RecipeValue(
+            False, "no rollout_is (predates rollout correction)", _HGPO_TRAINER
+        ),
     },
     "cispo": {
         "cispo_clip_high": RecipeValue(0.2, "clip_ratio_high=0.2", _CISPO_RUN),
@@ -155,6 +185,13 @@ _NOTES = [
     "  trains on the groups that passed instead. A generation batch here is `queries_per_iteration` queries;",
     "  the recipe draws three times its train batch per generation batch (`gen_batch_size`), which we do not.",
     "- The R^3 preset (`r3_preset()`) follows the R^3 paper, not a verl recipe, and is not listed here.",
+    "- `hgpo_preset()` is the HGPO paper's ALFWorld recipe as a verl-agent tree's `recipe/hgpo` holds it (the",
+    "  authors' SERL repository, OliverLeeXZ/SERL@3c63ef3, has the same values). The env's memory window",
+    "  (`env.history_length=2` there, the prompt's last observations and actions) is the env's own setting here",
+    "  (`env_config.memory`, 2 in the gridworld and TextWorld); the group size (8), the step cap (50) and the learning",
+    "  rate (1e-6) are the run's scale. Set on top of a multi-step env (`gridworld`, `textworld`).",
+    "- No preset sets the optimizer: verl's and verl-agent's AdamW decays weights by 0.01, ours by",
+    "  `weight_decay` (0 by default); the gradient clip is 1.0 in both.",
 ]
 
 

@@ -352,6 +352,12 @@ class R3Settings:
     step_gamma: float = setting(0.95, range="[0, 1]")
     """Discount of step rewards into step returns (multi-step and agent envs, read by the 'hgpo' estimator; a runner
     refuses it on an env of another kind)."""
+    invalid_action_penalty: float = setting(0.0, range=">= 0", finite=True)
+    """Multi-step envs: subtracted from the reward of every step whose env reports an invalid action
+    (``info["invalid"]``: the gridworld's unparsable move, a TextWorld command not among the admissible ones),
+    before the step returns are discounted; verl-agent's ``invalid_action_penalty_coef`` (0.1 in HGPO's recipe).
+    Logged as ``rollout/invalid_action_frac`` either way. 0: no penalty. A runner refuses it on another kind of
+    env."""
     hgpo_setting: str = setting("hgpo", choices=HGPO_SETTINGS)
     """'hgpo' (the hierarchy of history depths k = 1..H+1, levels in a (k + 1) ** alpha weighted mean), 'gigpo'
     (GiGPO: the k = 1 step advantage plus the episode advantage, added 1:1) or 'episode_grpo' (the episode group

@@ -283,3 +283,42 @@ def test_tune_sweeps_the_named_hgpo_settings_on_step_samples(ray_session, gridwo
         assert r.metrics["training_iteration"] == 1 and r.checkpoint is not None
         assert r.metrics["learner"]["trained_tokens"] > 0
         assert r.metrics["rollout"]["episode_len_mean"] > 1
+
+
+def test_the_hgpo_preset_trains_with_its_kl_entropy_bonus_and_action_penalty(
+    ray_session, gridworld_warm_start
+):
+    """`R3Config.hgpo_preset()` (the HGPO paper's recipe: KL loss 0.01 to a frozen reference, entropy bonus 0.001,
+    invalid-action penalty 0.1, step returns at gamma 0.95) trains on the gridworld with one runner: the second
+    iteration's policy has moved from the reference (KL > 0), the bonus is in the loss, and the runner counts the
+    invalid actions it penalised."""
+    from r3_rllib import R3Config
+
+    algo = (
+        R3Config.hgpo_preset()
+        .environment("gridworld", env_config={"preset": "hgpo", "num_queries": 16})
+        .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
+        .learners(num_learners=0)
+        .training(
+            model_path=gridworld_warm_start,
+            group_size=4,
+            queries_per_iteration=4,
+            max_new_tokens=6,
+            lr=1e-3,
+            num_minibatches=1,
+            gradient_checkpointing=False,
+        )
+        .debugging(seed=0)
+        .build_algo()
+    )
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    for result in results:
+        learner, rollout = result["learner"], result["rollout"]
+        assert learner["trained_tokens"] > 0 and rollout["episode_len_mean"] > 1
+        assert learner["entropy_bonus"] > 0  # 0.001 x the mean token entropy, > 0 for any sampling policy
+        assert 0.0 <= rollout["invalid_action_frac"] <= 1.0
+    # The first update starts at the reference (KL 0 up to rounding); after it the policy has moved.
+    assert results[1]["learner"]["kl"] > 0

@@ -237,6 +237,14 @@ class R3Config(AlgorithmConfig):
         return cls.grpo_preset().training(**recipe_values("dapo"))
 
     @classmethod
+    def hgpo_preset(cls) -> R3Config:
+        """HGPO as its paper's recipe runs it (docs/presets.md): step advantages over history levels k = 1..3
+        (history 2) weighted (k + 1) ** 1, no episode group, (R - mean) / (std + eps) in each group, step rewards
+        discounted at 0.95 with 0.1 taken off each invalid action, a k3 KL loss at 0.01, an entropy bonus of 0.001,
+        the symmetric clip 0.2, token-mean; R^3's parts off. For multi-step envs."""
+        return cls.grpo_preset().training(**recipe_values("hgpo"))
+
+    @classmethod
     def r3_preset(cls) -> R3Config:
         """The paper's objective: replay + reflection + ranking, mixed-group advantages, and each response's token
         losses averaged (1/|o_i|, 'seq-mean-token-mean') before the mean over responses, so a long response

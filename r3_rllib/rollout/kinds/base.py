@@ -96,6 +96,7 @@ class RolloutKind(ABC, Generic[RecordT]):
         refuse_episode_cap(config, "single-step")
         refuse_agent_settings(config, defaults, "single-step")
         refuse_step_discount(config, defaults, "single-step")
+        refuse_action_penalty(config, defaults, "single-step")
 
 
 def env_label(config: Any) -> str:
@@ -151,6 +152,18 @@ def refuse_step_discount(config: Any, defaults: Mapping[str, Any], what: str) ->
     are single responses or whole tool trajectories (``what``)."""
     _refuse_unread(
         config, defaults, ("step_gamma",), "multi-step and agent envs (step rewards of episodes)", what
+    )
+
+
+def refuse_action_penalty(config: Any, defaults: Mapping[str, Any], what: str) -> None:
+    """``invalid_action_penalty`` lowers the rewards of the steps a multi-step env reports invalid: nothing reads it
+    for an env of another kind (``what``)."""
+    _refuse_unread(
+        config,
+        defaults,
+        ("invalid_action_penalty",),
+        "multi-step envs (steps whose info reports an invalid action)",
+        what,
     )
 
 

@@ -61,6 +61,15 @@ class StepRecord:
     truncated: bool  # the env's horizon, or the loop's max_steps, ended it here
     discounted_return: float = 0.0
     token_versions: np.ndarray | None = None  # partial rollouts: the policy version of each response token
+    invalid: bool = False  # the env reported the action invalid (info["invalid"])
+    penalty: float = (
+        0.0  # subtracted from the env's reward for it (invalid_action_penalty); reward is net of it
+    )
+
+    @property
+    def env_reward(self) -> float:
+        """The env's own reward for this step, before any invalid-action penalty."""
+        return self.reward + self.penalty
 
 
 def rollout_multistep(
@@ -73,12 +82,15 @@ def rollout_multistep(
     *,
     gamma: float = 1.0,
     max_steps: int | None = None,
+    invalid_action_penalty: float = 0.0,
 ) -> list[StepRecord]:
     """Roll out ``group_size`` trajectories of every query in lockstep; returns their steps, grouped by query, then
     trajectory, then step (returns filled per trajectory with ``gamma``).
 
     ``max_steps`` caps the rounds (an episode still running then has its last step marked ``truncated``); None
-    relies on the env's own horizon.
+    relies on the env's own horizon. A step whose env reports ``info["invalid"]`` has ``invalid_action_penalty``
+    subtracted from its reward, before the returns are discounted (as verl-agent applies its
+    ``invalid_action_penalty_coef`` to the step rewards its step-level estimators read).
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -101,26 +113,7 @@ def rollout_multistep(
         results = engine.generate(prompt_ids, 1, replace(params, seed=seed))
         for i, ids, key, result in zip(active, prompt_ids, keys, results, strict=True):
             qid, g, ep = episodes[i]
-            completion = result[0]
-            _, reward, terminated, truncated, _ = ep.step(completion.text)
-            steps[i].append(
-                StepRecord(
-                    query_id=qid,
-                    traj_id=g,
-                    step=len(steps[i]),
-                    obs_key=key,
-                    prompt_ids=list(ids),
-                    response_ids=list(completion.token_ids),
-                    logprobs=np.asarray(completion.logprobs, dtype=np.float64),
-                    entropies=np.asarray(completion.entropies, dtype=np.float64),
-                    response_text=completion.text,
-                    finish_reason=completion.finish_reason,
-                    reward=float(reward),
-                    terminated=bool(terminated),
-                    truncated=bool(truncated),
-                    token_versions=completion.token_versions,
-                )
-            )
+            steps[i].append(_step(ep, qid, g, len(steps[i]), key, ids, result[0], invalid_action_penalty))
         rounds += 1
     for i, (_, _, ep) in enumerate(episodes):
         if not ep.done and steps[i]:
@@ -135,6 +128,34 @@ def rollout_multistep(
     return flat
 
 
+def _step(
+    ep: Episode, qid: str, g: int, step: int, key: Any, ids: list[int], completion: Any, penalty_coef: float
+) -> StepRecord:
+    """Apply ``completion`` to episode ``ep`` (trajectory ``g`` of query ``qid``, at its step ``step``) and record
+    the step; an action the env reports invalid (``info["invalid"]``) has ``penalty_coef`` taken off its reward."""
+    _, reward, terminated, truncated, info = ep.step(completion.text)
+    invalid = bool((info or {}).get("invalid", False))
+    penalty = float(penalty_coef) if invalid else 0.0
+    return StepRecord(
+        query_id=qid,
+        traj_id=g,
+        step=step,
+        obs_key=key,
+        prompt_ids=list(ids),
+        response_ids=list(completion.token_ids),
+        logprobs=np.asarray(completion.logprobs, dtype=np.float64),
+        entropies=np.asarray(completion.entropies, dtype=np.float64),
+        response_text=completion.text,
+        finish_reason=completion.finish_reason,
+        reward=float(reward) - penalty,
+        terminated=bool(terminated),
+        truncated=bool(truncated),
+        token_versions=completion.token_versions,
+        invalid=invalid,
+        penalty=penalty,
+    )
+
+
 def episode_totals(records: Sequence[StepRecord]) -> dict[str, float]:
     """What one rollout's trajectories add to the rollout metrics, as sums (beside ``base.rollout_totals``)."""
     stats = episode_stats(records)
@@ -143,18 +164,19 @@ def episode_totals(records: Sequence[StepRecord]) -> dict[str, float]:
         "episodes": stats["trajectories"],
         "episode_successes": successes,
         "episode_steps": stats["mean_length"] * stats["trajectories"],
+        "invalid_steps": float(sum(r.invalid for r in records)),
     }
 
 
 def episode_stats(records: Sequence[StepRecord]) -> dict[str, float]:
-    """Success rate (trajectories that ended ``terminated`` with a positive reward), their count, mean steps of the
-    successful ones, and mean trajectory length."""
+    """Success rate (trajectories that ended ``terminated`` with a positive env reward, any invalid-action penalty
+    aside), their count, mean steps of the successful ones, and mean trajectory length."""
     trajs: dict[tuple[str, int], list[StepRecord]] = {}
     for r in records:
         trajs.setdefault((r.query_id, r.traj_id), []).append(r)
     if not trajs:
         raise ValueError("no steps to summarise")
-    wins = [len(t) for t in trajs.values() if t[-1].terminated and t[-1].reward > 0]
+    wins = [len(t) for t in trajs.values() if t[-1].terminated and t[-1].env_reward > 0]
     return {
         "success_rate": len(wins) / len(trajs),
         "steps_to_goal": float(np.mean(wins)) if wins else float("nan"),
@@ -168,10 +190,13 @@ def step_groups(records: Sequence[StepRecord], policy_version: int) -> list[Grou
     """One training group per query: the steps of its G trajectories, each a :class:`Sample` carrying its
     trajectory id, step index and observation key (what step-level estimators group by).
 
-    A step's ``reward`` is its own env reward (the estimator discounts with ``step_gamma``), ``correct`` says
+    A step's ``reward`` is its own env reward less any invalid-action penalty (the estimator discounts with
+    ``step_gamma``), ``correct`` says
     whether its trajectory reached the goal, and ``truncated`` whether its response hit ``max_new_tokens``."""
     success = {
-        (r.query_id, r.traj_id): r.terminated and r.reward > 0 for r in records if r.terminated or r.truncated
+        (r.query_id, r.traj_id): r.terminated and r.env_reward > 0
+        for r in records
+        if r.terminated or r.truncated
     }
     by_query: dict[str, list[Sample]] = {}
     for r in records:
@@ -237,6 +262,7 @@ class MultiStepKind(RolloutKind[StepRecord]):
         return {
             "episode_success_rate": ratio(totals, "episode_successes", "episodes"),
             "episode_len_mean": ratio(totals, "episode_steps", "episodes"),
+            "invalid_action_frac": ratio(totals, "invalid_steps", "episode_steps"),
         }
 
     def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
@@ -286,4 +312,5 @@ class MultiStepKind(RolloutKind[StepRecord]):
             params,
             gamma=ctx.config.step_gamma,
             max_steps=ctx.config.max_episode_steps,
+            invalid_action_penalty=ctx.config.invalid_action_penalty,
         )

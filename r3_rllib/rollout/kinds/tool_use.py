@@ -32,6 +32,7 @@ from r3_rllib.rollout.kinds.base import (
     RolloutKind,
     oldest_version,
     ratio,
+    refuse_action_penalty,
     refuse_agent_settings,
     refuse_episode_cap,
     refuse_step_discount,
@@ -301,6 +302,7 @@ class ToolUseKind(RolloutKind[ToolTrajectory]):
         refuse_episode_cap(config, "a multi-turn tool env")
         refuse_agent_settings(config, defaults, "a multi-turn tool env")
         refuse_step_discount(config, defaults, "a multi-turn tool env")
+        refuse_action_penalty(config, defaults, "a multi-turn tool env")
 
     def evaluate(
         self,

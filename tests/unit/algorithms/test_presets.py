@@ -182,6 +182,7 @@ def test_each_preset_is_its_reference_recipe_and_docs_presets_md_is_the_table():
     built = {
         "grpo": R3Config.grpo_preset(),
         "dapo": R3Config.dapo_preset(),
+        "hgpo": R3Config.hgpo_preset(),
         "cispo": R3Config(),
         "r2po": R3Config().training(rollout_head=True),
     }
@@ -212,3 +213,58 @@ def test_each_preset_is_its_reference_recipe_and_docs_presets_md_is_the_table():
     assert doc.read_text(encoding="utf-8") == presets_markdown(), (
         "regenerate docs/presets.md (see its header)"
     )
+
+
+def test_the_hgpo_preset_is_its_recipe_and_fits_the_multi_step_envs_only():
+    """By hand: the HGPO paper's ALFWorld script (history 2, alpha 1, no episode group, mean-std groups, gamma 0.95,
+    invalid-action penalty 0.1, low-variance KL 0.01) on verl-agent's actor defaults (entropy bonus 0.001)."""
+    from r3_rllib.config import default_values
+    from r3_rllib.envs import make_text_env
+    from r3_rllib.rollout.kinds import kind_for_env
+    from r3_rllib.rollout.kinds.multi_step import MultiStepKind
+
+    h = R3Config.hgpo_preset()
+    assert (
+        h.advantage_estimator,
+        h.hgpo_setting,
+        h.hgpo_history_length,
+        h.hgpo_alpha,
+        h.hgpo_base_group,
+    ) == (
+        "hgpo",
+        "hgpo",
+        2,
+        1.0,
+        False,
+    )
+    assert (h.step_gamma, h.invalid_action_penalty, h.kl_coef, h.kl_type, h.entropy_coef) == (
+        0.95,
+        0.1,
+        0.01,
+        "k3",
+        0.001,
+    )
+    assert not (h.replay or h.reflection or h.ranking)
+    for env in ("gridworld", "textworld"):
+        h.copy(copy_frozen=False).environment(env).validate()
+    MultiStepKind().check_config(h.copy(copy_frozen=False).environment("gridworld"), default_values())
+    # On a single-step env the runner refuses the step-level estimator, by name.
+    arithmetic = h.copy(copy_frozen=False).environment("arithmetic")
+    with pytest.raises(ValueError, match="advantage_estimator 'hgpo' needs a multi-step env"):
+        kind_for_env(make_text_env("arithmetic", num_queries=2)).check_config(arithmetic, default_values())
+
+
+def test_a_run_file_names_the_hgpo_preset(tmp_path):
+    """`preset: hgpo` in a run file is `R3Config.hgpo_preset()`, with the file's own settings on top."""
+    from r3_rllib.config.presets import recipe_values
+    from r3_rllib.train_config import load_run_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "preset: hgpo\nenvironment: {env: gridworld}\ntraining: {group_size: 4}\n", encoding="utf-8"
+    )
+    config = load_run_file(path).config
+    expected = R3Config.hgpo_preset()
+    for name in recipe_values("hgpo"):
+        assert getattr(config, name) == getattr(expected, name), name
+    assert config.group_size == 4 and config.env == "gridworld"

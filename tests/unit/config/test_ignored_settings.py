@@ -111,6 +111,21 @@ def test_step_gamma_is_refused_where_no_episode_is_discounted():
     _runner_check(multi_step, make_text_env("gridworld", num_queries=2))
 
 
+def test_the_invalid_action_penalty_is_refused_where_no_step_reports_an_invalid_action():
+    defaults = default_values()
+    config = R3Config().environment("arithmetic").training(invalid_action_penalty=0.25)
+    with pytest.raises(
+        ValueError, match=r"invalid_action_penalty=0.25 only applies to multi-step envs .*single-step"
+    ):
+        _runner_check(config, make_text_env("arithmetic", num_queries=2))
+    with pytest.raises(ValueError, match="env 'python_tool' is a multi-turn tool env"):
+        ToolUseKind().check_config(config.copy(copy_frozen=False).environment("python_tool"), defaults)
+    with pytest.raises(ValueError, match="env 'agent' is an agent env"):
+        AgentKind().check_config(config.copy(copy_frozen=False).environment("agent"), defaults)
+    multi_step = config.copy(copy_frozen=False).environment("gridworld").training(advantage_estimator="hgpo")
+    _runner_check(multi_step, make_text_env("gridworld", num_queries=2))
+
+
 # --- num_minibatches larger than a batch ---------------------------------------------------------------------------
 
 

@@ -233,14 +233,21 @@ def test_evaluate_counts_correct_episodes(setup):
     assert counts["queries"] == 2 and counts["samples"] == 4 and 0 <= counts["correct"] <= 4
 
 
-def test_check_config_refuses_tool_loop_settings():
+def test_check_config_refuses_tool_loop_settings_and_the_action_penalty():
     kind = AgentKind()
-    defaults = {"max_tool_turns": 4, "max_trajectory_tokens": None}
-    kind.check_config(SimpleNamespace(env="agent", max_tool_turns=4, max_trajectory_tokens=None), defaults)
+    defaults = {"max_tool_turns": 4, "max_trajectory_tokens": None, "invalid_action_penalty": 0.0}
+
+    def config(**kw):
+        return SimpleNamespace(**({"env": "agent"} | defaults | kw))
+
+    kind.check_config(config(), defaults)
     with pytest.raises(ValueError, match="max_tool_turns=2"):
-        kind.check_config(
-            SimpleNamespace(env="agent", max_tool_turns=2, max_trajectory_tokens=None), defaults
-        )
+        kind.check_config(config(max_tool_turns=2), defaults)
+    # An agent program's steps report no invalid action: the penalty would never apply.
+    with pytest.raises(
+        ValueError, match=r"invalid_action_penalty=0\.1 only applies to multi-step envs .*'agent'"
+    ):
+        kind.check_config(config(invalid_action_penalty=0.1), defaults)
 
 
 async def branching_agent(client, task):

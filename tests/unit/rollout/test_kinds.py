@@ -73,6 +73,7 @@ def _config(**overrides):
         max_tool_turns=2,
         max_new_tokens=64,
         max_trajectory_tokens=None,
+        invalid_action_penalty=0.0,
     )
     return SimpleNamespace(**{**base, **overrides})
 
@@ -164,13 +165,49 @@ def test_single_step_scoring_runs_the_runners_info_check_and_refuses_nan_rewards
         SingleStepKind().sample(_context(NoCorrect(num_queries=2), AnswerEngine(["nan"])), 1, None)
 
 
+class TurnEngine(AnswerEngine):
+    """Answers every prompt of a call with the same text, the next of ``answers`` at each call (lockstep round)."""
+
+    def generate(self, prompt_ids, n, params):
+        text = self.answers[len(self.calls) % len(self.answers)]
+        self.calls.append((len(prompt_ids), n))
+        return [
+            [
+                Completion(
+                    list(p), [ord(c) for c in text], np.zeros(len(text)), np.ones(len(text)), "stop", text
+                )
+            ]
+            for p in prompt_ids
+        ]
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.25])
+def test_steps_the_env_reports_invalid_lose_the_penalty_and_are_counted(penalty):
+    """Rounds alternate a valid move and an unparsable one ('jump'); the gridworld gives 0 for a step that does not
+    reach the goal, so a valid step's reward is 0 and an invalid one's -penalty (a binary fraction: exact)."""
+    grid = GridWorldEnv(num_queries=2)
+    ctx = _context(grid, TurnEngine(["up", "jump"]))
+    ctx.config.invalid_action_penalty = penalty
+    groups, _, _, totals = MultiStepKind().sample(ctx, 1, None)
+    samples = groups[0].samples
+    invalid = [s.step_index % 2 == 1 for s in samples]
+    assert len(samples) == 2 * 3 and sum(invalid) == 2  # max_episode_steps=3: steps 0, 1, 2 of 2 trajectories
+    assert [s.reward for s in samples] == [-penalty if bad else 0.0 for bad in invalid]
+    assert not any(s.correct for s in samples)  # the penalty never makes a trajectory fail or succeed
+    assert totals["invalid_steps"] == 2 and MultiStepKind.means(totals)["invalid_action_frac"] == 2 / 6
+
+
 def test_multi_step_and_tool_kinds_through_the_same_interface():
     grid = GridWorldEnv(num_queries=2)
     ctx = _context(grid, AnswerEngine(["up"]))
     groups, _, tokens, totals = MultiStepKind().sample(ctx, 1, None)
     assert len(groups) == 1 and all(s.trajectory_id for s in groups[0].samples)
     assert totals["episodes"] == 2 and tokens == 2 * len(groups[0].samples)
-    assert set(MultiStepKind.means(totals)) == {"episode_success_rate", "episode_len_mean"}
+    assert set(MultiStepKind.means(totals)) == {
+        "episode_success_rate",
+        "episode_len_mean",
+        "invalid_action_frac",
+    }
     counts = MultiStepKind().evaluate(ctx, grid, [grid.reset()], 2, SamplingParams())
     assert counts["queries"] == 1 and counts["samples"] == 2 and "length_sum" in counts
 
