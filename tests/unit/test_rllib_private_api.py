@@ -43,6 +43,9 @@ and examples/ use none):
     (``foreach_actor_async(func, tag)``,                     fetched as they finish, so one learner's failure is seen
     ``fetch_ready_async_reqs(tags, timeout_seconds)``)       while the others wait in a collective (``foreach_learner``
                                                              waits for all)
+15  ``LearnerGroup._backend_executor``                       learner_calls.py ``stop_stuck_learners``: a group whose
+    (``BackendExecutor.shutdown(graceful_termination)``)     learners were left in a collective is stopped without the
+                                                             graceful teardown that waits 30 s for them
 ==  =======================================================  ==============================================================
 """
 
@@ -211,3 +214,14 @@ def test_learner_group_keeps_a_manager_that_calls_learners_asynchronously():
     assert _params(FaultTolerantActorManager.foreach_actor_async)[:3] == ["self", "func", "tag"]
     params = _params(FaultTolerantActorManager.fetch_ready_async_reqs)
     assert {"tags", "timeout_seconds"} <= set(params)
+
+
+def test_learner_group_shuts_its_backend_executor_down_with_or_without_the_graceful_teardown():
+    # 15. learner_calls.py `stop_stuck_learners`.
+    from ray.rllib.core.learner.learner_group import LearnerGroup
+    from ray.train._internal.backend_executor import BackendExecutor
+
+    source = inspect.getsource(LearnerGroup.__init__)
+    assert "BackendExecutor(" in source and "self._backend_executor = backend_executor" in source
+    assert "self._backend_executor.shutdown(" in inspect.getsource(LearnerGroup.shutdown)
+    assert _params(BackendExecutor.shutdown) == ["self", "graceful_termination"]

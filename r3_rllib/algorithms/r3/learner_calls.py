@@ -6,12 +6,15 @@
   ObjectRef, put once, for remote learners, which each fetch it from the store;
 - :func:`all_results` / :func:`first_result`: the values of a ``foreach_learner`` call, raising the first failure;
 - :func:`collective_results`: ``foreach_learner`` for a call in which the learners run collectives together (an
-  update), which returns as soon as one learner's call failed: the others then wait in a collective for it.
+  update), which returns as soon as one learner's call failed: the others then wait in a collective for it;
+- :func:`stop_stuck_learners`: at shutdown, the learner processes of a group left so, stopped without the graceful
+  process-group teardown that would wait for them.
 """
 
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import ray
@@ -19,6 +22,8 @@ import ray
 #: How long each wait of :func:`collective_results` lasts before it looks for a failed learner again.
 FAIL_FAST_POLL_S = 1.0
 _call_tags = itertools.count()
+#: Learner groups a collective call left with learners blocked in a collective (their partner failed).
+_stuck_groups: weakref.WeakSet = weakref.WeakSet()
 
 
 def to_learners(learner_group: Any, value: Any) -> Any:
@@ -63,5 +68,22 @@ def collective_results(learner_group: Any, func: Any, *, poll_s: float = FAIL_FA
     while len(results) < fired:
         results += list(manager.fetch_ready_async_reqs(tags=tag, timeout_seconds=poll_s))
         if len(results) < fired and any(not r.ok for r in results):
+            _stuck_groups.add(
+                learner_group
+            )  # the others wait for it: :func:`stop_stuck_learners` at shutdown
             break
     return sorted(results, key=lambda r: r.actor_id)
+
+
+def stop_stuck_learners(learner_group: Any) -> bool:
+    """Stop the learner processes of ``learner_group`` now if a :func:`collective_results` call left some of them
+    blocked in a collective; True if it did. ``LearnerGroup.shutdown`` would first ask every learner to tear its
+    process group down and wait for the blocked ones (Ray Train's 30-s timeout: measured, ``algo.stop()`` took
+    30.7 s after one learner's update failed); the group is broken anyway, so its processes are killed at once."""
+    if learner_group is None or learner_group not in _stuck_groups:
+        return False
+    executor = getattr(learner_group, "_backend_executor", None)
+    if executor is not None:
+        executor.shutdown(graceful_termination=False)
+    _stuck_groups.discard(learner_group)
+    return True

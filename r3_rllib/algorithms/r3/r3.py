@@ -28,7 +28,7 @@ import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.utils.annotations import override
 
-from r3_rllib.algorithms.r3 import checkpoint_tune
+from r3_rllib.algorithms.r3 import checkpoint_tune, learner_calls
 from r3_rllib.algorithms.r3.checkpoint_config import checkpoint_folder
 from r3_rllib.algorithms.r3.checkpointing import R3Checkpoints
 from r3_rllib.algorithms.r3.config import R3Config
@@ -397,6 +397,8 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         try:  # the reward server's and the teacher's actors (none when setup stopped before them)
             for stage in getattr(getattr(self, "coordinator", None), "stages", ()):
                 stage.stop()
+            # Learners blocked in a collective by a failed partner: stopped now, not after the teardown's timeout.
+            learner_calls.stop_stuck_learners(getattr(self, "learner_group", None))
         finally:
             super().cleanup()
 

@@ -128,3 +128,29 @@ def test_learners_that_could_not_be_called_are_named_before_anyone_waits():
     with pytest.raises(RuntimeError, match="1 of 3 learners could not be called"):
         learner_calls.collective_results(_RemoteGroup(manager), print, poll_s=0.25)
     assert manager.fetches == 0
+
+
+class _Executor:
+    """Ray Train's BackendExecutor as stop_stuck_learners uses it."""
+
+    def __init__(self) -> None:
+        self.shutdowns: list[bool] = []
+
+    def shutdown(self, graceful_termination: bool = True) -> None:
+        self.shutdowns.append(graceful_termination)
+
+
+def test_learners_left_in_a_collective_are_stopped_at_once_at_shutdown():
+    """After a failure that left learners blocked in a collective, shutdown kills the group's processes without
+    the graceful teardown, which would wait Ray Train's timeout for them (30.7 s measured); a group whose calls
+    all returned is left to RLlib's own shutdown."""
+    stuck = _RemoteGroup(_Manager([[_Answer(1, False, ValueError("rank 1 failed"))]], fired=3))
+    stuck._backend_executor = _Executor()
+    learner_calls.collective_results(stuck, print, poll_s=0.25)
+    fine = _RemoteGroup(_Manager([[_Answer(i, True) for i in range(3)]], fired=3))
+    fine._backend_executor = _Executor()
+    learner_calls.collective_results(fine, print, poll_s=0.25)
+    assert learner_calls.stop_stuck_learners(fine) is False and fine._backend_executor.shutdowns == []
+    assert learner_calls.stop_stuck_learners(stuck) is True and stuck._backend_executor.shutdowns == [False]
+    assert learner_calls.stop_stuck_learners(stuck) is False  # once
+    assert learner_calls.stop_stuck_learners(None) is False  # setup stopped before the learners were built
