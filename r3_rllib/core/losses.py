@@ -599,8 +599,8 @@ def rl_objective(
     The behaviour-to-proximal correction is ``correction`` (:mod:`r3_rllib.core.mismatch`: importance weights,
     rejection, veto; its diagnostics are added to the metrics as ``mismatch_*``); None: no correction. Rejected
     tokens leave the policy loss, the KL term and the entropy bonus, numerator and this micro-batch's normaliser
-    (the loss is aggregated over ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept count too
-    (:func:`~r3_rllib.core.mismatch.micro_batch_share`, :func:`~r3_rllib.core.mismatch.normaliser_share`).
+    (the loss is aggregated over ``mask & keep``); the caller's rescaling to the minibatch's count must use the kept
+    count too (:func:`~r3_rllib.core.mismatch.micro_batch_share`, :func:`~r3_rllib.core.mismatch.normaliser_share`).
 
     The reduction over tokens is the micro-batch's own (``agg_mode``; the KL term's is ``kl_agg_mode``, None: the
     same); the caller rescales it to the global token or sequence count of the minibatch, which only it knows

@@ -310,8 +310,8 @@ class AgentKind(RolloutKind[AgentEpisode]):
     def check_config(self, config: Any, defaults: Mapping[str, Any]) -> None:
         """Any estimator (step-level ones group the episodes' step samples); the tool-use settings shape the
         built-in tool loop, not an agent program, and max_episode_steps caps a multi-step env's episodes (an agent
-        program ends its own, within agent_episode_timeout_s): both refused when set, as is invalid_action_penalty (an
-        agent program's steps report no invalid action)."""
+        program ends its own, within agent_episode_timeout_s): both refused when set, as is invalid_action_penalty
+        (an agent program's steps report no invalid action)."""
         refuse_tool_settings(config, defaults)
         refuse_episode_cap(config, "an agent env")
         refuse_action_penalty(config, defaults, "an agent env")

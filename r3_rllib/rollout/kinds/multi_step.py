@@ -62,9 +62,8 @@ class StepRecord:
     discounted_return: float = 0.0
     token_versions: np.ndarray | None = None  # partial rollouts: the policy version of each response token
     invalid: bool = False  # the env reported the action invalid (info["invalid"])
-    penalty: float = (
-        0.0  # subtracted from the env's reward for it (invalid_action_penalty); reward is net of it
-    )
+    # Taken off the env's reward for that (invalid_action_penalty): ``reward`` is net of it.
+    penalty: float = 0.0
 
     @property
     def env_reward(self) -> float:
