@@ -189,7 +189,8 @@ _NOTES = [
     "  authors' SERL repository, OliverLeeXZ/SERL@3c63ef3, has the same values). The env's memory window",
     "  (`env.history_length=2` there, the prompt's last observations and actions) is the env's own setting here",
     "  (`env_config.memory`, 2 in the gridworld and TextWorld); the group size (8), the step cap (50) and the learning",
-    "  rate (1e-6) are the run's scale. Set on top of a multi-step env (`gridworld`, `textworld`).",
+    "  rate (1e-6) are the run's scale. The recipe's validation samples at temperature 0.4; our held-out",
+    "  evaluation is greedy (or sampled at the rollout temperature). Set on top of a multi-step env.",
     "- No preset sets the optimizer: verl's and verl-agent's AdamW decays weights by 0.01, ours by",
     "  `weight_decay` (0 by default); the gradient clip is 1.0 in both.",
 ]
