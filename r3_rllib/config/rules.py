@@ -10,7 +10,6 @@ names the problem.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +23,7 @@ from r3_rllib.core.losses import LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
 from r3_rllib.core.reflection import build_reflection_prompt
 from r3_rllib.core.schedules import schedule_error
+from r3_rllib.core.typo_hints import closest_name
 from r3_rllib.engines.options import engine_kwargs_error
 from r3_rllib.engines.registry import EngineCapabilities, engine_capabilities, engines_where
 from r3_rllib.reward_models.specs import RewardModelsError, parse_reward_models
@@ -654,8 +654,8 @@ def _unknown_env_option(key: Any, known: list[str], env: Any) -> str:
     """``environment.env_config: env 'math' takes no option 'problem_kye'; did you mean 'problem_key'?`` (or the
     options it takes, when none is close)."""
     name = env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
-    close = difflib.get_close_matches(str(key), known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; its options: {', '.join(sorted(known))}"
+    close = closest_name(str(key), known)
+    hint = f"; did you mean {close!r}?" if close else f"; its options: {', '.join(sorted(known))}"
     return f"environment.env_config: env {name!r} takes no option {key!r}{hint}"
 
 

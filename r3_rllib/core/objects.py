@@ -6,11 +6,12 @@ such a path wherever they accept a registered name.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import sys
 from typing import Any
+
+from r3_rllib.core.typo_hints import closest_name
 
 
 class ObjectPathError(ValueError):
@@ -70,9 +71,9 @@ def load_object(path: str, *, what: str = "object") -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             names = [n for n in dir(obj) if not n.startswith("_")]
-            hint = difflib.get_close_matches(part, names, n=1)
+            hint = closest_name(part, names)
             raise ObjectPathError(
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
-                + (f"; did you mean {hint[0]!r}?" if hint else "")
+                + (f"; did you mean {hint!r}?" if hint else "")
             ) from None
     return obj

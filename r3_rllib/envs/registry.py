@@ -18,13 +18,13 @@ that cannot be imported, or lacks the attribute, is a ``ValueError`` naming it).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from r3_rllib.core.objects import ObjectPathError, is_object_path, load_object
 from r3_rllib.core.registry import Registry
+from r3_rllib.core.typo_hints import closest_name
 from r3_rllib.envs.base import TextEnv
 
 ENTRY_POINT_GROUP = "r3_rllib.text_envs"
@@ -116,10 +116,10 @@ def get_text_env_factory(name: str) -> TextEnvFactory:
 def unknown_text_env_message(name: str) -> str:
     """``"unknown text env 'x'; known: ...; did you mean 'y'?"`` (the closest known name, when one is close)."""
     known = registered_text_envs()
-    hint = difflib.get_close_matches(str(name), known, n=1)
+    hint = closest_name(str(name), known)
     return (
         f"unknown text env {name!r}; known: {', '.join(known) or 'none'}"
-        + (f"; did you mean {hint[0]!r}?" if hint else "")
+        + (f"; did you mean {hint!r}?" if hint else "")
         + " (an env of your own module is named 'module:Class')"
     )
 

@@ -18,7 +18,6 @@ The file is listed in the checkpoint's manifest like every other file; it is che
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from r3_rllib.algorithms.r3.checkpoint_files import CorruptCheckpointError, atomic_write_bytes, read_manifest
+from r3_rllib.core.typo_hints import closest_name
 
 #: The config's file inside an algorithm checkpoint directory.
 CONFIG_FILE = "r3_config.json"
@@ -182,8 +182,8 @@ def _check_override_names(overrides: Mapping[str, Any], config_class: type) -> N
     known = set(config_class().to_dict()) | set(RENAMED_FIELDS)
     for key in overrides:
         if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            close = closest_name(str(key), known)
+            hint = f"; did you mean {close!r}?" if close else ""
             raise CheckpointConfigError(f"config_overrides: no setting named {key!r}{hint}")
 
 

@@ -22,7 +22,6 @@ learner, transformers nor vLLM: the algorithm and env-runner classes are resolve
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import os
 from collections.abc import Iterator, Mapping
@@ -41,6 +40,7 @@ from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defau
 from r3_rllib.config.settings import RENAMED_FIELDS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.core.threads import PhaseThreads, available_cores, phase_threads
+from r3_rllib.core.typo_hints import closest_name
 from r3_rllib.engines.budget import ServingBudget, run_serving_budget
 from r3_rllib.engines.options import EngineOptions
 from r3_rllib.engines.registry import engine_capabilities
@@ -209,9 +209,9 @@ class R3Config(AlgorithmConfig):
     def _set_fields(self, values: dict[str, Any]) -> None:
         for key, value in renamed_keys(values, RENAMED_FIELDS, "R3Config").items():
             if key not in R3_FIELDS:
-                hint = difflib.get_close_matches(key, sorted(R3_FIELDS), n=1)
+                hint = closest_name(key, R3_FIELDS)
                 raise ValueError(
-                    f"Unknown R3 setting {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    f"Unknown R3 setting {key!r}" + (f"; did you mean {hint!r}?" if hint else "")
                 )
             if key == "resume_from_checkpoint" and isinstance(value, (str, os.PathLike)):
                 # Absolute here, in the process that sets it: a Tune trial runs in its own folder, where a path

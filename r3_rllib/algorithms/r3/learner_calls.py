@@ -79,7 +79,7 @@ def stop_stuck_learners(learner_group: Any) -> bool:
     """Stop the learner processes of ``learner_group`` now if a :func:`collective_results` call left some of them
     blocked in a collective; True if it did. ``LearnerGroup.shutdown`` would first ask every learner to tear its
     process group down and wait for the blocked ones (Ray Train's 30-s timeout: ``algo.stop()`` took 30.7 s after one
-    learner's update failed, 0.4 s with this; BENCHMARKS.md section 54); the group is broken anyway, so its processes
+    learner's update failed, 0.4-0.6 s with this; BENCHMARKS.md section 54); the group is broken anyway, so its processes
     are killed at once."""
     if learner_group is None or learner_group not in _stuck_groups:
         return False

@@ -1,10 +1,11 @@
-"""The name a typo most likely meant (config/field.py): fewest edits first, a swap of two letters counting one."""
+"""The name a typo most likely meant (core/typo_hints.py): fewest edits first, a swap of two letters counting one."""
 
 from __future__ import annotations
 
 import pytest
 
-from r3_rllib.config.field import closest_name, edit_distance, unknown_key_message
+from r3_rllib.config.field import unknown_key_message
+from r3_rllib.core.typo_hints import closest_name, edit_distance
 
 
 @pytest.mark.parametrize(
@@ -35,3 +36,13 @@ def test_a_swapped_pair_of_letters_names_the_key_it_came_from():
     assert unknown_key_message("zzzz", presets, "preset") == (
         "unknown key 'zzzz' in preset; known keys: dapo, grpo, hgpo, r3"
     )
+
+
+def test_every_unknown_name_error_ranks_its_hint_the_same_way():
+    """R3Config's unknown settings (.r3()) and the text env registry take the same hint as run-file keys."""
+    from r3_rllib.algorithms.r3.config import R3Config
+    from r3_rllib.envs.registry import unknown_text_env_message
+
+    with pytest.raises(ValueError, match="did you mean 'kl_coef'"):
+        R3Config().r3(kl_ceof=0.1)
+    assert "did you mean 'gridworld'?" in unknown_text_env_message("gridwrold")
