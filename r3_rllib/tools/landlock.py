@@ -11,8 +11,9 @@ access beneath the scratch directory (and ``/dev/shm``, where the sandbox asks),
 ``connect``; from ABI 6 it refuses signals to processes outside the sandbox (the launcher and the caller among them)
 and connections to abstract unix sockets bound outside it. Root is held to the same rules.
 
-What Landlock does not cover: UDP, sockets bound to a path, and files reached through a descriptor opened before
-the restriction (the launcher closes all of them but the standard three).
+What Landlock does not cover: UDP and sockets bound to a path (the sandbox's seccomp filter refuses every socket
+under "rlimits": :mod:`r3_rllib.tools.seccomp`), and files reached through a descriptor opened before the
+restriction (the launcher closes all of them but the standard three).
 
 Each ABI version adds rights; a kernel refuses rights it does not know, so the handled rights are those of
 ``min(abi, KNOWN_ABI)`` (:func:`handled_rights`). Stdlib only: the sandbox launcher imports this module in an

@@ -32,7 +32,8 @@ Model-written code is hostile until proven otherwise. :func:`run_python` starts 
 
 **Isolation ``"rlimits"``** (the fallback where namespaces are not available). It gives: the resource limits below,
 a scratch directory on the host (removed afterwards), the seccomp filter where the kernel allows one (no memfd, no
-SysV IPC, no user namespaces, no ptrace, no socket but a unix one: no UDP), a wall-clock timeout measured
+SysV IPC, no user namespaces, no ptrace, no socket, unix ones included, and stream socketpairs only: no UDP, and
+no host service's path-bound unix socket, which Landlock does not govern), a wall-clock timeout measured
 independently of the program's pipes (a program that closes stdout/stderr is still killed at ``timeout_s`` and
 reported ``timed_out``), and a launcher that is a child subreaper and kills every descendant when the program ends or
 times out.
@@ -49,8 +50,8 @@ outside it.
 
 It does NOT give: a private ``/dev/shm`` (what a leased sandbox user leaves there is removed after the run; what a
 program of the calling user leaves stays), a disk quota (``max_file_mb`` bounds each file, not their number), a
-memory bound for files in ``/dev/shm``, isolation from path-bound unix sockets, where the kernel refuses a seccomp
-filter any network isolation, and, where the kernel has no Landlock, any file isolation at all (the program then
+memory bound for files in ``/dev/shm``, where the kernel refuses a seccomp filter any network or unix-socket
+isolation, and, where the kernel has no Landlock, any file isolation at all (the program then
 reads and writes whatever its user can, the checkout included) or protection of the launcher from a program of the
 same user. A root caller's program runs as a leased sandbox user id of its own wherever that user can start the
 interpreter (:func:`sandbox_user_unavailable_reason`, probed once per interpreter): no groups, no new privileges,
@@ -346,6 +347,8 @@ def _config(
         # would count all of that user's processes; for root the kernel does not enforce it at all).
         "limits": _rlimits(limits, per_user=uid is not None),
         "require_seccomp": namespaces,
+        # Under rlimits the host's path-bound unix sockets are in the program's view: no unix socket of its own.
+        "unix_sockets": namespaces,
         # Under rlimits the launcher first kills whatever still runs as the id: orphans of a dead run, never a live
         # run's processes, hence only for a locked lease (a randomly drawn id may be another live run's too).
         "sweep_uid": not namespaces and uid is not None and exclusive,

@@ -81,7 +81,7 @@ def _exec_program(cfg: dict) -> None:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])  # execve keeps the mask: the program starts with none
         try:
-            seccomp.install_filter()
+            seccomp.install_filter(unix_sockets=cfg["unix_sockets"])
         except (OSError, RuntimeError):
             if cfg["require_seccomp"]:
                 raise

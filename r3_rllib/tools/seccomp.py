@@ -22,9 +22,14 @@ the 32-bit ``int 0x80`` entry on x86_64, or an x32 call, kills the process, so n
   for the run, ``io_setup`` failing with EAGAIN for every other process meanwhile), kernel modules and ``kexec``,
   ``open_by_handle_at`` and the kernel log (``syslog``);
 - ``socket`` of any family but ``AF_UNIX`` is denied with ``EPERM``: no UDP, TCP, raw or netlink socket, whatever
-  the Landlock ABI (Landlock governs TCP from ABI 4 and never UDP). ``socketpair`` and unix sockets stay, for the
-  program's own processes; a path-bound unix socket of the host stays reachable where the program can see its path
-  (under "namespaces" it cannot; under "rlimits" Ray's need its token);
+  the Landlock ABI (Landlock governs TCP from ABI 4 and never UDP). With ``unix_sockets=False`` (the sandbox's
+  "rlimits" isolation, where the program sees the host's files) ``AF_UNIX`` is denied too, and ``socketpair`` is
+  allowed for ``SOCK_STREAM`` only: a path-bound unix socket of the host (a service's, an agent's, Ray's) is reached
+  by ``connect`` on a new socket or by ``sendto`` a path from a datagram socket, and Landlock governs neither
+  (measured before: a sandboxed program connected to a host socket and sent a datagram to another). A stream
+  socketpair is connected from birth, so it can address nothing else; multiprocessing's pipes and queues and
+  asyncio's wake-up pair use one. Under "namespaces" (``unix_sockets=True``) the host's sockets are not in the
+  program's root, and its unix sockets are its own;
 - ``clone3`` fails with ``ENOSYS``: it passes its flags in a struct that a filter cannot read, and on ``ENOSYS`` the C
   library falls back to ``clone``, whose flags the filter checks: threads, ``fork`` and ``subprocess`` keep working;
 - everything else is allowed (a deny list: a system call added to the kernel later is allowed until listed here).
@@ -42,11 +47,9 @@ import struct
 _LD_W_ABS, _JEQ_K, _JSET_K, _JGE_K, _RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 EPERM, ENOSYS = 1, 38
-_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = (
-    0,
-    4,
-    16,
-)  # struct seccomp_data (arg0: its low 32 bits, little endian)
+# struct seccomp_data: the call's number, its architecture, and its arguments' low 32 bits (little endian).
+_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0, _OFFSET_ARG1 = 0, 4, 16, 24
+_ALU_AND_K = 0x54
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _X32_SYSCALL_BIT = 0x40000000
 
@@ -55,8 +58,11 @@ NAMESPACE_CLONE_FLAGS = (
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 )
 
-#: The one socket family a program may open: AF_UNIX (pipes between its own processes; multiprocessing's).
+#: The one socket family a program may open where its unix sockets are its own (``unix_sockets=True``).
 AF_UNIX = 1
+#: The one socketpair type allowed with ``unix_sockets=False`` (the type's low bits; SOCK_NONBLOCK and SOCK_CLOEXEC
+#: are flags above them).
+SOCK_STREAM, SOCK_TYPE_MASK = 1, 0xF
 
 #: Per architecture: its AUDIT_ARCH value, the numbers of `clone`, `clone3` and `socket`, and the denied system
 #: calls.
@@ -66,6 +72,7 @@ ARCHES: dict[str, dict] = {
         "clone": 56,
         "clone3": 435,
         "socket": 41,
+        "socketpair": 53,
         "denied": {
             "memfd_create": 319,
             "memfd_secret": 447,
@@ -135,6 +142,7 @@ ARCHES: dict[str, dict] = {
         "clone": 220,
         "clone3": 435,
         "socket": 198,
+        "socketpair": 199,
         "denied": {
             "memfd_create": 279,
             "memfd_secret": 447,
@@ -206,13 +214,14 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def filter_program(arch: str) -> bytes:
-    """The filter for `arch` ('x86_64' or 'aarch64') as packed ``struct sock_filter`` instructions.
+def filter_program(arch: str, *, unix_sockets: bool = True) -> bytes:
+    """The filter for `arch` ('x86_64' or 'aarch64') as packed ``struct sock_filter`` instructions; with
+    ``unix_sockets=False`` no ``socket`` at all and stream socketpairs only (see the module docstring).
 
     Layout: check the architecture (else kill), refuse x32 calls, one compare-and-return pair per denied call,
-    then ``clone3`` (ENOSYS), ``socket`` with its family tested, ``clone`` with its flags tested, and allow the
-    rest. Every jump is forward and short (at most 4), so no offset can overflow the 8-bit jump fields however long
-    the list grows.
+    then ``clone3`` (ENOSYS), ``socket`` with its family tested (or denied), ``socketpair`` with its type tested
+    (without unix sockets), ``clone`` with its flags tested, and allow the rest. Every jump is forward and short (at
+    most 4), so no offset can overflow the 8-bit jump fields however long the list grows.
     """
     table = ARCHES[arch]
     prog = [
@@ -228,11 +237,27 @@ def filter_program(arch: str) -> bytes:
     prog += [
         _insn(_JEQ_K, 0, 1, table["clone3"]),
         _insn(_RET_K, 0, 0, RET_ERRNO | ENOSYS),
-        _insn(_JEQ_K, 0, 4, table["socket"]),
-        _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),
-        _insn(_JEQ_K, 1, 0, AF_UNIX),
-        _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
-        _insn(_RET_K, 0, 0, RET_ALLOW),
+    ]
+    if unix_sockets:
+        prog += [
+            _insn(_JEQ_K, 0, 4, table["socket"]),
+            _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),
+            _insn(_JEQ_K, 1, 0, AF_UNIX),
+            _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
+            _insn(_RET_K, 0, 0, RET_ALLOW),
+        ]
+    else:
+        prog += [
+            _insn(_JEQ_K, 0, 1, table["socket"]),
+            _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
+            _insn(_JEQ_K, 0, 5, table["socketpair"]),
+            _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG1),
+            _insn(_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+            _insn(_JEQ_K, 1, 0, SOCK_STREAM),
+            _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
+            _insn(_RET_K, 0, 0, RET_ALLOW),
+        ]
+    prog += [
         _insn(_JEQ_K, 0, 3, table["clone"]),
         _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),
         _insn(_JSET_K, 0, 1, NAMESPACE_CLONE_FLAGS),
@@ -253,15 +278,16 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-def install_filter() -> None:
-    """Attach the filter to the calling process (and so to everything it executes or starts), for good.
+def install_filter(*, unix_sockets: bool = True) -> None:
+    """Attach the filter to the calling process (and so to everything it executes or starts), for good;
+    ``unix_sockets``: see :func:`filter_program`.
 
     Raises OSError when the kernel refuses (no seccomp support) and RuntimeError on an architecture with no table.
     """
     arch = native_arch()
     if arch is None:
         raise RuntimeError(f"no seccomp table for architecture {os.uname().machine!r}")
-    program = filter_program(arch)
+    program = filter_program(arch, unix_sockets=unix_sockets)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
     # No new privileges: required for an unprivileged filter, and a setuid binary can then gain nothing.

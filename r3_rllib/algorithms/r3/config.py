@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -189,8 +190,16 @@ class R3Config(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def training(self, **kwargs) -> R3Config:
-        """RLlib's `.training()` plus every field of `R3Settings`."""
+        """RLlib's `.training()` plus every field of `R3Settings`. A name that is neither is refused with the
+        closest of both (RLlib's own signature would raise a TypeError without one)."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in R3_FIELDS or k in RENAMED_FIELDS}
+        rllib_names = set(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
+        for key in kwargs:
+            if key not in rllib_names:
+                hint = closest_name(key, sorted(set(R3_FIELDS) | rllib_names))
+                raise ValueError(
+                    f"Unknown training setting {key!r}" + (f"; did you mean {hint!r}?" if hint else "")
+                )
         self._set_fields(ours)
         return super().training(**kwargs)
 

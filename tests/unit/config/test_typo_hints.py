@@ -46,3 +46,16 @@ def test_every_unknown_name_error_ranks_its_hint_the_same_way():
     with pytest.raises(ValueError, match="did you mean 'kl_coef'"):
         R3Config().r3(kl_ceof=0.1)
     assert "did you mean 'gridworld'?" in unknown_text_env_message("gridwrold")
+
+
+def test_an_unknown_training_setting_is_named_with_the_closest_of_ours_and_rllibs():
+    """Was: RLlib's ``training() got an unexpected keyword argument``, no hint. `.training()` takes both our fields
+    and RLlib's; the hint comes from either."""
+    from r3_rllib.algorithms.r3.config import R3Config
+
+    with pytest.raises(ValueError, match="Unknown training setting 'gruop_size'; did you mean 'group_size'"):
+        R3Config().training(gruop_size=4)
+    with pytest.raises(ValueError, match="did you mean 'grad_clip'"):
+        R3Config().training(grad_clp=1.0)
+    config = R3Config().training(group_size=4, grad_clip=0.5, lr=1e-4)
+    assert (config.group_size, config.grad_clip, config.lr) == (4, 0.5, 1e-4)

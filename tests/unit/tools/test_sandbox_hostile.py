@@ -89,8 +89,9 @@ def test_no_user_namespace_and_no_mount(isolation):
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_no_udp_or_other_network_socket_but_unix_sockets_and_multiprocessing_work(isolation):
     """Before: under "rlimits" a UDP datagram reached any local port whatever the Landlock ABI (Landlock governs TCP
-    only). Now a socket of any family but AF_UNIX is refused (the seccomp filter); the program's own unix sockets,
-    socketpairs and multiprocessing's queues still work."""
+    only). Now a socket of any family but AF_UNIX is refused (the seccomp filter), and under "rlimits" AF_UNIX too
+    (the host's unix sockets are in view there: the next test); socketpairs, multiprocessing's queues and duplex
+    pipes still work."""
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
     receiver.setblocking(False)
@@ -109,6 +110,7 @@ def test_no_udp_or_other_network_socket_but_unix_sockets_and_multiprocessing_wor
         "q = multiprocessing.get_context('fork').Queue()\n"
         "p = multiprocessing.get_context('fork').Process(target=q.put, args=(7,)); p.start()\n"
         "print('queue', q.get(timeout=10)); p.join()\n"
+        "a, b = multiprocessing.Pipe(duplex=True); a.send(8); print('pipe', b.recv())\n"
     )
     try:
         r = run_python(code, isolation=isolation, timeout_s=20.0)
@@ -121,10 +123,72 @@ def test_no_udp_or_other_network_socket_but_unix_sockets_and_multiprocessing_wor
         "udp PermissionError",
         "tcp6 PermissionError",
         "netlink PermissionError",
-        "unix ok",
+        "unix ok" if isolation == "namespaces" else "unix PermissionError",
         "socketpair hi",
         "queue 7",
+        "pipe 8",
     ]
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_host_unix_socket_is_out_of_reach(isolation, tmp_path):
+    """Before: under "rlimits" (Landlock ABI 7 here) a program connected to a host service's path-bound unix socket
+    and sent it bytes, and sent a datagram to another from a datagram socketpair: Landlock governs neither. Now the
+    seccomp filter refuses every socket there and socketpairs but stream ones (connected from birth); under
+    "namespaces" the host's sockets are not in the program's root. The sockets are world-writable, as a socket of
+    the program's own user would be to it."""
+    import threading
+
+    folder = tmp_path / "host"
+    folder.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    stream_path, datagram_path = str(folder / "service.sock"), str(folder / "datagram.sock")
+    server = socket.socket(socket.AF_UNIX)
+    datagram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    received: list[bytes] = []
+
+    def serve() -> None:
+        try:
+            connection, _ = server.accept()
+            received.append(connection.recv(64))
+            connection.close()
+        except OSError:
+            pass
+
+    try:
+        server.bind(stream_path)
+        datagram.bind(datagram_path)
+        for path in (stream_path, datagram_path):
+            os.chmod(path, 0o777)
+        server.listen(1)
+        server.settimeout(15.0)
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        code = (
+            "import socket\n"
+            "try:\n"
+            f"    s = socket.socket(socket.AF_UNIX); s.connect({stream_path!r}); s.sendall(b'out')\n"
+            "    print('stream connected')\n"
+            "except OSError as e:\n    print('stream', type(e).__name__)\n"
+            "try:\n"
+            f"    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); a.sendto(b'out', {datagram_path!r})\n"
+            "    print('datagram sent')\n"
+            "except OSError as e:\n    print('datagram', type(e).__name__)\n"
+        )
+        r = run_python(code, isolation=isolation, timeout_s=20.0)
+        # Wake the accept so the thread ends now, whatever reached it.
+        socket.socket(socket.AF_UNIX).connect(stream_path)
+        thread.join(timeout=15.0)
+        datagram.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no datagram arrived
+            datagram.recv(16)
+    finally:
+        server.close()
+        datagram.close()
+    assert r.ok, r.output
+    refused = "PermissionError" if isolation == "rlimits" else "FileNotFoundError"
+    assert r.output.splitlines() == [f"stream {refused}", f"datagram {refused}"]
+    assert received == [b""]  # only the wake-up connection, which sent nothing
 
 
 @needs_namespaces

@@ -15,9 +15,10 @@ def _insns(program: bytes) -> list[tuple[int, int, int, int]]:
     return [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
 
 
+@pytest.mark.parametrize("unix_sockets", [True, False])
 @pytest.mark.parametrize("arch", sorted(seccomp.ARCHES))
-def test_filter_checks_the_architecture_first_and_every_jump_lands_inside(arch):
-    insns = _insns(seccomp.filter_program(arch))
+def test_filter_checks_the_architecture_first_and_every_jump_lands_inside(arch, unix_sockets):
+    insns = _insns(seccomp.filter_program(arch, unix_sockets=unix_sockets))
     table = seccomp.ARCHES[arch]
     # Load the arch field, compare with this table's, kill on anything else.
     assert insns[0] == (0x20, 0, 0, 4) and insns[1][3] == table["audit_arch"]
@@ -31,15 +32,17 @@ def test_filter_checks_the_architecture_first_and_every_jump_lands_inside(arch):
     assert len(insns) < 4096  # the kernel's BPF_MAXINSNS
 
 
-def _run_filter(program: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+def _run_filter(program: bytes, arch: int, nr: int, arg0: int = 0, arg1: int = 0) -> int:
     """What the kernel would return for one system call: classic BPF run over ``struct seccomp_data`` (nr at
-    offset 0, arch at 4, arg0's low word at 16), for the five instructions the filter uses."""
-    data = {0: nr, 4: arch, 16: arg0}
+    offset 0, arch at 4, the low words of arg0 at 16 and arg1 at 24), for the six instructions the filter uses."""
+    data = {0: nr, 4: arch, 16: arg0, 24: arg1}
     insns, pc, acc = _insns(program), 0, 0
     while True:
         code, jt, jf, k = insns[pc]
         if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
             acc, pc = data[k], pc + 1
+        elif code == 0x54:  # BPF_ALU | BPF_AND | BPF_K
+            acc, pc = acc & k, pc + 1
         elif code == 0x06:  # BPF_RET | BPF_K
             return k
         else:  # JEQ, JSET, JGE with a constant
@@ -68,6 +71,25 @@ def test_the_filter_decides_each_call_as_documented(arch):
     read = {"x86_64": 0, "aarch64": 63}[arch]
     assert _run_filter(program, audit, read) == seccomp.RET_ALLOW
     assert _run_filter(program, 0x40000003, read) == seccomp.RET_KILL_PROCESS  # i386's AUDIT_ARCH
+
+
+@pytest.mark.parametrize("arch", sorted(seccomp.ARCHES))
+def test_without_unix_sockets_no_socket_opens_and_only_stream_socketpairs_do(arch):
+    """The "rlimits" filter: ``socket`` of every family, AF_UNIX included, gets EPERM (a host service's path-bound
+    socket is reached by connecting one); ``socketpair`` passes for SOCK_STREAM with or without SOCK_NONBLOCK and
+    SOCK_CLOEXEC, and datagram or seqpacket pairs (which can ``sendto`` a path) get EPERM. The rest as before."""
+    table, program = seccomp.ARCHES[arch], seccomp.filter_program(arch, unix_sockets=False)
+    audit, eperm = table["audit_arch"], seccomp.RET_ERRNO | seccomp.EPERM
+    for family in (seccomp.AF_UNIX, 2, 10, 16, 17):
+        assert _run_filter(program, audit, table["socket"], family) == eperm, family
+    sock_nonblock, sock_cloexec, sock_dgram, sock_seqpacket = 0o4000, 0o2000000, 2, 5
+    for kind in (seccomp.SOCK_STREAM, seccomp.SOCK_STREAM | sock_nonblock | sock_cloexec):
+        assert _run_filter(program, audit, table["socketpair"], seccomp.AF_UNIX, kind) == seccomp.RET_ALLOW
+    for kind in (sock_dgram, sock_seqpacket, sock_dgram | sock_cloexec):
+        assert _run_filter(program, audit, table["socketpair"], seccomp.AF_UNIX, kind) == eperm, kind
+    assert _run_filter(program, audit, table["denied"]["memfd_create"]) == eperm
+    assert _run_filter(program, audit, table["clone"], 0x10000000 | 17) == eperm
+    assert _run_filter(program, audit, table["clone"], 17) == seccomp.RET_ALLOW
 
 
 def test_both_tables_deny_the_same_calls():
