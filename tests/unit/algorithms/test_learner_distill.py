@@ -165,6 +165,20 @@ def test_a_learner_distills_toward_the_teacher(tiny_random_model, tiny_teacher, 
     assert _distance(learner, batch) < 0.5 * before
 
 
+def test_the_entropy_bonus_adds_to_the_distillation_term(tiny_random_model, tiny_teacher):
+    """Distillation with verl's entropy bonus on: the objective is the (zero) task term plus the k2 term minus the
+    bonus, each logged, and the student still moves toward the teacher."""
+    learner = _learner(tiny_random_model, distill_mode="loss", lr=1e-4, entropy_coef=0.01)
+    batch, _ = _on_policy_batch(tiny_random_model, tiny_teacher)
+    before = _distance(learner, batch)
+    metrics = learner.update_from_samples(batch, seed=0)
+    assert metrics["entropy_bonus"] > 0 and metrics["distill_loss"] > 0
+    # float32 sums of a few dozen tokens' terms of order 1 (k2 of gaps ~1, entropies ~4 x 0.01).
+    expected = metrics["pg_loss"] + metrics["distill_loss"] - metrics["entropy_bonus"]
+    assert metrics["loss"] == pytest.approx(expected, rel=0, abs=f32_tol(8.0, 64))
+    assert _distance(learner, batch) < 0.5 * before
+
+
 def test_both_modes_take_the_same_first_step_on_policy(tiny_random_model, tiny_teacher):
     """On the student's own samples, the advantage mode's importance-sampling term and the k2 loss have the same
     gradient (both the reverse KL's): (b - q) grad log p per token, with b = log p."""

@@ -311,13 +311,39 @@ def _mean_entropy(learner: R3Learner, samples: list[Sample]) -> float:
     return float(entropy[packed["response_mask"]].double().mean())
 
 
-def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_random_model):
+def _aggregate_entropy(learner: R3Learner, samples: list[Sample], agg_mode: str) -> float:
+    """The policy's tempered entropies over the samples' response tokens, aggregated as ``agg_mode`` aggregates a
+    loss (normalised by max_new_tokens where it says so)."""
+    from r3_rllib.algorithms.r3.rl_module import pack_samples
+    from r3_rllib.core.losses import aggregate_loss
+
+    packed = pack_samples(samples, learner._pad_id, "cpu")
+    with torch.no_grad():
+        _, entropy = learner._score(learner.policy, packed, with_entropy=True)
+    mask = packed["response_mask"]
+    return float(aggregate_loss(entropy, mask, agg_mode, norm_len=learner.config.max_new_tokens))
+
+
+@pytest.mark.parametrize(
+    "loss, agg_mode",
+    [
+        ("clipped_pg", "token-mean"),
+        ("gspo", "seq-mean-token-mean"),
+        ("gspo_token", "seq-mean-token-mean"),
+        ("cispo", "token-mean"),
+        ("clipped_pg", "seq-mean-token-sum-norm"),
+    ],
+)
+def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_random_model, loss, agg_mode):
     """With every advantage zero (and no KL term) the policy loss has no gradient: the entropy bonus is the whole
-    update, so the policy's entropy rises with it and nothing moves without it (one thread, fixed samples, seed)."""
+    update, so the policy's entropy rises with it and nothing moves without it (one thread, fixed samples, seed).
+    With every policy loss the config accepts, the bonus aggregated as the policy loss is."""
     samples = [dataclasses.replace(s, advantage=0.0) for s in random_samples(6, 0, max_response_len=6)]
     # Temperature 0.25: the tiny random model's tempered distributions sit well below the maximum entropy (about 4.1
     # of ln 100 nats), where one lr 1e-4 step raised it by ~0.24 (lr 1e-5: ~0.05, 1e-3: ~0.26).
-    settings = dict(num_minibatches=1, num_epochs=1, lr=1e-4, temperature=0.25, loss_agg_mode="token-mean")
+    settings = dict(
+        num_minibatches=1, num_epochs=1, lr=1e-4, temperature=0.25, loss_agg_mode=agg_mode, policy_loss=loss
+    )
     off, on = (
         _learner(tiny_random_model, **settings),
         _learner(tiny_random_model, entropy_coef=0.01, **settings),
@@ -332,9 +358,15 @@ def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_ra
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     # Far above what float32 scoring can move an entropy near 4 (forward_atol: ~1e-4).
     assert _mean_entropy(on, samples) > before + 100 * forward_atol(before)
-    # Logged: entropy_coef times the token-mean entropy (the update's one optimizer step scores the policy before
-    # it), over the two micro-batches; float32 sums of a few tokens' entropies, weighted by the micro-batches' shares.
-    assert on_metrics["entropy_bonus"] == pytest.approx(0.01 * on_metrics["entropy"], abs=f32_tol(0.05, 16))
+    # Logged: entropy_coef times the entropies aggregated by loss_agg_mode (the update's one optimizer step scores
+    # the policy before it), over the two micro-batches: the micro-batches' forward against one of the whole batch
+    # (forward_atol), and float32 sums of a few tokens' entropies weighted by the micro-batches' shares.
+    bonus = 0.01 * _aggregate_entropy(off_start := _learner(tiny_random_model, **settings), samples, agg_mode)
+    assert (
+        off_start.config.max_new_tokens > 6
+    )  # seq-mean-token-sum-norm divides by it, not by the longest row
+    tolerance = 0.01 * forward_atol(before) + f32_tol(0.05, 16)
+    assert on_metrics["entropy_bonus"] == pytest.approx(bonus, abs=tolerance)
     assert on_metrics["entropy"] == pytest.approx(before, abs=forward_atol(before))
     assert on_metrics["loss"] == pytest.approx(
         on_metrics["pg_loss"] - on_metrics["entropy_bonus"], abs=f32_tol(0.05, 16)
