@@ -541,8 +541,8 @@ class R3Settings:
     # --- on-policy distillation (r3_rllib/distill, core/distill.py) -------------------------------------------
     distill_teacher: str | None = setting(None, types=(str, os.PathLike), none_ok=True)
     """On-policy distillation's teacher: a model folder, a named model or a hub name (None: no distillation). Its
-    own actors (distill_workers) score every response token the policy sampled, at the rollout temperature, while
-    the runners generate; its tokenizer must have the policy's vocabulary (the same token ids), else the run is
+    own actors (distill_workers) score every response token the policy sampled (with R^2PO's rollout head: in
+    stage B's iterations only), at the rollout temperature, while the runners generate; its tokenizer must have the policy's vocabulary (the same token ids), else the run is
     refused before training, naming both models and the first token that differs."""
     distill_mode: str = setting("advantage", choices=DISTILL_MODES)
     """'advantage' (tinker-cookbook's recipe): distill_coef * (teacher - sampler log-prob) of each token is a dense

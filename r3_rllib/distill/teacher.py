@@ -16,6 +16,10 @@ Failures: a rollout's samples are split among the ``distill_workers`` actors; a 
 has not answered ``distill_timeout_s`` after the rollout was submitted, leaves its samples without teacher log-probs
 (they get no distillation term; the stage counts them in ``unscored_samples``, ``errors`` and ``timeouts``), and the
 run goes on. A late or dead actor is replaced by a new one before the next rollout.
+
+With R^2PO's rollout head the teacher scores only the rollouts of stage B iterations: stage A trains the head alone,
+with no distillation term (``r3_rllib.algorithms.r3.learner_distill``), so its rollouts are not sent (logged as
+``distill/skipped``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 
 from r3_rllib.actor_start import remote_outside_trial, wait_until_started
 from r3_rllib.core.logprobs import token_logprobs
+from r3_rllib.core.method import TrainingPhase
 from r3_rllib.models.hub import policy_path
 from r3_rllib.models.tiny import load_tokenizer
 from r3_rllib.types.samples import Group, Sample
@@ -184,6 +189,11 @@ class TeacherStage:
 
     def _start_actor(self) -> Any:
         return self._actor_class.remote(**self._args)
+
+    def needed_in(self, phase: TrainingPhase | None) -> bool:
+        """Not in a phase that distils nothing (R^2PO's stage A: ``TrainingPhase.distills``), where the teacher's
+        log-probs would be computed for no term."""
+        return phase is None or phase.distills
 
     def submit(self, groups: Sequence[Group]) -> _Pending:
         """Send the groups' samples to the actors (contiguous shares, one call each) without waiting."""

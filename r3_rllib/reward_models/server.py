@@ -52,6 +52,7 @@ import numpy as np
 import ray
 
 from r3_rllib.actor_start import START_TIMEOUT_S, remote_outside_trial, wait_until_started
+from r3_rllib.core.method import TrainingPhase
 from r3_rllib.core.reward_composition import Term, compose_reward, term_value
 from r3_rllib.reward_models.specs import RewardModelSpec, parse_reward_models
 from r3_rllib.rewards.scoring import RewardRequest, RewardScore
@@ -250,6 +251,10 @@ class RewardServer:
         start = time.perf_counter()
         ray.wait(refs, num_returns=len(refs), timeout=START_TIMEOUT_S)
         return time.perf_counter() - start
+
+    def needed_in(self, phase: TrainingPhase | None) -> bool:
+        """Always: every phase's advantages come from the rewards."""
+        return True
 
     def submit(self, groups: Sequence[Group]) -> PendingGrades:
         """Send ``groups``' requests to the workers (one batch of whole groups per worker); no waiting."""

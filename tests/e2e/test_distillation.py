@@ -5,6 +5,8 @@ vocabulary is refused before any training."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from r3_rllib import R3Config
@@ -62,6 +64,29 @@ def test_the_student_distills_another_tiny_model_under_overlap(ray_session, tiny
     assert [r["rollout"]["policy_lag"] for r in results][1:] == [1.0] * 4  # overlapped
     kl = [s["reverse_kl"] for s in stage]
     assert kl[-1] < 0.5 * kl[0], kl
+
+
+def test_with_r2po_the_teacher_scores_only_the_rollouts_of_stage_b(ray_session, tiny_random_model):
+    """R^2PO (head and base stages alternating, one iteration each, stage A first) with a teacher: stage A trains
+    the rollout head alone with no distillation term, so its rollouts are not sent to the teacher (``skipped``, no
+    samples scored, no teacher token in the update); stage B's are all scored and distilled. Overlap: the rollout
+    trained in an iteration was asked for in the one before, in the other stage."""
+    config = _config(
+        default_tiny_model_path(),
+        tiny_random_model,
+        overlap_generation=True,
+        rollout_head=True,
+        rollout_head_head_iters=1,
+        rollout_head_base_iters=1,
+    )
+    results = _train(config, 4)
+    stage = [r["distill"] for r in results]
+    learner = [r["learner"] for r in results]
+    assert [s["skipped"] for s in stage] == [1.0, 0.0, 1.0, 0.0]
+    # Not scored: RLlib reports a metric not logged in an iteration as NaN (absent before its first value).
+    scored = [s.get("scored_samples", math.nan) for s in stage]
+    assert math.isnan(scored[0]) and math.isnan(scored[2]) and scored[1] == scored[3] == 32.0, scored
+    assert [m["distill_teacher_token_frac"] for m in learner] == [0.0, 1.0, 0.0, 1.0]
 
 
 def test_a_lora_student_distills_with_the_advantage_term(ray_session, tiny_random_model):

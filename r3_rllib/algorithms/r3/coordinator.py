@@ -43,6 +43,7 @@ from r3_rllib.algorithms.r3.runner_faults import (
     wait_for_runner_ids,
     wait_for_runners,
 )
+from r3_rllib.core.method import TrainingPhase
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.core.reward_shaping import DynamicSamplingShortfall, another_gen_batch, shortfall_message
 from r3_rllib.types.samples import Group
@@ -117,10 +118,12 @@ class RolloutCoordinator:
         reflection: ReflectionSettings | None,
         next_reflection: Callable[[], ReflectionSettings | None],
         policy_version: int,
+        phase: TrainingPhase | None = None,
     ) -> tuple[list[Group], Rollout]:
-        """(groups to train on, the rollout over every group sampled). With overlap_generation the batch was
-        requested in the previous iteration, before its update, and the next one is requested here with the
-        reflection settings ``next_reflection()`` gives after this rollout's data epoch."""
+        """(groups to train on, the rollout over every group sampled), scored by the rollout stages an update in
+        ``phase`` needs. With overlap_generation the batch was requested in the previous iteration, before its
+        update, and the next one is requested here with the reflection settings ``next_reflection()`` gives after
+        this rollout's data epoch."""
         cfg = self.config
         t_wait = time.perf_counter()
         rollout = self._next(cfg.queries_per_iteration, reflection)
@@ -130,10 +133,10 @@ class RolloutCoordinator:
             # (and while the rollout stages grade this one); the weights of this update reach them after that
             # rollout (a runner runs its calls in order).
             self.request(cfg.queries_per_iteration, next_reflection())
-        rollout = self.score(rollout)
+        rollout = self.score(rollout, phase)
         groups = list(rollout.groups)
         if cfg.dynamic_sampling:
-            groups, rollout = self._dynamic_sampling(rollout, reflection)
+            groups, rollout = self._dynamic_sampling(rollout, reflection, phase)
         # The learner waits for this batch (all of its generation when synchronous, the rest of it with overlap).
         self._log("learner_wait_s", time.perf_counter() - t_wait)
         if overlap and cfg.dynamic_sampling:  # the filter needed this batch's scores first
@@ -154,19 +157,20 @@ class RolloutCoordinator:
         if cfg.prefetch_rollout and max_staleness_of(cfg) == 0 and not self.in_flight and self.ready is None:
             self.request(cfg.queries_per_iteration, reflection)
 
-    def score(self, rollout: Rollout) -> Rollout:
+    def score(self, rollout: Rollout, phase: TrainingPhase | None = None) -> Rollout:
         """``rollout`` with its groups through the driver's rollout stages (reward server, distillation teacher:
-        rollout_stages.py); the rollout itself when there are none."""
+        rollout_stages.py) that an update in ``phase`` (this iteration's) needs; the rollout itself when there are
+        none."""
         if not self.stages or not rollout.groups:
             return rollout
-        groups = apply_stages(self.stages, rollout.groups, self._log_stage)
+        groups = apply_stages(self.stages, rollout.groups, self._log_stage, phase)
         return dataclasses.replace(rollout, groups=tuple(groups))
 
     def _log_stage(self, stage: str, name: str, value: float) -> None:
         self.metrics.log_value((stage, name), float(value), reduce="mean", window=1)
 
     def _dynamic_sampling(
-        self, rollout: Rollout, reflection: ReflectionSettings | None
+        self, rollout: Rollout, reflection: ReflectionSettings | None, phase: TrainingPhase | None = None
     ) -> tuple[list[Group], Rollout]:
         """DAPO: draw generation batches of queries_per_iteration queries until that many groups pass the filter,
         then trim to that many. ``rollout`` is the first batch; verl's count includes it (max_num_gen_batches).
@@ -182,7 +186,7 @@ class RolloutCoordinator:
         groups, passed = select(rollout.groups)
         gen_batches = 1
         while passed < target and another_gen_batch(gen_batches, cfg.max_num_gen_batches):
-            rollout = rollout.merge(self.score(self.sample(target, reflection)))
+            rollout = rollout.merge(self.score(self.sample(target, reflection), phase))
             groups, passed = select(rollout.groups)
             gen_batches += 1
         self._log("dynamic_sampling_gen_batches", gen_batches)

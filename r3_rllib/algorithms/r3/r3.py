@@ -174,7 +174,10 @@ class R3(R3Console, R3Checkpoints, Algorithm):
             # the settings after this rollout's data epoch, which may have switched reflection on).
             with self._timed("sample_s"):
                 groups, rollout = self.coordinator.rollout(
-                    settings.reflection, lambda: self.iteration_settings().reflection, self.weights.version
+                    settings.reflection,
+                    lambda: self.iteration_settings().reflection,
+                    self.weights.version,
+                    settings.phase,
                 )
             # 2. R^3 batch: replay, ranking, advantages; every fresh sample enters the replay buffer.
             with self._timed("r3_batch_s"):

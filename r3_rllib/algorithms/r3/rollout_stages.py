@@ -7,7 +7,9 @@ groups off without waiting; :meth:`RolloutStage.resolve` waits for the answers a
 applied. The coordinators call both once per rollout (``RolloutCoordinator.score``): with overlap_generation or
 streaming the runners were already asked for the next rollout, so generation never waits on grading. Every stage is
 submitted before the first is resolved; each stage's answers are applied to the groups the previous stage returned
-(stages change sample fields, never the groups' structure).
+(stages change sample fields, never the groups' structure). A stage whose answers the update will not use is not
+called at all (:meth:`RolloutStage.needed_in`: the teacher in R^2PO's stage A, which trains the rollout head alone):
+the coordinators score each rollout in the iteration that trains it, so its training phase is known.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from r3_rllib.core.method import TrainingPhase
 from r3_rllib.types.samples import Group
 
 
@@ -23,6 +26,9 @@ class RolloutStage(Protocol):
 
     name: str
     """The metrics' prefix (``<name>/<metric>``)."""
+
+    def needed_in(self, phase: TrainingPhase | None) -> bool:
+        """Whether an update in ``phase`` (None: the method has no phases) uses what this stage attaches."""
 
     def submit(self, groups: Sequence[Group]) -> Any:
         """Send ``groups`` to the stage's actors without waiting; return what :meth:`resolve` needs."""
@@ -39,11 +45,16 @@ def apply_stages(
     stages: Sequence[RolloutStage],
     groups: Sequence[Group],
     log: Callable[[str, str, float], None],
+    phase: TrainingPhase | None = None,
 ) -> list[Group]:
-    """``groups`` through every stage: all submitted first, then resolved in order; ``log(stage, metric, value)``
-    receives each stage's metrics."""
+    """``groups`` through every stage an update in ``phase`` needs: all submitted first, then resolved in order;
+    ``log(stage, metric, value)`` receives each stage's metrics, and ``skipped`` (1 for a stage not needed, which
+    is not called, else 0)."""
     if not stages or not groups:
         return list(groups)
+    for stage in stages:
+        log(stage.name, "skipped", 0.0 if stage.needed_in(phase) else 1.0)
+    stages = [stage for stage in stages if stage.needed_in(phase)]
     pending = [stage.submit(groups) for stage in stages]
     out = list(groups)
     for stage, ticket in zip(stages, pending, strict=True):

@@ -44,6 +44,7 @@ from r3_rllib.algorithms.r3.coordinator import (
 )
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, merge_results
 from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
+from r3_rllib.core.method import TrainingPhase
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.types.samples import Group
 
@@ -100,10 +101,12 @@ class StreamingCoordinator(RolloutCoordinator):
         reflection: ReflectionSettings | None,
         next_reflection: Callable[[], ReflectionSettings | None],
         policy_version: int,
+        phase: TrainingPhase | None = None,
     ) -> tuple[list[Group], Rollout]:
         """(groups to train on, the rollout they came from): the oldest delivered requests holding
-        ``queries_per_iteration`` fresh groups, less the groups older than ``max_staleness``; then every runner is
-        topped up to ``max_staleness`` outstanding requests."""
+        ``queries_per_iteration`` fresh groups, less the groups older than ``max_staleness``, scored by the rollout
+        stages an update in ``phase`` needs; then every runner is topped up to ``max_staleness`` outstanding
+        requests."""
         target = self.config.queries_per_iteration
         self._forget_lost_requests()
         self._top_up(reflection, policy_version)  # the first iteration, or after a restore or a restart
@@ -125,7 +128,7 @@ class StreamingCoordinator(RolloutCoordinator):
         kept, stale = split_stale_groups(rollout.groups, policy_version, self.max_staleness)
         self._top_up(next_reflection(), policy_version)
         # Graded by the rollout stages while the runners, just topped up, generate.
-        kept = list(self.score(dataclasses.replace(rollout, groups=tuple(kept))).groups)
+        kept = list(self.score(dataclasses.replace(rollout, groups=tuple(kept)), phase).groups)
         staleness = [
             policy_version - s.policy_version for g in kept if not g.is_reflection for s in g.samples
         ]

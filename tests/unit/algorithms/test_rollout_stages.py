@@ -41,6 +41,9 @@ class AddStage:
         self.name, self.delta, self.calls = name, delta, calls
         self.stopped = False
 
+    def needed_in(self, phase) -> bool:
+        return True
+
     def submit(self, groups):
         self.calls.append(f"submit {self.name}")
         return [s.reward for g in groups for s in g.samples]  # what it saw when submitted
@@ -71,6 +74,30 @@ def test_stages_submit_first_then_resolve_in_order_on_the_previous_output():
     assert [s.reward for g in groups for s in g.samples] == [0.0, 1.0, 1.0, 1.0]  # inputs left alone
     assert ("x", "seen_mean", 0.75) in logged and ("y", "seen_mean", 0.75) in logged  # both saw the rollout
     assert apply_stages([], groups, lambda *a: None) == groups
+
+
+def test_a_stage_the_phase_does_not_need_is_not_called_and_logged_skipped():
+    """R^2PO's stage A trains the rollout head alone, with no distillation term: the teacher is not called there."""
+    from r3_rllib.core.method import DEFAULT_PHASE
+    from r3_rllib.distill.teacher import TeacherStage
+    from r3_rllib.r2po.method import R2POPhase
+    from r3_rllib.r2po.stages import BASE_STAGE, HEAD_STAGE
+
+    class Teacherlike(AddStage):
+        needed_in = TeacherStage.needed_in
+
+    calls: list[str] = []
+    logged: list[tuple[str, str, float]] = []
+    groups = [_group("a", [0.0, 1.0])]
+    stages = [AddStage("reward", 1.0, calls), Teacherlike("distill", 5.0, calls)]
+    out = apply_stages(stages, groups, lambda *a: logged.append(a), R2POPhase(HEAD_STAGE))
+    assert calls == ["submit reward", "resolve reward"]
+    assert [s.reward for g in out for s in g.samples] == [1.0, 2.0]
+    assert ("distill", "skipped", 1.0) in logged and ("reward", "skipped", 0.0) in logged
+    for phase in (R2POPhase(BASE_STAGE), DEFAULT_PHASE, None):
+        calls.clear()
+        apply_stages(stages, groups, lambda *a: None, phase)
+        assert calls == ["submit reward", "submit distill", "resolve reward", "resolve distill"], phase
 
 
 def test_a_stage_that_drops_groups_is_an_error_naming_it():
