@@ -600,6 +600,27 @@ def _int_seed(seed: Any) -> int:
         raise type(exc)(f"seed must be an integer, got {type(seed).__name__} {seed!r}") from None
 
 
+def resharded_cursor(cursor: int, saved: Shard, shard: Shard) -> int:
+    """The cursor in ``shard`` at the start of the step where ``cursor`` of ``saved`` stands: both shards cut each
+    epoch's order into the same steps (one iteration's queries over all runners), so a run resumed on another number
+    of EnvRunners serves, from that step on, exactly the queries it would have served on the old number. A
+    ValueError when the steps differ (another ``queries_per_iteration``) or ``cursor`` is inside a step (a runner
+    stopped mid-step: no shipped loop saves one so)."""
+    if saved.batch_size != shard.batch_size:
+        raise ValueError(
+            f"state is for shard {saved.as_dict()}, this environment serves shard {shard.as_dict()}: steps of "
+            f"{saved.batch_size} and {shard.batch_size} queries (a checkpoint resumes with the same "
+            f"queries_per_iteration; another number of EnvRunners is fine)"
+        )
+    step, offset = divmod(cursor, saved.count)
+    if offset:
+        raise ValueError(
+            f"state cursor={cursor} of shard {saved.as_dict()} stands inside a step: it cannot move to shard "
+            f"{shard.as_dict()} (resume with the number of EnvRunners it was saved with)"
+        )
+    return step * shard.count
+
+
 class QueryOrder:
     """Epoch-wise order over ``size`` queries, optionally one shard of a global order (see :class:`Shard`).
 
@@ -682,8 +703,11 @@ class QueryOrder:
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Resume the order a :meth:`state` describes; a ValueError naming what does not fit (another pool, shard or
-        position, or a damaged state: not a mapping, a count that is not a whole number)."""
+        """Resume the order a :meth:`state` describes; a ValueError naming what does not fit (another pool or
+        position, a step of another size, or a damaged state: not a mapping, a count that is not a whole number).
+
+        A state of another shard of the same steps (a run resumed on another number of EnvRunners) resumes at the
+        step it stands at, at the start of this shard's part of it (:func:`resharded_cursor`)."""
         if not isinstance(state, Mapping):
             raise ValueError(f"a data order state must be a mapping, got {type(state).__name__}")
         for key in ("size", "cursor", "epoch", "seed"):
@@ -697,12 +721,9 @@ class QueryOrder:
             raise ValueError(f"state is for a pool of {size} queries, this environment has {self.size}")
         # States written before sharding existed have no shard: they are unsharded orders.
         shard = Shard.of(state.get("shard"))
-        if shard != self.shard:
-            raise ValueError(
-                f"state is for shard {shard.as_dict()}, this environment serves shard {self.shard.as_dict()} "
-                f"(a checkpoint resumes with the same queries_per_iteration and number of EnvRunners)"
-            )
         cursor, epoch = int(state["cursor"]), int(state["epoch"])
+        if shard != self.shard:
+            cursor = resharded_cursor(cursor, shard, self.shard)
         if not 0 <= cursor < self.per_epoch or epoch < 0:
             raise ValueError(
                 f"invalid state cursor={cursor} epoch={epoch} for a shard serving {self.per_epoch} queries per epoch"

@@ -77,14 +77,40 @@ def test_sharded_state_resumes_exactly_and_names_a_mismatch():
     resumed = QueryOrder(100, seed=1, shard=shard)
     resumed.set_state(state)
     assert _draw(resumed, 40) == _draw(order, 40)
-    with pytest.raises(ValueError, match="state is for shard .* this environment serves shard"):
+    # Another shard of the same steps: cursor 5 of 8 stands inside a step, which no shard of another split shares.
+    with pytest.raises(ValueError, match="cursor=5 of shard .* stands inside a step"):
         QueryOrder(100, seed=1, shard=Shard(32, 0, 8)).set_state(state)
+    with pytest.raises(ValueError, match="steps of 32 and 16 queries .* same queries_per_iteration"):
+        QueryOrder(100, seed=1, shard=Shard(16, 0, 8)).set_state(state)
     with pytest.raises(ValueError, match="invalid state cursor=24"):
         QueryOrder(100, seed=1, shard=shard).set_state({**state, "cursor": 24})
     # A state written before shards existed is an unsharded one.
     plain = QueryOrder(100, seed=1)
     plain.set_state({"cursor": 3, "epoch": 2, "seed": 1, "size": 100})
     assert plain.position(3) == 3
+
+
+@pytest.mark.parametrize("new_count", [3, 5, 1])
+def test_a_state_moves_to_another_number_of_shards_at_its_step(new_count):
+    """A run resumed on another number of EnvRunners: 4 shards' states after 5 steps (the second epoch's second
+    step), moved to ``new_count`` shards of the same steps, serve from there exactly the queries the 4 would have
+    served, step for step, in the same order (the shards tile each step contiguously), epochs included."""
+    size, batch = 100, 20  # 5 steps per epoch
+    old = [QueryOrder(size, seed=4, shard=s) for s in runner_shards(batch, 4)]
+    for _ in range(7):
+        for order in old:
+            _draw(order, order.shard.count)
+    states = [json.loads(json.dumps(o.state())) for o in old]
+    new = [QueryOrder(size, seed=4, shard=s) for s in runner_shards(batch, new_count)]
+    for i, order in enumerate(new):
+        order.set_state(
+            states[min(i, len(states) - 1)]
+        )  # added shards take a saved state; gone ones are dropped
+    assert all(o.epoch == 1 for o in new)
+    for _ in range(6):  # into the third epoch
+        expected = [q for o in old for q in _draw(o, o.shard.count)]
+        assert [q for o in new for q in _draw(o, o.shard.count)] == expected
+    assert all(o.epoch == 2 for o in new + old)
 
 
 def test_runner_env_configs_share_the_seed_and_split_the_batch():
@@ -273,3 +299,20 @@ def test_four_runners_switch_r3_on_at_the_computed_iteration_and_resume_exactly(
         assert _served(algo)[2] == reference[2][delivered : delivered + share]
     finally:
         algo.stop()
+
+    # The same checkpoint on 5 runners (each step's 8 queries split 2, 2, 2, 1, 1): the added runner 5 starts at
+    # runner 1's step, and the same queries come, iteration for iteration, in the same order (the shards tile each
+    # step of the one global order). Fewer runners: tests/unit/algorithms/test_runner_states_on_resume.py.
+    from r3_rllib import R3
+
+    elastic = R3.from_checkpoint(checkpoint, config_overrides={"num_env_runners": 5})
+    try:
+        _record_served_queries(elastic)
+        results = [elastic.train() for _ in range(2)]
+        served, shares = _served(elastic), dict(zip((1, 2, 3, 4, 5), (2, 2, 2, 1, 1), strict=True))
+    finally:
+        elastic.stop()
+    for i in range(2):
+        expected = [q for wid in sorted(after_save) for q in after_save[wid][i * share : (i + 1) * share]]
+        assert [q for wid in shares for q in served[wid][i * shares[wid] : (i + 1) * shares[wid]]] == expected
+    assert results[-1]["rollout"]["dataset_epoch"] == schedule.reported_epoch(3 * t + 2)

@@ -43,9 +43,13 @@ def build_env(name, env_config: dict, tokenizer) -> TextEnv:
     return env
 
 
+#: How far apart the runners' sampling seeds start (runner_seed).
+RUNNER_SEED_STRIDE = 1000
+
+
 def runner_seed(config, worker_index: int | None) -> int:
     """Each runner's sampling seed: its engine's samples differ from the other runners' but are reproducible."""
-    return int(config.seed or 0) + 1000 * int(worker_index or 0)
+    return int(config.seed or 0) + RUNNER_SEED_STRIDE * int(worker_index or 0)
 
 
 def env_accepts_shard(name) -> bool:
