@@ -214,6 +214,20 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+def _allow_only_if(number: int, offset: int, value: int, *, mask: int | None = None) -> list[bytes]:
+    """Instructions deciding system call ``number`` on one argument: allowed when the argument's low word at
+    ``offset`` (masked with ``mask``) equals ``value``, else EPERM; any other call goes on to what follows."""
+    test = [_insn(_LD_W_ABS, 0, 0, offset)]
+    if mask is not None:
+        test.append(_insn(_ALU_AND_K, 0, 0, mask))
+    decide = [
+        _insn(_JEQ_K, 1, 0, value),
+        _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
+        _insn(_RET_K, 0, 0, RET_ALLOW),
+    ]
+    return [_insn(_JEQ_K, 0, len(test) + len(decide), number), *test, *decide]
+
+
 def filter_program(arch: str, *, unix_sockets: bool = True) -> bytes:
     """The filter for `arch` ('x86_64' or 'aarch64') as packed ``struct sock_filter`` instructions; with
     ``unix_sockets=False`` no ``socket`` at all and stream socketpairs only (see the module docstring).
@@ -239,24 +253,10 @@ def filter_program(arch: str, *, unix_sockets: bool = True) -> bytes:
         _insn(_RET_K, 0, 0, RET_ERRNO | ENOSYS),
     ]
     if unix_sockets:
-        prog += [
-            _insn(_JEQ_K, 0, 4, table["socket"]),
-            _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),
-            _insn(_JEQ_K, 1, 0, AF_UNIX),
-            _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
-            _insn(_RET_K, 0, 0, RET_ALLOW),
-        ]
+        prog += _allow_only_if(table["socket"], _OFFSET_ARG0, AF_UNIX)
     else:
-        prog += [
-            _insn(_JEQ_K, 0, 1, table["socket"]),
-            _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
-            _insn(_JEQ_K, 0, 5, table["socketpair"]),
-            _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG1),
-            _insn(_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
-            _insn(_JEQ_K, 1, 0, SOCK_STREAM),
-            _insn(_RET_K, 0, 0, RET_ERRNO | EPERM),
-            _insn(_RET_K, 0, 0, RET_ALLOW),
-        ]
+        prog += [_insn(_JEQ_K, 0, 1, table["socket"]), _insn(_RET_K, 0, 0, RET_ERRNO | EPERM)]
+        prog += _allow_only_if(table["socketpair"], _OFFSET_ARG1, SOCK_STREAM, mask=SOCK_TYPE_MASK)
     prog += [
         _insn(_JEQ_K, 0, 3, table["clone"]),
         _insn(_LD_W_ABS, 0, 0, _OFFSET_ARG0),

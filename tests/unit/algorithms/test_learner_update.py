@@ -25,6 +25,15 @@ from r3_rllib.types.samples import Sample
 torch.set_num_threads(TORCH_THREADS)
 
 
+#: Every policy loss the config accepts, with an aggregation it allows.
+POLICY_LOSSES = [
+    ("clipped_pg", "token-mean"),
+    ("gspo", "seq-mean-token-mean"),
+    ("gspo_token", "seq-mean-token-mean"),
+    ("cispo", "token-mean"),
+]
+
+
 def _learner(model_path: str, **training) -> R3Learner:
     cfg = (
         R3Config.grpo_preset()
@@ -235,15 +244,7 @@ def _response_logprob_sums(learner: R3Learner, samples: list[Sample]) -> np.ndar
     return np.array([float(old[i].sum()) for i in range(len(samples))])  # rows are 0 off the response
 
 
-@pytest.mark.parametrize(
-    "loss, agg_mode",
-    [
-        ("clipped_pg", "token-mean"),
-        ("gspo", "seq-mean-token-mean"),
-        ("gspo_token", "seq-mean-token-mean"),
-        ("cispo", "token-mean"),
-    ],
-)
+@pytest.mark.parametrize("loss, agg_mode", POLICY_LOSSES)
 def test_each_registered_policy_loss_updates_the_policy_through_the_learner(
     tiny_random_model, loss, agg_mode
 ):
@@ -324,16 +325,7 @@ def _aggregate_entropy(learner: R3Learner, samples: list[Sample], agg_mode: str)
     return float(aggregate_loss(entropy, mask, agg_mode, norm_len=learner.config.max_new_tokens))
 
 
-@pytest.mark.parametrize(
-    "loss, agg_mode",
-    [
-        ("clipped_pg", "token-mean"),
-        ("gspo", "seq-mean-token-mean"),
-        ("gspo_token", "seq-mean-token-mean"),
-        ("cispo", "token-mean"),
-        ("clipped_pg", "seq-mean-token-sum-norm"),
-    ],
-)
+@pytest.mark.parametrize("loss, agg_mode", [*POLICY_LOSSES, ("clipped_pg", "seq-mean-token-sum-norm")])
 def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_random_model, loss, agg_mode):
     """With every advantage zero (and no KL term) the policy loss has no gradient: the entropy bonus is the whole
     update, so the policy's entropy rises with it and nothing moves without it (one thread, fixed samples, seed).
