@@ -235,7 +235,7 @@ def filter_program(arch: str, *, unix_sockets: bool = True) -> bytes:
     Layout: check the architecture (else kill), refuse x32 calls, one compare-and-return pair per denied call,
     then ``clone3`` (ENOSYS), ``socket`` with its family tested (or denied), ``socketpair`` with its type tested
     (without unix sockets), ``clone`` with its flags tested, and allow the rest. Every jump is forward and short (at
-    most 4), so no offset can overflow the 8-bit jump fields however long the list grows.
+    most 5), so no offset can overflow the 8-bit jump fields however long the list grows.
     """
     table = ARCHES[arch]
     prog = [
