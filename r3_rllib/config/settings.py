@@ -202,6 +202,14 @@ class R3Settings:
     log-probs are). Groups whose advantages are all zero then stay in the batch: they carry the bonus. Logged as
     learner/entropy_bonus (entropy_coef times that aggregate). R^2PO: stage B's (the base), not stage A's (the
     head), as kl_coef. 0 (default): off, and costs nothing."""
+    top_entropy_quantile: float = setting(1.0, range="(0, 1]", finite=True)
+    """TRL's top_entropy_quantile (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv 2506.01939, train on 0.2): the
+    policy loss keeps only the tokens whose entropy is at or above the (1 - q) quantile of the micro-batch's trained
+    tokens' entropies (softmax(logits / temperature), from the training forward; torch.quantile's linear
+    interpolation, as TRL); the others stay in the normaliser with no policy gradient, and the KL term and the
+    entropy bonus keep every token (TRL's order). TRL gathers the entropies of one per-device batch over its
+    processes; here the quantile is over each micro-batch on its learner. Logged as learner/entropy_mask_frac (the
+    share of trained tokens kept). 1.0 (default): every token, no entropy computed for it."""
     kl_type: str = setting("k3", choices=KL_KINDS)
     """KL estimator: 'k1', 'k2', 'k3' (clamped as verl's low_var_kl) or 'k3_unclamped' (R^2PO's reference code)."""
     weight_decay: float = setting(0.0, range=">= 0", finite=True)

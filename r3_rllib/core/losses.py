@@ -267,6 +267,43 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
 
 
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The tokens whose entropy is at or above the ``1 - quantile`` quantile of the valid tokens' (``mask``), as
+    TRL's ``get_high_entropy_mask`` (``top_entropy_quantile``; Wang et al. 2025 train on the top 0.2): a bool
+    ``[B, T]``, False off ``mask`` and everywhere when no token is valid. ``torch.quantile`` interpolates linearly
+    between the two order statistics around the quantile's position, so ties at the threshold are all kept."""
+    _check_same_shape(entropy=entropy, mask=mask)
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    valid = mask.bool()
+    values = entropy[valid].float()
+    if values.numel() == 0:
+        return torch.zeros_like(valid)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return (entropy.float() >= threshold) & valid
+
+
+def policy_token_weights(
+    is_weights: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    mask: torch.Tensor,
+    top_entropy_quantile: float,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The policy term's detached per-token weights: the importance weights (None: none) and, with
+    ``top_entropy_quantile`` < 1 (TRL's), times :func:`high_entropy_mask` of ``entropy``, as TRL multiplies the
+    per-token loss by it before the importance ratio: the normaliser keeps every token, and the KL term and the
+    entropy bonus are not weighted. Returns the weights and ``{"entropy_mask_frac": share of mask kept}`` (empty
+    without the mask)."""
+    if top_entropy_quantile >= 1.0:
+        return is_weights, {}
+    if entropy is None:
+        raise ValueError(f"top_entropy_quantile={top_entropy_quantile} needs the tokens' entropies")
+    high = high_entropy_mask(entropy.detach(), mask, top_entropy_quantile)
+    weights = high.to(dtype) if is_weights is None else is_weights * high
+    return weights, {"entropy_mask_frac": high.sum() / mask.bool().sum().clamp(min=1)}
+
+
 def entropy_bonus(
     entropy: torch.Tensor, mask: torch.Tensor, agg_mode: str, *, norm_len: float | None = None
 ) -> torch.Tensor:
@@ -590,6 +627,7 @@ def rl_objective(
     kl_agg_mode: str | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    top_entropy_quantile: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The learner's whole objective on one micro-batch: the policy loss named ``policy_loss`` (from
     :data:`LOSS_FNS`, with ``loss_params``), weighted per token by the behaviour importance weight, plus
@@ -607,7 +645,8 @@ def rl_objective(
     (ranks and micro-batches split one minibatch). Returns
     ``(loss, metrics)`` with detached scalar metrics: the policy loss's own (``clip_frac_low``, ...), plus
     ``pg_loss``, ``kl``, ``is_weight_mean`` (with a weight) and ``entropy_bonus`` (the term subtracted; only when
-    ``entropy_coef`` > 0).
+    ``entropy_coef`` > 0). ``top_entropy_quantile`` < 1: the policy term's tokens are weighted by
+    :func:`policy_token_weights` (``entropy_mask_frac`` added to the metrics).
     """
     is_w, diagnostics = None, {}
     if correction is not None:
@@ -616,8 +655,10 @@ def rl_objective(
             is_w = w
         mask = mask.bool() & keep
         diagnostics = {PREFIX + k: v for k, v in diag.items()}
+    token_w, masked = policy_token_weights(is_w, entropy, mask, top_entropy_quantile, logprobs.dtype)
+    diagnostics |= masked
     pg, metrics = get_loss_fn(policy_loss)(
-        logprobs, old_logprobs, advantages, mask, is_weights=is_w, **dict(loss_params or {})
+        logprobs, old_logprobs, advantages, mask, is_weights=token_w, **dict(loss_params or {})
     )
     loss = pg
     kl = torch.zeros((), device=logprobs.device)
@@ -625,7 +666,8 @@ def rl_objective(
         per_token_kl = kl_penalty(logprobs, ref_logprobs, kl_type)
         kl = aggregate_loss(per_token_kl, mask, kl_agg_mode or agg_mode, norm_len=norm_len)
         loss = loss + kl_coef * kl
-    out = {k: v.detach() for k, v in metrics.items()}
+    # The entropy mask is a token weight, not an importance weight: no is_weight_mean without one.
+    out = {k: v.detach() for k, v in metrics.items() if is_w is not None or k != "is_weight_mean"}
     if entropy_coef > 0:
         if entropy is None:
             raise ValueError(f"entropy_coef={entropy_coef} needs the tokens' entropies (with gradients)")

@@ -35,6 +35,8 @@ BAD_VALUES = [
     ("training", "kl_coef", -0.1, "kl_coef must be finite and >= 0"),
     ("training", "entropy_coef", -0.001, "entropy_coef must be finite and >= 0"),
     ("training", "entropy_coef", float("nan"), "entropy_coef must be finite and >= 0"),
+    ("training", "top_entropy_quantile", 0.0, "top_entropy_quantile must be"),
+    ("training", "top_entropy_quantile", 1.5, "top_entropy_quantile must be"),
     ("training", "max_new_tokens", -5, "max_new_tokens must be >= 1"),
     ("training", "top_p", 2, "top_p must be in (0, 1]"),
     ("training", "num_epochs", 0, "num_epochs must be >= 1"),

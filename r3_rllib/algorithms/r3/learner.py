@@ -128,8 +128,7 @@ class R3Learner(TorchLearner):
         # under the same one. T = 0 (greedy) is for evaluation only and is never trained on: score at T = 1 then.
         self._temperature = float(self.config.temperature) if self.config.temperature > 0 else 1.0
         self._place_policy(policy)
-        # The method's learner-side pieces, after sharding: the parameters they hold are then the DTensors the
-        # optimizer holds.
+        # The method's learner-side pieces, after sharding: their parameters are then the optimizer's DTensors.
         self._method = method_for(self.config)
         self._extras = self._method.learner_extras(policy, self.config)
         self._trainable_at_build = {id(p) for p in policy.parameters() if p.requires_grad}
@@ -407,7 +406,7 @@ class R3Learner(TorchLearner):
         logp, entropy, *base = self._score(
             self.policy,
             packed,
-            with_entropy=cfg.learner_entropy or ranks,
+            with_entropy=cfg.learner_entropy or ranks or cfg.top_entropy_quantile < 1,
             entropy_grad=entropy_coef > 0,  # the entropy bonus's, recomputed in backward as the log-probs
             rollout=self._phase.scores_rollout_logits,
             with_base=kl.coef > 0 and kl.target == "base",  # a term toward the current base: same forward
@@ -438,6 +437,7 @@ class R3Learner(TorchLearner):
             norm_len=cfg.max_new_tokens,
             entropy=entropy,
             entropy_coef=entropy_coef,
+            top_entropy_quantile=cfg.top_entropy_quantile,
         )
         metrics["kl"] = metrics["kl"] * ratio  # the micro-batches' weighted sum is then the minibatch's KL
         loss = self._distill.add(loss, metrics, packed, logp, old, step.correction)  # learner_distill.py

@@ -365,6 +365,25 @@ def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_ra
     )
 
 
+def test_top_entropy_quantile_trains_on_the_high_entropy_tokens_through_the_learner(tiny_random_model):
+    """TRL's top_entropy_quantile through the learner's update (micro-batches of 3 rows): about the top fifth of
+    each micro-batch's tokens keep their policy gradient (logged), and the step differs from the full one."""
+    samples = _samples(12)
+    settings = dict(num_minibatches=1, num_epochs=1, lr=1e-3)
+    full, top = (
+        _learner(tiny_random_model, **settings),
+        _learner(tiny_random_model, top_entropy_quantile=0.2, **settings),
+    )
+    full_metrics = full.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
+    top_metrics = top.update_from_samples(TrainingBatch.from_samples(samples), seed=0)
+    assert "entropy_mask_frac" not in full_metrics
+    # At least the single top token of each micro-batch, at most a fifth and a token or two of ties.
+    assert 0.0 < top_metrics["entropy_mask_frac"] <= 0.35
+    assert np.isfinite(top_metrics["loss"]) and top_metrics["grad_norm"] > 0
+    moved = [not torch.equal(a, b) for a, b in zip(_params(full), _params(top), strict=True)]
+    assert any(moved)
+
+
 def test_the_entropy_bonus_trains_the_base_and_keeps_zero_advantage_groups():
     """R^2PO: the bonus is stage B's (the base), not stage A's (the head alone), as kl_coef; with the bonus on,
     groups whose advantages are all zero stay in the batch (their tokens carry it)."""

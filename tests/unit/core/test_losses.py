@@ -565,3 +565,54 @@ def test_rl_objective_subtracts_entropy_coef_times_the_entropy_aggregated_as_the
         rl_objective(
             zeros, zeros, zeros, adv, ENTROPY_MASK, loss_params=params, agg_mode=mode, entropy_coef=0.1
         )
+
+
+def test_high_entropy_mask_keeps_the_top_quantile_of_the_valid_tokens_by_hand():
+    """TRL's get_high_entropy_mask: the threshold is torch.quantile (linear) of the valid tokens' entropies at
+    1 - quantile. Valid entropies 0.1, 0.5, 0.9, 0.3 | 0.7, 0.2 (two padded positions of 5.0 left out)."""
+    from r3_rllib.core.losses import high_entropy_mask
+
+    entropy = torch.tensor([[0.1, 0.5, 0.9, 0.3], [0.7, 0.2, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    # Sorted: 0.1 0.2 0.3 0.5 0.7 0.9. q = 0.5: position 0.5 x 5 = 2.5, between 0.3 and 0.5: 0.4.
+    half = high_entropy_mask(entropy, mask, 0.5)
+    assert half.tolist() == [[False, True, True, False], [True, False, False, False]]
+    # q = 0.2 (the paper's): position 0.8 x 5 = 4, the fifth value 0.7: 0.7 and 0.9 stay.
+    top = high_entropy_mask(entropy, mask, 0.2)
+    assert top.tolist() == [[False, False, True, False], [True, False, False, False]]
+    # q = 1: the minimum, every valid token; no valid token: nothing.
+    assert high_entropy_mask(entropy, mask, 1.0).equal(mask)
+    assert not high_entropy_mask(entropy, torch.zeros_like(mask), 0.2).any()
+    with pytest.raises(ValueError, match="quantile must be in"):
+        high_entropy_mask(entropy, mask, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_top_entropy_quantile_drops_low_entropy_tokens_from_the_policy_term_only(mode):
+    """On-policy (ratio 1), advantages 1 and -0.5, a KL term of 0.5 per token at coef 0.1. Entropies put tokens
+    (0,2) and (1,0) in the top half; the policy term keeps them and the normaliser keeps all four tokens:
+    token-mean pg = -(1 + -0.5) / 4 = -0.125 (all tokens: -(3 x 1 - 0.5) / 4 = -0.625); seq-mean-token-mean
+    pg = (-1/3 + 0.5/1) / 2 = 0.0833 (all: (-1 + 0.5) / 2 = -0.25). The KL term is every token's: 0.5."""
+    from r3_rllib.core.losses import rl_objective
+
+    zeros = torch.zeros(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    entropy = torch.tensor([[0.1, 0.3, 0.9], [0.8, 5.0, 5.0]], dtype=torch.float64)
+    params = {"clip_low": 0.2, "clip_high": 0.2, "agg_mode": mode, "norm_len": None}
+    ref = torch.full((2, 3), -1.0, dtype=torch.float64)  # k1 of log-probs 0 against -1: 1; k2: 0.5
+    common = dict(loss_params=params, agg_mode=mode, ref_logprobs=ref, kl_coef=0.1, kl_type="k2")
+    tol = f64_tol(1.0, ulps=16)
+    loss, m = rl_objective(
+        zeros, zeros, zeros, adv, mask, entropy=entropy, top_entropy_quantile=0.5, **common
+    )
+    pg = -0.125 if mode == "token-mean" else (-1 / 3 + 0.5) / 2
+    assert float(m["pg_loss"]) == pytest.approx(pg, abs=tol)
+    assert float(m["kl"]) == pytest.approx(0.5, abs=tol)
+    assert float(loss) == pytest.approx(pg + 0.1 * 0.5, abs=tol)
+    assert float(m["entropy_mask_frac"]) == pytest.approx(0.5, abs=tol) and "is_weight_mean" not in m
+    full, m = rl_objective(zeros, zeros, zeros, adv, mask, **common)
+    assert float(m["pg_loss"]) == pytest.approx(-0.625 if mode == "token-mean" else -0.25, abs=tol)
+    assert "entropy_mask_frac" not in m
+    with pytest.raises(ValueError, match="top_entropy_quantile=0.5 needs the tokens' entropies"):
+        rl_objective(zeros, zeros, zeros, adv, mask, top_entropy_quantile=0.5, **common)
