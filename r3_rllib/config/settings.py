@@ -181,7 +181,8 @@ class R3Settings:
     """Name in r3_rllib.core.losses.LOSS_FNS: 'clipped_pg' (PPO/DAPO clipped surrogate), 'gspo' (sequence-level
     ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean'; see gspo_clip_*), 'gspo_token' (GSPO-token, the
     same value with a per-token gradient), 'cispo' (truncated detached ratio times log-prob, MiniMax-M1; see
-    cispo_clip_*), or one added with register_loss (its parameters come from the config fields it declares)."""
+    cispo_clip_*), 'gpg' (verl's: -A x log-prob, no ratio and no clip), or one added with register_loss (its
+    parameters come from the config fields it declares)."""
     gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
     """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
     ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""

@@ -584,6 +584,50 @@ def cispo_policy_loss(
     return loss, metrics
 
 
+def gpg_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg_mode: str = "token-mean",
+    norm_len: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GPG (Chu et al. 2025, arXiv 2504.02546; verl's ``loss_mode: gpg``): the plain policy gradient, no ratio and
+    no clip,
+
+        per token: -A * logprobs,
+
+    times the detached ``is_weights`` when given, reduced with :func:`aggregate_loss`. Its gradient is REINFORCE's
+    on the batch's own samples; on later epochs or minibatches (the policy moved since sampling) nothing corrects
+    for the change but ``is_weights`` (the behaviour weight). ``old_logprobs`` only feed the metrics: the keys of
+    :func:`clipped_policy_loss`, every clip fraction 0.
+    """
+    _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, None)
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    m = mask.to(logprobs.dtype)
+    per_token = -advantages.to(logprobs.dtype).unsqueeze(-1).detach() * logprobs
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
+    with torch.no_grad():
+        log_ratio = logprobs.detach() - old_logprobs.detach()
+        ratio = torch.exp(log_ratio)
+        zero = torch.zeros((), dtype=m.dtype, device=m.device)
+        metrics = {
+            "clip_frac_low": zero,
+            "clip_frac_high": zero,
+            "clip_frac_dual": zero,
+            "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
+            "ratio_mean": _masked_mean(ratio, m),
+        }
+        if is_weights is not None:
+            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
+    return loss, metrics
+
+
 _GSPO_PARAMS = {
     "clip_low": "gspo_clip_low",
     "clip_high": "gspo_clip_high",
@@ -602,6 +646,9 @@ register_loss(
         "log_ratio_clamp": "log_ratio_clamp",
     },
 )(cispo_policy_loss)
+register_loss("gpg", config_params={"agg_mode": "loss_agg_mode", "norm_len": "max_new_tokens"})(
+    gpg_policy_loss
+)
 
 
 def get_loss_fn(name: str) -> LossFn:

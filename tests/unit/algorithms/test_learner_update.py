@@ -31,6 +31,7 @@ POLICY_LOSSES = [
     ("gspo", "seq-mean-token-mean"),
     ("gspo_token", "seq-mean-token-mean"),
     ("cispo", "token-mean"),
+    ("gpg", "token-mean"),
 ]
 
 

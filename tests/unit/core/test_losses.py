@@ -616,3 +616,30 @@ def test_top_entropy_quantile_drops_low_entropy_tokens_from_the_policy_term_only
     assert "entropy_mask_frac" not in m
     with pytest.raises(ValueError, match="top_entropy_quantile=0.5 needs the tokens' entropies"):
         rl_objective(zeros, zeros, zeros, adv, mask, top_entropy_quantile=0.5, **common)
+
+
+def test_gpg_is_minus_advantage_times_log_prob_by_hand():
+    """verl's 'gpg': per token -A x log-prob, no ratio, no clip. Log-probs -1, -2 | -0.5 (one padded), advantages
+    1 and -2: token-mean (1 + 2 - 1) / 3 = 0.6667; seq-mean-token-mean ((1 + 2) / 2 + -1 / 1) / 2 = 0.25. The
+    gradient on each log-prob is -A over the normaliser, whatever the old log-probs (a ratio of e^3 clips nothing)."""
+    from r3_rllib.core.losses import get_loss_fn
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach() - 3.0
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    tol = f64_tol(3.0, ulps=16)
+    loss, m = get_loss_fn("gpg")(logp, old, adv, mask, agg_mode="token-mean")
+    assert float(loss.detach()) == pytest.approx(2.0 / 3.0, abs=tol)
+    assert float(m["clip_frac_high"]) == float(m["clip_frac_low"]) == 0.0
+    assert float(m["ratio_mean"]) == pytest.approx(math.exp(3.0), rel=1e-12)
+    loss.backward()
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([[-1 / 3, -1 / 3], [2 / 3, 0.0]], dtype=torch.float64), atol=tol, rtol=0
+    )
+    seq, _ = get_loss_fn("gpg")(logp.detach(), old, adv, mask, agg_mode="seq-mean-token-mean")
+    assert float(seq) == pytest.approx(0.25, abs=tol)
+    weighted, m = get_loss_fn("gpg")(
+        logp.detach(), old, adv, mask, is_weights=torch.full((2, 2), 0.5).double()
+    )
+    assert float(weighted) == pytest.approx(1.0 / 3.0, abs=tol) and float(m["is_weight_mean"]) == 0.5
