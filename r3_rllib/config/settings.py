@@ -176,7 +176,8 @@ class R3Settings:
     """Clamp of log pi - log pi_old to [-x, x] before exp in the PPO ratio (verl's 20): keeps the ratio finite.
     > 0; None: off."""
     loss_agg_mode: str = setting("token-mean", choices=AGG_MODES)
-    """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum-norm' (Dr.GRPO; normalised by max_new_tokens)."""
+    """'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum' (verl's: each response's token sum, then the mean
+    over responses) or 'seq-mean-token-sum-norm' (Dr.GRPO; normalised by max_new_tokens)."""
     policy_loss: str = setting("clipped_pg", choices=LOSS_FNS)
     """Name in r3_rllib.core.losses.LOSS_FNS: 'clipped_pg' (PPO/DAPO clipped surrogate), 'gspo' (sequence-level
     ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean'; see gspo_clip_*), 'gspo_token' (GSPO-token, the

@@ -41,7 +41,12 @@ from r3_rllib.core.mismatch import PREFIX, RolloutCorrection, rollout_correction
 from r3_rllib.core.reductions import invariant_masked_mean, invariant_sum
 from r3_rllib.core.registry import Registry, entry_point_group
 
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
 #: verl's defaults for the dual clip (``clip_ratio_c``) and the log-ratio clamp (module docstring).
 DEFAULT_CLIP_RATIO_C = 3.0
@@ -62,6 +67,9 @@ def aggregate_loss(
     - ``"token-mean"``: sum over all valid tokens / number of valid tokens (long responses weigh more; DAPO).
     - ``"seq-mean-token-mean"``: each sequence's mean over its valid tokens, then the mean over sequences that have
       at least one valid token (original GRPO; every sequence weighs the same whatever its length).
+    - ``"seq-mean-token-sum"``: each sequence's token sum, then the mean over sequences that have at least one valid
+      token (verl's mode of that name, whose mean is over every row: the same whenever each row has a trained
+      token, as all do unless a rollout correction rejected a whole sequence).
     - ``"seq-mean-token-sum-norm"``: each sequence's token sum / ``norm_len``, then the mean over all ``B``
       sequences (Dr.GRPO: a constant normaliser removes the length bias of per-sequence means). ``norm_len`` should
       be a constant such as the maximum response length; it defaults to ``T``.
@@ -75,11 +83,13 @@ def aggregate_loss(
     masked = per_token * m
     if mode == "token-mean":
         return invariant_sum(masked) / invariant_sum(m).clamp(min=1.0)
-    if mode == "seq-mean-token-mean":
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         lens = m.sum(dim=-1)
-        seq_means = masked.sum(dim=-1) / lens.clamp(min=1.0)
+        per_seq = masked.sum(dim=-1)
+        if mode == "seq-mean-token-mean":
+            per_seq = per_seq / lens.clamp(min=1.0)
         n_seq = (lens > 0).to(per_token.dtype).sum()
-        return invariant_sum(seq_means) / n_seq.clamp(min=1.0)
+        return invariant_sum(per_seq) / n_seq.clamp(min=1.0)
     if mode == "seq-mean-token-sum-norm":
         norm = float(per_token.shape[-1]) if norm_len is None else float(norm_len)
         if not norm > 0:

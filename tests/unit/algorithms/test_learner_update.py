@@ -326,7 +326,10 @@ def _aggregate_entropy(learner: R3Learner, samples: list[Sample], agg_mode: str)
     return float(aggregate_loss(entropy, mask, agg_mode, norm_len=learner.config.max_new_tokens))
 
 
-@pytest.mark.parametrize("loss, agg_mode", [*POLICY_LOSSES, ("clipped_pg", "seq-mean-token-sum-norm")])
+@pytest.mark.parametrize(
+    "loss, agg_mode",
+    [*POLICY_LOSSES, ("clipped_pg", "seq-mean-token-sum-norm"), ("clipped_pg", "seq-mean-token-sum")],
+)
 def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_random_model, loss, agg_mode):
     """With every advantage zero (and no KL term) the policy loss has no gradient: the entropy bonus is the whole
     update, so the policy's entropy rises with it and nothing moves without it (one thread, fixed samples, seed).

@@ -37,6 +37,16 @@ def test_seq_mean_token_mean_skips_empty_sequences():
     assert aggregate_loss(x, m, "seq-mean-token-mean").item() == pytest.approx(2.0)
 
 
+def test_seq_mean_token_sum_by_hand():
+    """verl's 'seq-mean-token-sum': sums 6 and 4, mean 5; a sequence with no valid token is not counted (verl
+    divides by every row; rows without a trained token come only from a rejecting rollout correction)."""
+    assert aggregate_loss(PER_TOKEN, MASK, "seq-mean-token-sum").item() == pytest.approx(5.0)
+    x = torch.tensor([[1.0, 3.0], [9.0, 9.0]])
+    assert aggregate_loss(x, torch.tensor([[1, 1], [0, 0]]), "seq-mean-token-sum").item() == pytest.approx(
+        4.0
+    )
+
+
 def test_seq_mean_token_sum_norm():
     # sums 6 and 4, / norm_len 8 -> 0.75, 0.5 -> mean 0.625
     assert aggregate_loss(PER_TOKEN, MASK, "seq-mean-token-sum-norm", norm_len=8).item() == pytest.approx(
