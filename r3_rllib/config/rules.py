@@ -131,6 +131,27 @@ def ranking_survives_dynamic_sampling(config: Any) -> str | None:
     return None
 
 
+def truncation_mask_keeps_ranking_on_the_driver(config: Any) -> str | None:
+    """``mask_truncated_completions`` leaves the truncated responses out of the update after their groups' rewards
+    and advantages are set; ranking whose entropies the learners compute sets the ranked failures' rewards inside the
+    update (ranking_deferred.py), from the batch it is sent: without the truncated failures, every all-wrong group
+    would be ranked on a part of its failures."""
+    if not (config.mask_truncated_completions and config.ranking):
+        return None
+    source = config.ranking_entropy_source
+    capabilities = _capabilities(config)
+    if source == "learner" or (
+        source == "auto" and capabilities is not None and not capabilities.exact_entropies
+    ):
+        return (
+            "mask_truncated_completions with ranking on the learners' entropies (ranking_entropy_source="
+            f"{source!r}, engine {config.engine!r}): the learners rank each all-wrong group's failures inside the "
+            "update, which the truncated ones would have left; set ranking_entropy_source='engine' (the ranking "
+            "then uses the engine's entropies, on the driver), or turn one of them off"
+        )
+    return None
+
+
 def task_reward_parts_need_the_task_reward(config: Any) -> str | None:
     """With ``distill_task_reward=False`` the learner zeroes the task advantages (learner_distill.py): what only
     changes them would be silently ignored. Replay and ranking change nothing else (replayed samples have no
@@ -666,6 +687,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     gspo_needs_sequence_mean,
     replay_excludes_dynamic_sampling,
     ranking_survives_dynamic_sampling,
+    truncation_mask_keeps_ranking_on_the_driver,
     refill_rounds_agree_with_gen_batches,
     shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,

@@ -327,6 +327,13 @@ class R3Settings:
     """What dynamic sampling filters on: 'accuracy' (DAPO: drop groups whose responses are all correct or all wrong)
     or 'reward' (drop groups whose rewards, overlong penalty included, are all equal: with a length bonus an
     all-correct group then stays and trains the policy to answer shorter)."""
+    mask_truncated_completions: bool = False
+    """TRL's mask_truncated_completions (DAPO's overlong filtering): responses that hit max_new_tokens leave the
+    update, after they counted in their group's rewards and advantages: no policy, KL or entropy term, and out of
+    the loss's normaliser (so 'seq-mean-token-sum-norm' divides by the responses kept, where TRL's dr_grpo divides by
+    all). Counted as r3/truncated_masked. Refused with ranking whose entropies the learners compute (the learners
+    rank the failures of a batch from the very responses it would leave out); ranking_entropy_source='engine' ranks
+    on the driver first."""
     overlong_shaping: bool = False
     """DAPO's soft overlong penalty: responses longer than max_new_tokens - overlong_buffer_len tokens get a penalty
     growing linearly to -overlong_penalty_factor at max_new_tokens, added to their reward before advantages."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -51,6 +52,21 @@ def overlong_penalty(
     # the paper's -1.
     penalty = np.clip((expected - length) / buffer_length, -1.0, 0.0)
     return penalty * penalty_factor
+
+
+class _MaybeTruncated(Protocol):
+    truncated: bool
+
+
+T = TypeVar("T", bound=_MaybeTruncated)
+
+
+def without_truncated(samples: Sequence[T]) -> tuple[list[T], int]:
+    """TRL's ``mask_truncated_completions``: the samples whose response did not hit the length limit (each has a
+    ``truncated`` flag), and how many were left out. Applied to a batch after its advantages: the truncated
+    responses counted in their groups' baselines, and leave only the update."""
+    kept = [s for s in samples if not s.truncated]
+    return kept, len(samples) - len(kept)
 
 
 def keep_group(correct: Sequence[bool], rewards: Sequence[float], metric: str = "accuracy") -> bool:

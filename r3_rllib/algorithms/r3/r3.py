@@ -53,6 +53,7 @@ from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.method import TrainingPhase, method_for
+from r3_rllib.core.reward_shaping import without_truncated
 from r3_rllib.core.schedules import scheduled_value
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
@@ -238,6 +239,10 @@ class R3(R3Console, R3Checkpoints, Algorithm):
                 groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
             batch, r3_metrics = build_training_batch(groups, settings, fetch)
         r3_metrics.update(entropy_metrics)
+        if (
+            self.config.mask_truncated_completions
+        ):  # after the advantages, which the truncated ones shaped too
+            batch, r3_metrics["truncated_masked"] = without_truncated(batch)
         # After the batch is built (a group never replays its own samples). Reflection samples stay out: their
         # prompt is not the query's (see groups.py).
         if self._replay_available:
