@@ -97,9 +97,9 @@ def ddof_only_for_grpo(config: Any) -> str | None:
 
 
 def gspo_needs_sequence_mean(config: Any) -> str | None:
-    """GSPO's objective is a mean over sequences (verl forces this mode for it); the learner also scales
+    """GSPO's and SAPO's objectives are means over sequences (verl forces this mode for both); the learner also scales
     micro-batches by the mode's count (sequences here), so the config must say it."""
-    if config.policy_loss in ("gspo", "gspo_token") and config.loss_agg_mode != "seq-mean-token-mean":
+    if config.policy_loss in ("gspo", "gspo_token", "sapo") and config.loss_agg_mode != "seq-mean-token-mean":
         return (
             f"policy_loss {config.policy_loss!r} needs loss_agg_mode 'seq-mean-token-mean' (a mean over "
             f"sequences), got {config.loss_agg_mode!r}"

@@ -26,6 +26,8 @@ from r3_rllib.core.losses import (
     GSPO_CLIP_LOW,
     KL_KINDS,
     LOSS_FNS,
+    SAPO_TAU_NEG,
+    SAPO_TAU_POS,
 )
 from r3_rllib.core.mismatch import IS_LEVELS, RS_LEVELS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
@@ -182,13 +184,19 @@ class R3Settings:
     """Name in r3_rllib.core.losses.LOSS_FNS: 'clipped_pg' (PPO/DAPO clipped surrogate), 'gspo' (sequence-level
     ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean'; see gspo_clip_*), 'gspo_token' (GSPO-token, the
     same value with a per-token gradient), 'cispo' (truncated detached ratio times log-prob, MiniMax-M1; see
-    cispo_clip_*), 'gpg' (verl's: -A x log-prob, no ratio and no clip), or one added with register_loss (its
-    parameters come from the config fields it declares)."""
+    cispo_clip_*), 'gpg' (verl's: -A x log-prob, no ratio and no clip), 'sapo' (a smooth sigmoid gate on the token
+    ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), or one added with
+    register_loss (its parameters come from the config fields it declares)."""
     gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
     """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
     ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""
     gspo_clip_high: float = setting(GSPO_CLIP_HIGH, range=">= 0", finite=True)
     """'gspo'/'gspo_token': the sequence ratio is clipped above at 1 + gspo_clip_high (the GSPO paper's 4e-4). >= 0."""
+    sapo_tau_pos: float = setting(SAPO_TAU_POS, range="> 0", finite=True)
+    """'sapo': the gate's temperature for tokens of positive advantage (the paper's and verl's tau_pos, TRL's
+    sapo_temperature_pos: 1.0); higher: the gradient fades faster as the ratio leaves 1. > 0."""
+    sapo_tau_neg: float = setting(SAPO_TAU_NEG, range="> 0", finite=True)
+    """'sapo': the gate's temperature for tokens of zero or negative advantage (1.05). > 0."""
     cispo_clip_high: float = setting(0.2, range=">= 0", finite=True)
     """'cispo': each token's detached importance weight is truncated at 1 + cispo_clip_high (the paper tunes only
     this bound and publishes no value; 0.2 is verl's CISPO example, docs/presets.md). >= 0."""

@@ -638,6 +638,62 @@ def gpg_policy_loss(
     return loss, metrics
 
 
+#: SAPO's gate temperatures for positive and negative advantages (the paper's, and verl's and TRL's defaults).
+SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05
+
+
+def sapo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tau_pos: float = SAPO_TAU_POS,
+    tau_neg: float = SAPO_TAU_NEG,
+    agg_mode: str = "seq-mean-token-mean",
+    norm_len: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Soft Adaptive Policy Optimization, Gao et al. 2025, arXiv 2511.20347; verl's and TRL's ``sapo``): a
+    smooth gate on the token ratio in place of PPO's hard clip,
+
+        per token: -f(r; tau) * A,   f(r; tau) = sigmoid(tau * (r - 1)) * 4 / tau,   r = exp(logprobs - old),
+
+    with ``tau = tau_pos`` where ``A > 0`` and ``tau_neg`` elsewhere (the log-ratio clamped at +-20 first, as
+    verl). At ``r = 1`` the gate's slope is 1, so an on-policy step is the policy gradient's; away from it the
+    gradient fades smoothly instead of stopping at a clip edge. Times the detached ``is_weights`` when given, then
+    :func:`aggregate_loss` (the paper's objective is a mean over sequences: 'seq-mean-token-mean', which the config
+    requires). Metrics: the keys of :func:`clipped_policy_loss`, every clip fraction 0.
+    """
+    _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, None)
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    if not (0.0 < tau_pos < float("inf") and 0.0 < tau_neg < float("inf")):
+        raise ValueError(f"tau_pos and tau_neg must be finite and > 0, got {tau_pos}, {tau_neg}")
+    m = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach()
+    log_ratio = torch.clamp(logprobs - old_logprobs.detach(), -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=m.dtype, device=m.device)
+        log_ratio = log_ratio.detach()
+        metrics = {
+            "clip_frac_low": zero,
+            "clip_frac_high": zero,
+            "clip_frac_dual": zero,
+            "approx_kl": _masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, m),
+            "ratio_mean": _masked_mean(torch.exp(log_ratio), m),
+        }
+        if is_weights is not None:
+            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
+    return loss, metrics
+
+
 _GSPO_PARAMS = {
     "clip_low": "gspo_clip_low",
     "clip_high": "gspo_clip_high",
@@ -659,6 +715,15 @@ register_loss(
 register_loss("gpg", config_params={"agg_mode": "loss_agg_mode", "norm_len": "max_new_tokens"})(
     gpg_policy_loss
 )
+register_loss(
+    "sapo",
+    config_params={
+        "tau_pos": "sapo_tau_pos",
+        "tau_neg": "sapo_tau_neg",
+        "agg_mode": "loss_agg_mode",
+        "norm_len": "max_new_tokens",
+    },
+)(sapo_policy_loss)
 
 
 def get_loss_fn(name: str) -> LossFn:

@@ -32,6 +32,7 @@ POLICY_LOSSES = [
     ("gspo_token", "seq-mean-token-mean"),
     ("cispo", "token-mean"),
     ("gpg", "token-mean"),
+    ("sapo", "seq-mean-token-mean"),
 ]
 
 

@@ -653,3 +653,39 @@ def test_gpg_is_minus_advantage_times_log_prob_by_hand():
         logp.detach(), old, adv, mask, is_weights=torch.full((2, 2), 0.5).double()
     )
     assert float(weighted) == pytest.approx(1.0 / 3.0, abs=tol) and float(m["is_weight_mean"]) == 0.5
+
+
+def test_sapo_gate_by_hand():
+    """SAPO: per token -sigmoid(tau (r - 1)) 4 / tau x A, tau 1.0 where A > 0 and 1.05 elsewhere. Row 0 (A = 1):
+    ratios 1 and 2, gates 2 and 4 sigmoid(1); row 1 (A = -0.5): ratio 0.5, gate 4 / 1.05 sigmoid(-0.525); a mean
+    over sequences of their token means. At r = 1 the gate's slope is 1: the token's gradient is the policy
+    gradient's, -A over the normaliser (1/2 of a 2-token row, 1/2 of 2 rows)."""
+    from r3_rllib.core.losses import get_loss_fn
+
+    def sig(x: float) -> float:
+        return 1.0 / (1.0 + math.exp(-x))
+
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    logp = torch.tensor([[0.0, math.log(2.0)], [math.log(0.5), 0.0]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    loss, m = get_loss_fn("sapo")(logp, old, adv, mask, agg_mode="seq-mean-token-mean")
+    row0 = (-2.0 - 4.0 * sig(1.0)) / 2
+    row1 = 0.5 * sig(1.05 * -0.5) * 4.0 / 1.05
+    tol = f64_tol(3.0, ulps=16)
+    assert float(loss.detach()) == pytest.approx((row0 + row1) / 2, abs=tol)
+    assert float(m["clip_frac_high"]) == 0.0
+    loss.backward()
+    assert float(logp.grad[0, 0]) == pytest.approx(-0.25, abs=tol)
+    # r = 2: slope 4 sigmoid'(1) x 2 = 8 sigmoid(1)(1 - sigmoid(1)), a fade from 1, not a clip's 0.
+    assert float(logp.grad[0, 1]) == pytest.approx(-8 * sig(1.0) * (1 - sig(1.0)) / 4, abs=tol)
+    with pytest.raises(ValueError, match="tau_pos and tau_neg must be finite and > 0"):
+        get_loss_fn("sapo")(logp.detach(), old, adv, mask, tau_pos=0.0)
+
+
+def test_sapo_needs_the_sequence_mean():
+    from r3_rllib import R3Config
+
+    with pytest.raises(ValueError, match="policy_loss 'sapo' needs loss_agg_mode 'seq-mean-token-mean'"):
+        R3Config().training(policy_loss="sapo", loss_agg_mode="token-mean").validate()
+    R3Config().training(policy_loss="sapo", loss_agg_mode="seq-mean-token-mean").validate()
