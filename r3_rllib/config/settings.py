@@ -24,6 +24,8 @@ from r3_rllib.core.losses import (
     DEFAULT_LOG_RATIO_CLAMP,
     GSPO_CLIP_HIGH,
     GSPO_CLIP_LOW,
+    KL_COV_COEF,
+    KL_COV_RATIO,
     KL_KINDS,
     LOSS_FNS,
     SAPO_TAU_NEG,
@@ -185,13 +187,19 @@ class R3Settings:
     ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean'; see gspo_clip_*), 'gspo_token' (GSPO-token, the
     same value with a per-token gradient), 'cispo' (truncated detached ratio times log-prob, MiniMax-M1; see
     cispo_clip_*), 'gpg' (verl's: -A x log-prob, no ratio and no clip), 'sapo' (a smooth sigmoid gate on the token
-    ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), or one added with
-    register_loss (its parameters come from the config fields it declares)."""
+    ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), 'kl_cov' (verl's KL-Cov:
+    the unclipped surrogate plus a KL penalty on the tokens of largest advantage-log-prob covariance; see
+    kl_cov_*), or one added with register_loss (its parameters come from the config fields it declares)."""
     gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
     """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
     ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""
     gspo_clip_high: float = setting(GSPO_CLIP_HIGH, range=">= 0", finite=True)
     """'gspo'/'gspo_token': the sequence ratio is clipped above at 1 + gspo_clip_high (the GSPO paper's 4e-4). >= 0."""
+    kl_cov_ratio: float = setting(KL_COV_RATIO, range="(0, 1]")
+    """'kl_cov': the share of each micro-batch's trained tokens that get the KL penalty, those of largest
+    covariance between advantage and log-prob (verl's kl_cov_ratio: 0.0002; at least one token). In (0, 1]."""
+    kl_cov_coef: float = setting(KL_COV_COEF, range=">= 0", finite=True)
+    """'kl_cov': the weight of |log pi - log pi_old| on those tokens (verl's ppo_kl_coef: 0.1). >= 0."""
     sapo_tau_pos: float = setting(SAPO_TAU_POS, range="> 0", finite=True)
     """'sapo': the gate's temperature for tokens of positive advantage (the paper's and verl's tau_pos, TRL's
     sapo_temperature_pos: 1.0); higher: the gradient fades faster as the ratio leaves 1. > 0."""

@@ -638,6 +638,73 @@ def gpg_policy_loss(
     return loss, metrics
 
 
+#: KL-Cov's share of a micro-batch's tokens that get the KL penalty, and its weight (verl's PolicyLossConfig).
+KL_COV_RATIO, KL_COV_COEF = 0.0002, 0.1
+
+
+def kl_cov_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl_cov_ratio: float = KL_COV_RATIO,
+    kl_coef: float = KL_COV_COEF,
+    agg_mode: str = "token-mean",
+    norm_len: float | None = None,
+    is_weights: torch.Tensor | None = None,
+    log_ratio_clamp: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617; verl's
+    ``kl_cov``): the unclipped surrogate ``-A * r`` on every token, plus ``kl_coef * |logprobs - old_logprobs|`` on
+    the ``max(1, int(kl_cov_ratio * n))`` valid tokens of largest covariance
+    ``(A_t - mean A) * (logprobs_t - mean logprobs)`` over the ``n`` valid tokens of the micro-batch (detached; the
+    tokens whose confidence rises with their advantage, which drive entropy down). Times the detached
+    ``is_weights`` when given, reduced with :func:`aggregate_loss`. Metrics: the keys of :func:`clipped_policy_loss`
+    (clip fractions 0) and ``kl_cov_frac``, the share of valid tokens penalised.
+    """
+    _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, log_ratio_clamp)
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    if not (0.0 < kl_cov_ratio <= 1.0 and 0.0 <= kl_coef < float("inf")):
+        raise ValueError(
+            f"kl_cov_ratio must be in (0, 1] and kl_coef finite and >= 0, got {kl_cov_ratio}, {kl_coef}"
+        )
+    m = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach().expand_as(logprobs)
+    log_ratio = logprobs - old_logprobs.detach()
+    if log_ratio_clamp is not None:
+        log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    penalised = torch.zeros_like(mask, dtype=torch.bool)
+    valid = mask.bool()
+    n = int(valid.sum())
+    if n:
+        a, lp = adv[valid], logprobs.detach()[valid]
+        cov = (a - a.mean()) * (lp - lp.mean())
+        top = torch.topk(cov, max(1, int(n * kl_cov_ratio))).indices
+        flat = torch.zeros(n, dtype=torch.bool, device=mask.device)
+        flat[top] = True
+        penalised[valid] = flat
+    per_token = -adv * ratio + kl_coef * log_ratio.abs() * penalised.to(logprobs.dtype)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=m.dtype, device=m.device)
+        metrics = {
+            "clip_frac_low": zero,
+            "clip_frac_high": zero,
+            "clip_frac_dual": zero,
+            "approx_kl": _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), m),
+            "ratio_mean": _masked_mean(ratio.detach(), m),
+            "kl_cov_frac": _masked_mean(penalised.to(m.dtype), m),
+        }
+        if is_weights is not None:
+            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
+    return loss, metrics
+
+
 #: SAPO's gate temperatures for positive and negative advantages (the paper's, and verl's and TRL's defaults).
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05
 
@@ -715,6 +782,16 @@ register_loss(
 register_loss("gpg", config_params={"agg_mode": "loss_agg_mode", "norm_len": "max_new_tokens"})(
     gpg_policy_loss
 )
+register_loss(
+    "kl_cov",
+    config_params={
+        "kl_cov_ratio": "kl_cov_ratio",
+        "kl_coef": "kl_cov_coef",
+        "agg_mode": "loss_agg_mode",
+        "norm_len": "max_new_tokens",
+        "log_ratio_clamp": "log_ratio_clamp",
+    },
+)(kl_cov_policy_loss)
 register_loss(
     "sapo",
     config_params={

@@ -33,6 +33,7 @@ POLICY_LOSSES = [
     ("cispo", "token-mean"),
     ("gpg", "token-mean"),
     ("sapo", "seq-mean-token-mean"),
+    ("kl_cov", "token-mean"),
 ]
 
 

@@ -689,3 +689,31 @@ def test_sapo_needs_the_sequence_mean():
     with pytest.raises(ValueError, match="policy_loss 'sapo' needs loss_agg_mode 'seq-mean-token-mean'"):
         R3Config().training(policy_loss="sapo", loss_agg_mode="token-mean").validate()
     R3Config().training(policy_loss="sapo", loss_agg_mode="seq-mean-token-mean").validate()
+
+
+def test_kl_cov_penalises_the_tokens_of_largest_covariance_by_hand():
+    """verl's 'kl_cov'. Log-probs -1, -2 | -0.5, -1.5, each 0.1 above the old ones (r = e^0.1), advantages 1 and
+    -1. Centred advantages 1, 1, -1, -1 times centred log-probs 0.25, -0.75, 0.75, -0.25: covariances 0.25, -0.75,
+    -0.75, 0.25; kl_cov_ratio 0.5 penalises the top int(4 x 0.5) = 2, tokens (0, 0) and (1, 1), by 0.5 x |0.1|.
+    Token-mean: (-r + 0.05 - r + r + r + 0.05) / 4 = 0.025; no clip anywhere."""
+    from r3_rllib.core.losses import get_loss_fn
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach() - 0.1
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, m = get_loss_fn("kl_cov")(logp, old, adv, mask, kl_cov_ratio=0.5, kl_coef=0.5)
+    tol = f64_tol(2.0, ulps=16)
+    assert float(loss.detach()) == pytest.approx(0.025, abs=tol)
+    assert float(m["kl_cov_frac"]) == 0.5 and float(m["clip_frac_high"]) == 0.0
+    loss.backward()
+    r = math.exp(0.1)
+    want = torch.tensor([[-r + 0.5, -r], [r, r + 0.5]], dtype=torch.float64) / 4
+    torch.testing.assert_close(logp.grad, want, atol=tol, rtol=0)
+    # verl's default share (0.0002) still penalises one token; none without a valid token.
+    _, m = get_loss_fn("kl_cov")(logp.detach(), old, adv, mask)
+    assert float(m["kl_cov_frac"]) == 0.25
+    empty, m = get_loss_fn("kl_cov")(logp.detach(), old, adv, torch.zeros_like(mask))
+    assert float(empty) == 0.0 and float(m["kl_cov_frac"]) == 0.0
+    with pytest.raises(ValueError, match="kl_cov_ratio must be in"):
+        get_loss_fn("kl_cov")(logp.detach(), old, adv, mask, kl_cov_ratio=0.0)
