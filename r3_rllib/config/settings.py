@@ -229,7 +229,8 @@ class R3Settings:
     processes; here the quantile is over each micro-batch on its learner. Logged as learner/entropy_mask_frac (the
     share of trained tokens kept). 1.0 (default): every token, no entropy computed for it."""
     kl_type: str = setting("k3", choices=KL_KINDS)
-    """KL estimator: 'k1', 'k2', 'k3' (clamped as verl's low_var_kl) or 'k3_unclamped' (R^2PO's reference code)."""
+    """KL estimator: 'k1', 'k2', 'k3' (clamped as verl's low_var_kl), 'k3_unclamped' (R^2PO's reference code) or 'abs'
+    (verl's: |log pi - log ref|)."""
     weight_decay: float = setting(0.0, range=">= 0", finite=True)
     """AdamW weight decay."""
     advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)

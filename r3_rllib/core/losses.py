@@ -216,7 +216,7 @@ def _clip_metrics(
     return metrics
 
 
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "k3_unclamped")
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "k3_unclamped", "abs")
 
 #: k3 clamps, as verl's ``low_var_kl``: the log-ratio ``ref - logp`` to +-20 before ``exp`` (e^20 ~ 4.9e8 stays finite
 #: in fp32/bf16; e^89 overflows fp32 to inf and its backward to nan), then the k3 value to +-10.
@@ -236,6 +236,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
       k3 value reaches 10 at ``d ~ 2.611`` and ``d ~ -11.0``.
     - ``"k3_unclamped"``: ``exp(d) - d - 1`` with ``d = ref - logp`` as it is (R^2PO's reference code: its head's KL
       to the head-less model has no clamp); only the log-ratio is bounded at +-20, so ``exp`` stays finite.
+    - ``"abs"``: ``|logp - ref|`` (verl's ``abs``; >= 0, its gradient the sign of the gap).
     """
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     if kind == "k1":
@@ -245,6 +246,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     if kind == "k3":
         d = torch.clamp(ref_logprobs - logprobs, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
         return torch.clamp(torch.exp(d) - d - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+    if kind == "abs":
+        return (logprobs - ref_logprobs).abs()
     if kind == "k3_unclamped":
         d = torch.clamp(ref_logprobs - logprobs, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
         return torch.exp(d) - d - 1.0

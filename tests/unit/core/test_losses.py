@@ -242,6 +242,9 @@ def test_kl_kinds_hand_computed():
     k3 = [0.5 + math.log(2) - 1, 2 - math.log(2) - 1]
     torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.tensor(k3))
     assert (kl_penalty(logp, ref, "k3") >= 0).all()
+    torch.testing.assert_close(
+        kl_penalty(logp, ref, "abs"), torch.tensor([math.log(2), math.log(2)])
+    )  # verl's abs
     with pytest.raises(ValueError, match="unknown KL kind"):
         kl_penalty(logp, ref, "k4")
 
