@@ -42,6 +42,9 @@ ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "reinforce_plus_plus_baseline": {"advantage_estimator": "reinforce_plus_plus_baseline"},
     "gspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
     "cispo": {"policy_loss": "cispo"},
+    "gpg": {"policy_loss": "gpg"},
+    "sapo": {"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
+    "kl_cov": {"policy_loss": "kl_cov"},
 }
 #: GRPO training a LoRA adapter only (rank 16 on every linear layer); LoRA's updates are smaller per step, so its
 #: learning rate is LORA_LR_SCALE times the full fine-tuning one (``--lr``): 3x read best of 3x, 10x, 20x (seed 0).
