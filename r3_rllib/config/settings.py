@@ -237,7 +237,8 @@ class R3Settings:
     """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha,
     lambda), 'rloo' (leave-one-out baseline), 'reinforce_plus_plus_baseline' (verl's: group mean, then whitened
     over the batch's tokens), 'reinforce_plus_plus' (verl's: the reward whitened over the batch's tokens, gamma 1,
-    no group baseline), 'hgpo' (step advantages for multi-step envs, see hgpo_*). 'reinforce_pp' was renamed
+    no group baseline), 'grpo_batch_std' (TRL's scale_rewards='batch': the group mean, then the batch's reward std),
+    'hgpo' (step advantages for multi-step envs, see hgpo_*). 'reinforce_pp' was renamed
     'reinforce_plus_plus_baseline'."""
     adv_eps: float = setting(1e-6, range=">= 0", finite=True)
     """The epsilon in GRPO's (R - mean) / (std + eps) (the REINFORCE++ whitening adds verl's fixed 1e-8 to the

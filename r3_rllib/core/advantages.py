@@ -228,6 +228,46 @@ def reinforce_plus_plus_advantages(rewards: Sequence[float] | np.ndarray) -> np.
     return _as_group(rewards).copy()
 
 
+#: TRL's constant under the batch std of ``scale_rewards='batch'``.
+BATCH_STD_EPS = 1e-4
+
+
+def batch_reward_std_scale(
+    advantages: Sequence[float] | np.ndarray,
+    *,
+    rewards: Sequence[float] | np.ndarray,
+    eps: float = BATCH_STD_EPS,
+) -> np.ndarray:
+    """TRL's ``scale_rewards='batch'`` batch step: every group-centred advantage divided by the sample std of all of
+    the batch's rewards (the rewards the groups were centred with, replayed ones included) plus ``eps``; one scale
+    for every group. With fewer than two rewards (no spread to take) the advantages are left as they are."""
+    a = np.asarray(advantages, dtype=np.float64)
+    r = np.asarray(rewards, dtype=np.float64)
+    if a.ndim != 1 or r.shape != a.shape:
+        raise ValueError(f"need advantages [B] and rewards [B]; got {a.shape} and {r.shape}")
+    if not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    if r.size < 2:
+        return a.copy()
+    denom = r.std(ddof=1) + eps
+    return a / denom if denom > 0 else np.zeros_like(a)
+
+
+@register_advantage(
+    "grpo_batch_std",
+    batch_fn=batch_reward_std_scale,
+    batch_config_params={"eps": "adv_eps"},
+    batch_sample_inputs=("rewards",),
+)
+def grpo_batch_std_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """GRPO with the batch's reward std (TRL's ``scale_rewards='batch'``; the group-mean, batch-std advantage of
+    "Tricks or Traps?", Liu et al. 2025, arXiv 2508.08221), per-group part: ``R_i - mean(R)``; the batch step
+    :func:`batch_reward_std_scale` divides by the std of every reward of the batch, which keeps a group of nearly
+    equal rewards from being scaled up as GRPO's own std would. TRL's 1e-4 under the std is ``adv_eps: 1.0e-4``."""
+    r = _as_group(rewards)
+    return r - r.mean()
+
+
 def compute_group_advantages(name: str, rewards: Sequence[float] | np.ndarray, **params: float) -> np.ndarray:
     """Advantages of one group with the estimator registered as ``name`` (its per-group pass only: see
     :func:`apply_batch_step` for an estimator that declares a batch step)."""

@@ -317,11 +317,16 @@ def _score_groups(
         # replayed and ranked samples are trained on, so they count; zero-advantage groups count too (as zeros, as
         # in verl's whole-batch statistics), so the scale does not depend on whether a KL term keeps them.
         members = [s for _, m, *_ in scored for s in m]
+        inputs = _batch_sample_inputs(settings.batch_step, members)
+        if BATCH_REWARDS in ADVANTAGE_FNS.batch_sample_inputs.get(settings.batch_step, ()):
+            inputs[BATCH_REWARDS] = np.concatenate(
+                [r for _, _, r, _ in scored]
+            )  # shaped, as the groups used them
         flat = apply_batch_step(
             settings.batch_step,
             np.concatenate([a for *_, a in scored]),
             **settings.batch_step_params,
-            **_batch_sample_inputs(settings.batch_step, members),
+            **inputs,
         )
         bounds = np.cumsum([len(a) for *_, a in scored])[:-1]
         scored = [(g, m, r, a) for (g, m, r, _), a in zip(scored, np.split(flat, bounds), strict=True)]
@@ -410,6 +415,9 @@ def _trained_tokens(sample: Sample) -> int:
 
 #: Batch-step keyword (a registered ``batch_sample_inputs`` name) -> how it is read from one sample.
 BATCH_SAMPLE_INPUTS: dict[str, Callable[[Sample], Any]] = {"token_counts": _trained_tokens}
+#: The batch-step keyword for the rewards the groups' advantages were computed from (shaped, ranked), aligned with
+#: the concatenated advantages: given by the batch builder itself, not read from a sample.
+BATCH_REWARDS = "rewards"
 
 
 def _batch_sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, np.ndarray]:
@@ -417,9 +425,12 @@ def _batch_sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str,
     with the batch's concatenated advantages."""
     out = {}
     for name in ADVANTAGE_FNS.batch_sample_inputs.get(estimator, ()):
+        if name == BATCH_REWARDS:
+            continue
         if name not in BATCH_SAMPLE_INPUTS:
             raise ValueError(
-                f"the batch step of {estimator!r} asks for {name!r}; the batch builder gives {sorted(BATCH_SAMPLE_INPUTS)}"
+                f"the batch step of {estimator!r} asks for {name!r}; the batch builder gives "
+                f"{sorted([*BATCH_SAMPLE_INPUTS, BATCH_REWARDS])}"
             )
         out[name] = np.array([BATCH_SAMPLE_INPUTS[name](s) for s in members])
     return out

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -187,3 +189,16 @@ def test_batch_steps_are_refused_for_step_level_estimators():
     with pytest.raises(ValueError, match="batch parameters given without a batch_fn"):
         register_advantage("test_no_batch_fn", batch_config_params={"eps": "adv_eps"})(lambda r: r)
     assert "test_no_batch_fn" not in ADVANTAGE_FNS
+
+
+def test_batch_reward_std_scale_by_hand_and_its_edges():
+    """TRL's scale_rewards='batch': advantages / (sample std of the rewards + eps); rewards 0, 1, 1: mean 2/3, sample
+    variance (4/9 + 1/9 + 1/9) / 2 = 1/3."""
+    from r3_rllib.core.advantages import batch_reward_std_scale
+
+    out = batch_reward_std_scale([1.0, -2.0, 0.5], rewards=[0.0, 1.0, 1.0], eps=0.0)
+    np.testing.assert_allclose(out, np.array([1.0, -2.0, 0.5]) / math.sqrt(1 / 3), rtol=1e-12)
+    assert list(batch_reward_std_scale([0.3], rewards=[1.0])) == [0.3]  # one reward: no spread to take
+    assert list(batch_reward_std_scale([0.0, 0.0], rewards=[1.0, 1.0], eps=0.0)) == [0.0, 0.0]
+    with pytest.raises(ValueError, match="need advantages"):
+        batch_reward_std_scale([1.0, 2.0], rewards=[1.0])
