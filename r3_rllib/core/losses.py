@@ -620,13 +620,28 @@ def gpg_policy_loss(
     _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, None)
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
-    m = mask.to(logprobs.dtype)
     per_token = -advantages.to(logprobs.dtype).unsqueeze(-1).detach() * logprobs
+    return _weighted_unclipped_loss(per_token, logprobs - old_logprobs, mask, agg_mode, norm_len, is_weights)
+
+
+def _weighted_unclipped_loss(
+    per_token: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    agg_mode: str,
+    norm_len: float | None,
+    is_weights: torch.Tensor | None,
+    **extra: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The shared end of the losses without a clip (GPG, KL-Cov, SAPO): ``per_token`` times the detached
+    ``is_weights`` when given, :func:`aggregate_loss`, and the metrics of :func:`clipped_policy_loss` with every
+    clip fraction 0 (``approx_kl`` and ``ratio_mean`` from ``log_ratio``), plus ``extra`` (detached scalars)."""
     if is_weights is not None:
         per_token = per_token * is_weights.detach().to(per_token.dtype)
     loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
     with torch.no_grad():
-        log_ratio = logprobs.detach() - old_logprobs.detach()
+        m = mask.to(per_token.dtype)
+        log_ratio = log_ratio.detach()
         ratio = torch.exp(log_ratio)
         zero = torch.zeros((), dtype=m.dtype, device=m.device)
         metrics = {
@@ -635,6 +650,7 @@ def gpg_policy_loss(
             "clip_frac_dual": zero,
             "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, m),
             "ratio_mean": _masked_mean(ratio, m),
+            **extra,
         }
         if is_weights is not None:
             metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
@@ -673,7 +689,6 @@ def kl_cov_policy_loss(
         raise ValueError(
             f"kl_cov_ratio must be in (0, 1] and kl_coef finite and >= 0, got {kl_cov_ratio}, {kl_coef}"
         )
-    m = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach().expand_as(logprobs)
     log_ratio = logprobs - old_logprobs.detach()
     if log_ratio_clamp is not None:
@@ -690,22 +705,10 @@ def kl_cov_policy_loss(
         flat[top] = True
         penalised[valid] = flat
     per_token = -adv * ratio + kl_coef * log_ratio.abs() * penalised.to(logprobs.dtype)
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach().to(per_token.dtype)
-    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
-    with torch.no_grad():
-        zero = torch.zeros((), dtype=m.dtype, device=m.device)
-        metrics = {
-            "clip_frac_low": zero,
-            "clip_frac_high": zero,
-            "clip_frac_dual": zero,
-            "approx_kl": _masked_mean(ratio.detach() - 1.0 - log_ratio.detach(), m),
-            "ratio_mean": _masked_mean(ratio.detach(), m),
-            "kl_cov_frac": _masked_mean(penalised.to(m.dtype), m),
-        }
-        if is_weights is not None:
-            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
-    return loss, metrics
+    frac = _masked_mean(penalised.to(logprobs.dtype), mask.to(logprobs.dtype))
+    return _weighted_unclipped_loss(
+        per_token, log_ratio, mask, agg_mode, norm_len, is_weights, kl_cov_frac=frac
+    )
 
 
 #: SAPO's gate temperatures for positive and negative advantages (the paper's, and verl's and TRL's defaults).
@@ -740,28 +743,12 @@ def sapo_policy_loss(
         raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
     if not (0.0 < tau_pos < float("inf") and 0.0 < tau_neg < float("inf")):
         raise ValueError(f"tau_pos and tau_neg must be finite and > 0, got {tau_pos}, {tau_neg}")
-    m = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach()
     log_ratio = torch.clamp(logprobs - old_logprobs.detach(), -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
-    if is_weights is not None:
-        per_token = per_token * is_weights.detach().to(per_token.dtype)
-    loss = aggregate_loss(per_token, mask, agg_mode, norm_len=norm_len)
-    with torch.no_grad():
-        zero = torch.zeros((), dtype=m.dtype, device=m.device)
-        log_ratio = log_ratio.detach()
-        metrics = {
-            "clip_frac_low": zero,
-            "clip_frac_high": zero,
-            "clip_frac_dual": zero,
-            "approx_kl": _masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, m),
-            "ratio_mean": _masked_mean(torch.exp(log_ratio), m),
-        }
-        if is_weights is not None:
-            metrics["is_weight_mean"] = _masked_mean(is_weights.to(m.dtype), m)
-    return loss, metrics
+    return _weighted_unclipped_loss(per_token, log_ratio, mask, agg_mode, norm_len, is_weights)
 
 
 _GSPO_PARAMS = {
