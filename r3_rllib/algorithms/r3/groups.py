@@ -319,9 +319,8 @@ def _score_groups(
         members = [s for _, m, *_ in scored for s in m]
         inputs = _batch_sample_inputs(settings.batch_step, members)
         if BATCH_REWARDS in ADVANTAGE_FNS.batch_sample_inputs.get(settings.batch_step, ()):
-            inputs[BATCH_REWARDS] = np.concatenate(
-                [r for _, _, r, _ in scored]
-            )  # shaped, as the groups used them
+            # The rewards as the groups used them: shaped, ranked, replayed ones included.
+            inputs[BATCH_REWARDS] = np.concatenate([r for _, _, r, _ in scored])
         flat = apply_batch_step(
             settings.batch_step,
             np.concatenate([a for *_, a in scored]),

@@ -239,9 +239,8 @@ class R3(R3Console, R3Checkpoints, Algorithm):
                 groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
             batch, r3_metrics = build_training_batch(groups, settings, fetch)
         r3_metrics.update(entropy_metrics)
-        if (
-            self.config.mask_truncated_completions
-        ):  # after the advantages, which the truncated ones shaped too
+        # TRL's mask_truncated_completions: after the advantages, which the truncated responses shaped too.
+        if self.config.mask_truncated_completions:
             batch, r3_metrics["truncated_masked"] = without_truncated(batch)
         # After the batch is built (a group never replays its own samples). Reflection samples stay out: their
         # prompt is not the query's (see groups.py).
