@@ -240,7 +240,8 @@ def check_length(
     if t.truncated_frac_max is not None:
         what = (
             "responses hit max_new_tokens (health_truncated_frac_max): truncated answers are graded as they are; "
-            "raise max_new_tokens or penalise overlong responses (overlong_buffer_len)"
+            "raise max_new_tokens, penalise overlong responses (overlong_buffer_len) or leave them out of the "
+            "update (mask_truncated_completions)"
         )
         out.append(_at_or_above("truncation", "rollout/truncated_frac", recent, t.truncated_frac_max, what))
     return out
