@@ -152,6 +152,16 @@ def truncation_mask_keeps_ranking_on_the_driver(config: Any) -> str | None:
     return None
 
 
+def clip_cov_band_is_ordered(config: Any) -> str | None:
+    """Clip-Cov draws tokens whose covariance lies strictly between the two bounds: an empty band drops nothing."""
+    if config.policy_loss == "clip_cov" and not config.clip_cov_lb < config.clip_cov_ub:
+        return (
+            f"policy_loss 'clip_cov' needs clip_cov_lb < clip_cov_ub (the covariance band its tokens are drawn "
+            f"from), got {config.clip_cov_lb} and {config.clip_cov_ub}"
+        )
+    return None
+
+
 def task_reward_parts_need_the_task_reward(config: Any) -> str | None:
     """With ``distill_task_reward=False`` the learner zeroes the task advantages (learner_distill.py): what only
     changes them would be silently ignored. Replay and ranking change nothing else (replayed samples have no
@@ -688,6 +698,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     replay_excludes_dynamic_sampling,
     ranking_survives_dynamic_sampling,
     truncation_mask_keeps_ranking_on_the_driver,
+    clip_cov_band_is_ordered,
     refill_rounds_agree_with_gen_batches,
     shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,

@@ -20,6 +20,9 @@ from r3_rllib.core.distill import DISTILL_MODES
 from r3_rllib.core.hgpo import HGPO_BASE_STATS, HGPO_MODES, HGPO_SETTINGS
 from r3_rllib.core.losses import (
     AGG_MODES,
+    CLIP_COV_LB,
+    CLIP_COV_RATIO,
+    CLIP_COV_UB,
     DEFAULT_CLIP_RATIO_C,
     DEFAULT_LOG_RATIO_CLAMP,
     GSPO_CLIP_HIGH,
@@ -189,12 +192,22 @@ class R3Settings:
     cispo_clip_*), 'gpg' (verl's: -A x log-prob, no ratio and no clip), 'sapo' (a smooth sigmoid gate on the token
     ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), 'kl_cov' (verl's KL-Cov:
     the unclipped surrogate plus a KL penalty on the tokens of largest advantage-log-prob covariance; see
-    kl_cov_*), or one added with register_loss (its parameters come from the config fields it declares)."""
+    kl_cov_*), 'clip_cov' (verl's Clip-Cov: PPO's clip, and the gradient of a few random tokens in a band of that
+    covariance dropped; see clip_cov_*), or one added with register_loss (its parameters come from the config
+    fields it declares)."""
     gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
     """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
     ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""
     gspo_clip_high: float = setting(GSPO_CLIP_HIGH, range=">= 0", finite=True)
     """'gspo'/'gspo_token': the sequence ratio is clipped above at 1 + gspo_clip_high (the GSPO paper's 4e-4). >= 0."""
+    clip_cov_ratio: float = setting(CLIP_COV_RATIO, range="(0, 1]")
+    """'clip_cov': the share of each micro-batch's trained tokens whose gradient is dropped (verl's clip_cov_ratio:
+    0.0002; at least one token when any lies in the band). In (0, 1]."""
+    clip_cov_lb: float = setting(CLIP_COV_LB, range=">= 0", finite=True)
+    """'clip_cov': the band's lower bound on the advantage-log-prob covariance (verl's 1.0; the tokens whose
+    confidence rises with their advantage have a positive one). >= 0."""
+    clip_cov_ub: float = setting(CLIP_COV_UB, range="> 0", finite=True)
+    """'clip_cov': the band's upper bound (verl's 5.0); above clip_cov_lb."""
     kl_cov_ratio: float = setting(KL_COV_RATIO, range="(0, 1]")
     """'kl_cov': the share of each micro-batch's trained tokens that get the KL penalty, those of largest
     covariance between advantage and log-prob (verl's kl_cov_ratio: 0.0002; at least one token). In (0, 1]."""

@@ -711,6 +711,79 @@ def kl_cov_policy_loss(
     )
 
 
+#: Clip-Cov's share of a micro-batch's tokens whose gradient it drops, and the covariance band they are drawn from
+#: (verl's PolicyLossConfig).
+CLIP_COV_RATIO, CLIP_COV_LB, CLIP_COV_UB = 0.0002, 1.0, 5.0
+
+
+def clip_cov_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    clip_cov_ratio: float = CLIP_COV_RATIO,
+    clip_cov_lb: float = CLIP_COV_LB,
+    clip_cov_ub: float = CLIP_COV_UB,
+    agg_mode: str = "token-mean",
+    norm_len: float | None = None,
+    is_weights: torch.Tensor | None = None,
+    log_ratio_clamp: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; verl's ``clip_cov``): PPO's clipped surrogate
+    (:func:`clipped_policy_loss`, no dual clip), with the gradient of up to ``max(1, int(clip_cov_ratio * n))`` of
+    the micro-batch's ``n`` valid tokens dropped: drawn at random (``torch.randperm`` on torch's global generator,
+    which the learner seeds from the run's seed and checkpoints) among the tokens PPO did not clip whose covariance
+    ``(A_t - mean A) * (logprobs_t - mean logprobs)`` lies strictly between ``clip_cov_lb`` and ``clip_cov_ub``.
+    Metrics: :func:`clipped_policy_loss`'s and ``clip_cov_frac``, the share of valid tokens dropped.
+    """
+    _check_clipped_inputs(
+        logprobs, old_logprobs, advantages, mask, clip_low, clip_high, is_weights, None, log_ratio_clamp
+    )
+    if not (0.0 < clip_cov_ratio <= 1.0 and clip_cov_lb < clip_cov_ub):
+        raise ValueError(
+            f"clip_cov_ratio must be in (0, 1] and clip_cov_lb < clip_cov_ub, got {clip_cov_ratio}, "
+            f"{clip_cov_lb}, {clip_cov_ub}"
+        )
+    with torch.no_grad():
+        valid = mask.bool()
+        a = advantages.to(logprobs.dtype).unsqueeze(-1).expand_as(logprobs)
+        log_ratio = logprobs.detach() - old_logprobs.detach()
+        if log_ratio_clamp is not None:
+            log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+        ratio = torch.exp(log_ratio)
+        clipped_by_ppo = -a * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) > -a * ratio
+        keep = torch.ones_like(logprobs)
+        if valid.any():
+            lp = logprobs.detach()
+            cov = (a - a[valid].mean()) * (lp - lp[valid].mean())
+            band = valid & ~clipped_by_ppo & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+            where = torch.nonzero(band)
+            drawn = where[torch.randperm(len(where))[: max(1, int(clip_cov_ratio * int(valid.sum())))]]
+            keep[drawn[:, 0], drawn[:, 1]] = 0.0
+    weights = keep if is_weights is None else is_weights.detach() * keep
+    loss, metrics = clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        agg_mode=agg_mode,
+        norm_len=norm_len,
+        is_weights=weights,
+        log_ratio_clamp=log_ratio_clamp,
+    )
+    m = mask.to(logprobs.dtype)
+    metrics["clip_cov_frac"] = _masked_mean(1.0 - keep, m)
+    metrics.pop("is_weight_mean", None)
+    if is_weights is not None:
+        metrics["is_weight_mean"] = _masked_mean(is_weights.detach().to(m.dtype), m)
+    return loss, metrics
+
+
 #: SAPO's gate temperatures for positive and negative advantages (the paper's, and verl's and TRL's defaults).
 SAPO_TAU_POS, SAPO_TAU_NEG = 1.0, 1.05
 
@@ -772,6 +845,19 @@ register_loss(
 register_loss("gpg", config_params={"agg_mode": "loss_agg_mode", "norm_len": "max_new_tokens"})(
     gpg_policy_loss
 )
+register_loss(
+    "clip_cov",
+    config_params={
+        "clip_low": "clip_low",
+        "clip_high": "clip_high",
+        "clip_cov_ratio": "clip_cov_ratio",
+        "clip_cov_lb": "clip_cov_lb",
+        "clip_cov_ub": "clip_cov_ub",
+        "agg_mode": "loss_agg_mode",
+        "norm_len": "max_new_tokens",
+        "log_ratio_clamp": "log_ratio_clamp",
+    },
+)(clip_cov_policy_loss)
 register_loss(
     "kl_cov",
     config_params={

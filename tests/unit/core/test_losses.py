@@ -720,3 +720,39 @@ def test_kl_cov_penalises_the_tokens_of_largest_covariance_by_hand():
     assert float(empty) == 0.0 and float(m["kl_cov_frac"]) == 0.0
     with pytest.raises(ValueError, match="kl_cov_ratio must be in"):
         get_loss_fn("kl_cov")(logp.detach(), old, adv, mask, kl_cov_ratio=0.0)
+
+
+def test_clip_cov_drops_the_gradient_of_tokens_in_the_covariance_band_by_hand():
+    """verl's 'clip_cov'. On-policy log-probs -1, -2 | -0.5, -1.5, advantages 2 and -1: centred advantages 1.5, 1.5,
+    -1.5, -1.5 times centred log-probs 0.25, -0.75, 0.75, -0.25 give covariances 0.375, -1.125, -1.125, 0.375; the
+    band (0.1, 1) holds tokens (0, 0) and (1, 1). With clip_cov_ratio 1 every token of the band is drawn (whatever
+    the permutation): token-mean (-2 + 1) / 4 = -0.25 (all tokens: -0.5), and those two tokens get no gradient."""
+    from r3_rllib.core.losses import get_loss_fn
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]], dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    clip_cov = get_loss_fn("clip_cov")
+    band = {"clip_low": 0.2, "clip_high": 0.2, "clip_cov_lb": 0.1, "clip_cov_ub": 1.0}
+    loss, m = clip_cov(logp, logp.detach(), adv, mask, clip_cov_ratio=1.0, **band)
+    tol = f64_tol(2.0, ulps=16)
+    assert float(loss.detach()) == pytest.approx(-0.25, abs=tol) and float(m["clip_cov_frac"]) == 0.5
+    assert "is_weight_mean" not in m
+    loss.backward()
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([[0.0, -0.5], [0.25, 0.0]], dtype=torch.float64), atol=tol, rtol=0
+    )
+    # verl's share (0.0002) drops one token of the band; a token PPO already clips is never drawn: with (0, 0)'s
+    # ratio at e (> 1.2, A > 0) only (1, 1) is left in the band.
+    _, m = clip_cov(logp.detach(), logp.detach(), adv, mask, **band)
+    assert float(m["clip_cov_frac"]) == 0.25
+    old = logp.detach().clone()
+    old[0, 0] -= 1.0
+    loss, m = clip_cov(logp.detach(), old, adv, mask, clip_cov_ratio=1.0, **band)
+    assert float(m["clip_cov_frac"]) == 0.25 and float(m["clip_frac_high"]) == 0.25
+    with pytest.raises(ValueError, match="clip_cov_lb < clip_cov_ub"):
+        clip_cov(logp.detach(), old, adv, mask, clip_low=0.2, clip_high=0.2, clip_cov_lb=1.0, clip_cov_ub=1.0)
+    from r3_rllib import R3Config
+
+    with pytest.raises(ValueError, match="policy_loss 'clip_cov' needs clip_cov_lb < clip_cov_ub"):
+        R3Config().training(policy_loss="clip_cov", clip_cov_lb=5.0).validate()
