@@ -162,7 +162,22 @@ SWITCHED_OPTIONS: tuple[Mode, ...] = (
 
 #: The field naming the entry -> (its registry, the options read only by the entries that declare them).
 REGISTRY_OPTIONS: dict[str, tuple[Registry, tuple[str, ...]]] = {
-    "policy_loss": (LOSS_FNS, ("gspo_clip_low", "gspo_clip_high", "cispo_clip_high", "cispo_clip_low")),
+    "policy_loss": (
+        LOSS_FNS,
+        (
+            "gspo_clip_low",
+            "gspo_clip_high",
+            "cispo_clip_high",
+            "cispo_clip_low",
+            "sapo_tau_pos",
+            "sapo_tau_neg",
+            "kl_cov_ratio",
+            "kl_cov_coef",
+            "clip_cov_ratio",
+            "clip_cov_lb",
+            "clip_cov_ub",
+        ),
+    ),
     "advantage_estimator": (
         ADVANTAGE_FNS,
         (

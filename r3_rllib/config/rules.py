@@ -136,16 +136,10 @@ def truncation_mask_keeps_ranking_on_the_driver(config: Any) -> str | None:
     and advantages are set; ranking whose entropies the learners compute sets the ranked failures' rewards inside the
     update (ranking_deferred.py), from the batch it is sent: without the truncated failures, every all-wrong group
     would be ranked on a part of its failures."""
-    if not (config.mask_truncated_completions and config.ranking):
-        return None
-    source = config.ranking_entropy_source
-    capabilities = _capabilities(config)
-    if source == "learner" or (
-        source == "auto" and capabilities is not None and not capabilities.exact_entropies
-    ):
+    if config.mask_truncated_completions and config.ranking and ranking_entropies_from_learner(config):
         return (
             "mask_truncated_completions with ranking on the learners' entropies (ranking_entropy_source="
-            f"{source!r}, engine {config.engine!r}): the learners rank each all-wrong group's failures inside the "
+            f"{config.ranking_entropy_source!r}, engine {config.engine!r}): the learners rank each all-wrong group's failures inside the "
             "update, which the truncated ones would have left; set ranking_entropy_source='engine' (the ranking "
             "then uses the engine's entropies, on the driver), or turn one of them off"
         )
@@ -260,6 +254,17 @@ def _capabilities(config: Any) -> EngineCapabilities | None:
         return engine_capabilities(config.engine)
     except ValueError:
         return None
+
+
+def ranking_entropies_from_learner(config: Any) -> bool:
+    """Whether the learners compute the ranking's entropies: ``ranking_entropy_source`` 'learner', or 'auto' with an
+    engine whose entropies are estimates (vLLM's top-k ones). An unregistered engine counts as exact (its own rule
+    names it)."""
+    source = config.ranking_entropy_source
+    capabilities = _capabilities(config)
+    return source == "learner" or (
+        source == "auto" and capabilities is not None and not capabilities.exact_entropies
+    )
 
 
 def partial_rollouts_need_overlap_and_a_stepping_engine(config: Any) -> str | None:
@@ -602,15 +607,11 @@ def ranking_source_has_a_judge(config: Any) -> str | None:
     entries = config.reward_models if isinstance(config.reward_models, (list, tuple)) else []
     if not any(isinstance(e, Mapping) and e.get("type") == "group_judge" for e in entries):
         return f"ranking_source {source!r} needs a reward_models term of type 'group_judge' (its scores rank)"
-    caps = _capabilities(config)
-    exact = caps is not None and caps.exact_entropies
-    entropy_source = config.ranking_entropy_source
-    from_learner = entropy_source == "learner" or (entropy_source == "auto" and not exact)
-    if source == "both" and from_learner:
+    if source == "both" and ranking_entropies_from_learner(config):
         return (
             "ranking_source 'both' mixes the judge's ranking with the entropy ranking on the driver, but the "
             "ranking's entropies come from the learners (ranking_entropy_source "
-            f"{entropy_source!r} with engine {config.engine!r}): set ranking_entropy_source 'engine' "
+            f"{config.ranking_entropy_source!r} with engine {config.engine!r}): set ranking_entropy_source 'engine' "
             "or ranking_source 'judge'"
         )
     return None

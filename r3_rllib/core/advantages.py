@@ -253,17 +253,13 @@ def batch_reward_std_scale(
     return a / denom if denom > 0 else np.zeros_like(a)
 
 
-@register_advantage(
-    "grpo_batch_std",
-    batch_fn=batch_reward_std_scale,
-    batch_config_params={"eps": "adv_eps"},
-    batch_sample_inputs=("rewards",),
-)
+@register_advantage("grpo_batch_std", batch_fn=batch_reward_std_scale, batch_sample_inputs=("rewards",))
 def grpo_batch_std_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
     """GRPO with the batch's reward std (TRL's ``scale_rewards='batch'``; the group-mean, batch-std advantage of
     "Tricks or Traps?", Liu et al. 2025, arXiv 2508.08221), per-group part: ``R_i - mean(R)``; the batch step
     :func:`batch_reward_std_scale` divides by the std of every reward of the batch, which keeps a group of nearly
-    equal rewards from being scaled up as GRPO's own std would. TRL's 1e-4 under the std is ``adv_eps: 1.0e-4``."""
+    equal rewards from being scaled up as GRPO's own std would. Under the std, TRL's constant 1e-4
+    (:data:`BATCH_STD_EPS`; ``adv_eps`` is GRPO's own)."""
     r = _as_group(rewards)
     return r - r.mean()
 

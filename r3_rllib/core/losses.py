@@ -657,6 +657,13 @@ def _weighted_unclipped_loss(
     return loss, metrics
 
 
+def _token_covariance(adv: torch.Tensor, logprobs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(A_t - mean A) * (logprobs_t - mean logprobs)`` per token ``[B, T]``, the means over the ``valid`` tokens
+    (detached): the covariance KL-Cov and Clip-Cov select tokens by (arXiv 2505.22617). Call with a valid token."""
+    lp = logprobs.detach()
+    return (adv - adv[valid].mean()) * (lp - lp[valid].mean())
+
+
 #: KL-Cov's share of a micro-batch's tokens that get the KL penalty, and its weight (verl's PolicyLossConfig).
 KL_COV_RATIO, KL_COV_COEF = 0.0002, 0.1
 
@@ -698,8 +705,7 @@ def kl_cov_policy_loss(
     valid = mask.bool()
     n = int(valid.sum())
     if n:
-        a, lp = adv[valid], logprobs.detach()[valid]
-        cov = (a - a.mean()) * (lp - lp.mean())
+        cov = _token_covariance(adv, logprobs, valid)[valid]
         top = torch.topk(cov, max(1, int(n * kl_cov_ratio))).indices
         flat = torch.zeros(n, dtype=torch.bool, device=mask.device)
         flat[top] = True
@@ -757,8 +763,7 @@ def clip_cov_policy_loss(
         clipped_by_ppo = -a * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) > -a * ratio
         keep = torch.ones_like(logprobs)
         if valid.any():
-            lp = logprobs.detach()
-            cov = (a - a[valid].mean()) * (lp - lp[valid].mean())
+            cov = _token_covariance(a, logprobs, valid)
             band = valid & ~clipped_by_ppo & (cov > clip_cov_lb) & (cov < clip_cov_ub)
             where = torch.nonzero(band)
             drawn = where[torch.randperm(len(where))[: max(1, int(clip_cov_ratio * int(valid.sum())))]]
@@ -817,7 +822,9 @@ def sapo_policy_loss(
     if not (0.0 < tau_pos < float("inf") and 0.0 < tau_neg < float("inf")):
         raise ValueError(f"tau_pos and tau_neg must be finite and > 0, got {tau_pos}, {tau_neg}")
     adv = advantages.to(logprobs.dtype).unsqueeze(-1).detach()
-    log_ratio = torch.clamp(logprobs - old_logprobs.detach(), -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    log_ratio = torch.clamp(
+        logprobs - old_logprobs.detach(), -DEFAULT_LOG_RATIO_CLAMP, DEFAULT_LOG_RATIO_CLAMP
+    )
     ratio = torch.exp(log_ratio)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv

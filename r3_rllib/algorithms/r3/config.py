@@ -38,6 +38,7 @@ from r3_rllib.config import R3_FIELDS, Rule, check_config, default_values
 from r3_rllib.config.field import renamed_keys
 from r3_rllib.config.presets import recipe_values
 from r3_rllib.config.rllib_fields import ignored_field_errors, rllib_field_defaults
+from r3_rllib.config.rules import ranking_entropies_from_learner
 from r3_rllib.config.settings import RENAMED_FIELDS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_TEMPLATE, build_reflection_prompt
 from r3_rllib.core.threads import PhaseThreads, available_cores, phase_threads
@@ -345,10 +346,8 @@ class R3Config(AlgorithmConfig):
     @property
     def ranking_entropies_from_learner(self) -> bool:
         """Whether the learners rescore the ranking's entropies (ranking_entropy_source; 'auto': when the engine's
-        entropies are estimates, as vLLM's top-k ones are)."""
-        source = self.ranking_entropy_source
-        exact = engine_capabilities(self.engine).exact_entropies
-        return source == "learner" or (source == "auto" and not exact)
+        entropies are estimates, as vLLM's top-k ones are; config/rules.py)."""
+        return ranking_entropies_from_learner(self)
 
     @property
     def model_paths(self) -> list[Any]:

@@ -52,9 +52,10 @@ def apply_stages(
     is not called, else 0)."""
     if not stages or not groups:
         return list(groups)
-    for stage in stages:
-        log(stage.name, "skipped", 0.0 if stage.needed_in(phase) else 1.0)
-    stages = [stage for stage in stages if stage.needed_in(phase)]
+    needed = [stage.needed_in(phase) for stage in stages]
+    for stage, need in zip(stages, needed, strict=True):
+        log(stage.name, "skipped", 0.0 if need else 1.0)
+    stages = [stage for stage, need in zip(stages, needed, strict=True) if need]
     pending = [stage.submit(groups) for stage in stages]
     out = list(groups)
     for stage, ticket in zip(stages, pending, strict=True):

@@ -369,18 +369,19 @@ def test_no_group_left_to_train_reports_no_fraction_rather_than_zero():
 def test_grpo_batch_std_divides_group_centred_advantages_by_the_batchs_reward_std():
     """TRL's scale_rewards='batch': a = [1, 0, 0, 1] -> centred [.5, -.5, -.5, .5]; b = [1, 1, 1, 0] -> [.25, .25,
     .25, -.75]; the eight rewards' sample std: mean 0.625, sum of squares 5 x 0.375^2 + 3 x 0.625^2 = 1.875, over
-    7: sqrt(1.875 / 7); plus TRL's 1e-4 (adv_eps)."""
+    7: sqrt(1.875 / 7); plus TRL's 1e-4."""
     groups = [_group("a", [1, 0, 0, 1]), _group("b", [1, 1, 1, 0])]
     name = "grpo_batch_std"
-    settings = IterationSettings(advantage_estimator=name, batch_step=name, batch_step_params={"eps": 1e-4})
+    settings = IterationSettings(advantage_estimator=name, batch_step=name)
     batch, _ = build_training_batch(groups, settings)
     centred = np.array([0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75])
     expected = centred / (math.sqrt(1.875 / 7) + 1e-4)
     np.testing.assert_allclose([s.advantage for s in batch], expected, rtol=1e-12)
-    # The same estimator through the config: the batch step and its eps come from the registry and adv_eps.
+    # The same estimator through the config: the batch step comes from the registry, with TRL's eps (not adv_eps).
     from r3_rllib import R3Config
     from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 
-    config = R3Config().training(advantage_estimator=name, adv_eps=1e-4)
-    made = iteration_settings(config, dataset_epoch=0, policy_version=0)
-    assert (made.batch_step, made.batch_step_params) == (name, {"eps": 1e-4})
+    made = iteration_settings(
+        R3Config().training(advantage_estimator=name), dataset_epoch=0, policy_version=0
+    )
+    assert (made.batch_step, made.batch_step_params) == (name, {})

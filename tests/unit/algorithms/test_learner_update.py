@@ -372,11 +372,15 @@ def test_the_entropy_bonus_alone_raises_the_policy_entropy_and_is_logged(tiny_ra
     )
 
 
-def test_top_entropy_quantile_trains_on_the_high_entropy_tokens_through_the_learner(tiny_random_model):
-    """TRL's top_entropy_quantile through the learner's update (micro-batches of 3 rows): about the top fifth of
-    each micro-batch's tokens keep their policy gradient (logged), and the step differs from the full one."""
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_top_entropy_quantile_trains_on_the_high_entropy_tokens_through_the_learner(
+    tiny_random_model, temperature
+):
+    """TRL's top_entropy_quantile through the learner's update (micro-batches of 3 rows), the entropies those of
+    softmax(logits / T): about the top fifth of each micro-batch's tokens keep their policy gradient (logged), and
+    the step differs from the full one."""
     samples = _samples(12)
-    settings = dict(num_minibatches=1, num_epochs=1, lr=1e-3)
+    settings = dict(num_minibatches=1, num_epochs=1, lr=1e-3, temperature=temperature)
     full, top = (
         _learner(tiny_random_model, **settings),
         _learner(tiny_random_model, top_entropy_quantile=0.2, **settings),

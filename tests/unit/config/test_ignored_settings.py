@@ -164,7 +164,7 @@ REFUSED = [
     ({"adv_alpha": 0.5}, "adv_alpha=0.5 is read by advantage_estimator 'mixed' only"),
     (
         {"adv_eps": 1e-3, "advantage_estimator": "rloo"},
-        "adv_eps=0.001 is read by advantage_estimator 'grpo' or 'grpo_batch_std' or 'hgpo'",
+        "adv_eps=0.001 is read by advantage_estimator 'grpo' or 'hgpo'",
     ),
     ({"distill_coef": 0.5}, "distill_coef=0.5 only applies with distillation (distill_teacher)"),
     (
@@ -246,12 +246,14 @@ def test_a_loss_of_one_s_own_keeps_the_options_it_declares():
 
 
 def test_every_option_of_a_mode_family_is_in_a_table_or_decided_elsewhere():
-    """A new ``distill_*``, ``health_*``, ``rollout_head_*``, ``lora_*``, ``hgpo_*``, ``gspo_*`` or ``cispo_*`` field
-    is a mode's option: it must join its table (or be exempted here, with its reason in mode_options.py)."""
+    """A new ``distill_*``, ``health_*``, ``rollout_head_*``, ``lora_*`` or ``hgpo_*`` field, or one named after a
+    registered policy loss (``gspo_*``, ``cispo_*``, ``sapo_*``, ``kl_cov_*``, ...), is a mode's option: it must
+    join its table (or be exempted here, with its reason in mode_options.py)."""
     tabled = {o for mode in SWITCHED_OPTIONS for o in mode.options}
     tabled |= {o for _, options in REGISTRY_OPTIONS.values() for o in options}
     switches = {"distill_teacher", "distill_task_reward", "health_checks", "rollout_head", "lora_rank"}
-    families = ("distill_", "health_", "rollout_head_", "lora_", "hgpo_", "gspo_", "cispo_")
+    losses = tuple(f"{name}_" for name in LOSS_FNS.names())
+    families = ("distill_", "health_", "rollout_head_", "lora_", "hgpo_", "gspo_", "cispo_", *losses)
     fields = {f.name for f in dataclasses.fields(R3Settings)}
     untabled = {f for f in fields if f.startswith(families) and f not in tabled | switches}
     assert untabled == set()
