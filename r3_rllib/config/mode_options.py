@@ -68,6 +68,12 @@ class Mode:
 SWITCHED_OPTIONS: tuple[Mode, ...] = (
     Mode("the KL penalty", "kl_coef > 0", lambda c: c.kl_coef > 0, ("kl_type",)),
     Mode(
+        "the reference's sync",
+        "sync_ref_model=True",
+        lambda c: bool(c.sync_ref_model),
+        ("ref_model_mixup_alpha", "ref_model_sync_steps"),
+    ),
+    Mode(
         "dynamic sampling",
         "dynamic_sampling=True",
         lambda c: bool(c.dynamic_sampling),

@@ -19,7 +19,7 @@ from r3_rllib.config.field import Rule, field_errors, field_rule, rules_errors
 from r3_rllib.config.mode_options import mode_options_are_read
 from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
-from r3_rllib.core.losses import LOSS_FNS
+from r3_rllib.core.losses import GSPO_AGG_MODES, LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
 from r3_rllib.core.reflection import build_reflection_prompt
 from r3_rllib.core.schedules import schedule_error
@@ -97,12 +97,16 @@ def ddof_only_for_grpo(config: Any) -> str | None:
 
 
 def gspo_needs_sequence_mean(config: Any) -> str | None:
-    """GSPO's and SAPO's objectives are means over sequences (verl forces this mode for both); the learner also scales
-    micro-batches by the mode's count (sequences here), so the config must say it."""
-    if config.policy_loss in ("gspo", "gspo_token", "sapo") and config.loss_agg_mode != "seq-mean-token-mean":
+    """GSPO's and SAPO's objectives are means over sequences (verl forces this mode for both; GSPO also takes
+    'seq-mean-token-sum', LUSPO); the learner also scales micro-batches by the mode's count (sequences here), so
+    the config must say it."""
+    allowed = {"gspo": GSPO_AGG_MODES, "gspo_token": GSPO_AGG_MODES, "sapo": ("seq-mean-token-mean",)}
+    modes = allowed.get(config.policy_loss)
+    if modes is not None and config.loss_agg_mode not in modes:
+        luspo = " or 'seq-mean-token-sum' (LUSPO)" if len(modes) > 1 else ""
         return (
             f"policy_loss {config.policy_loss!r} needs loss_agg_mode 'seq-mean-token-mean' (a mean over "
-            f"sequences), got {config.loss_agg_mode!r}"
+            f"sequences){luspo}, got {config.loss_agg_mode!r}"
         )
     return None
 
@@ -152,6 +156,27 @@ def clip_cov_band_is_ordered(config: Any) -> str | None:
         return (
             f"policy_loss 'clip_cov' needs clip_cov_lb < clip_cov_ub (the covariance band its tokens are drawn "
             f"from), got {config.clip_cov_lb} and {config.clip_cov_ub}"
+        )
+    return None
+
+
+def ref_sync_needs_a_reference_model(config: Any) -> str | None:
+    """sync_ref_model moves the learner's frozen reference model: a run without one (kl_coef 0), with LoRA's (the
+    adapter switched off: nothing to move) or with R^2PO's (its stage-A term's 'initial' target is that model too)
+    would change nothing or something else."""
+    if not config.sync_ref_model:
+        return None
+    if config.kl_coef <= 0:
+        return "sync_ref_model needs kl_coef > 0: without a KL term there is no reference model to sync"
+    if config.lora_rank > 0:
+        return (
+            "sync_ref_model with lora_rank > 0: LoRA's reference is the policy with its adapter switched off, not "
+            "a model of its own to move (TRL refuses it with PEFT too)"
+        )
+    if config.rollout_head:
+        return (
+            "sync_ref_model with rollout_head (R^2PO): stage A's KL target 'initial' is the same reference model, "
+            "which would move with it"
         )
     return None
 
@@ -700,6 +725,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     ranking_survives_dynamic_sampling,
     truncation_mask_keeps_ranking_on_the_driver,
     clip_cov_band_is_ordered,
+    ref_sync_needs_a_reference_model,
     refill_rounds_agree_with_gen_batches,
     shortfall_needs_a_batch_limit,
     overlap_needs_awake_engine,

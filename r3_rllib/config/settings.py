@@ -187,10 +187,10 @@ class R3Settings:
     over responses) or 'seq-mean-token-sum-norm' (Dr.GRPO; normalised by max_new_tokens)."""
     policy_loss: str = setting("clipped_pg", choices=LOSS_FNS)
     """Name in r3_rllib.core.losses.LOSS_FNS: 'clipped_pg' (PPO/DAPO clipped surrogate), 'gspo' (sequence-level
-    ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean'; see gspo_clip_*), 'gspo_token' (GSPO-token, the
-    same value with a per-token gradient), 'cispo' (truncated detached ratio times log-prob, MiniMax-M1; see
-    cispo_clip_*), 'gpg' (verl's: -A x log-prob, no ratio and no clip), 'sapo' (a smooth sigmoid gate on the token
-    ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), 'kl_cov' (verl's KL-Cov:
+    ratio and clip, GSPO; needs loss_agg_mode 'seq-mean-token-mean', or 'seq-mean-token-sum' for LUSPO, TRL's
+    loss_type 'luspo'; see gspo_clip_*), 'gspo_token' (GSPO-token, the same value with a per-token gradient),
+    'cispo' (truncated detached ratio times log-prob, MiniMax-M1; see cispo_clip_*), 'gpg' (verl's: -A x
+    log-prob, no ratio and no clip), 'sapo' (a smooth sigmoid gate on the token ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), 'kl_cov' (verl's KL-Cov:
     the unclipped surrogate plus a KL penalty on the tokens of largest advantage-log-prob covariance; see
     kl_cov_*), 'clip_cov' (verl's Clip-Cov: PPO's clip, and the gradient of a few random tokens in a band of that
     covariance dropped; see clip_cov_*), or one added with register_loss (its parameters come from the config
@@ -244,6 +244,17 @@ class R3Settings:
     kl_type: str = setting("k3", choices=KL_KINDS)
     """KL estimator: 'k1', 'k2', 'k3' (clamped as verl's low_var_kl), 'k3_unclamped' (R^2PO's reference code) or 'abs'
     (verl's: |log pi - log ref|)."""
+    sync_ref_model: bool = False
+    """TRL's sync_ref_model (TR-DPO, Gorbatovski et al. 2024, arXiv 2404.09656): every ref_model_sync_steps optimizer
+    steps the KL term's reference becomes ref_model_mixup_alpha * policy + (1 - ref_model_mixup_alpha) * reference,
+    tensor by tensor, so kl_coef holds the policy near a reference that follows it. Needs kl_coef > 0; not with LoRA
+    (the reference is the base with the adapter off) or rollout_head (whose stage-A term reads the same reference).
+    Checkpoints hold the moved reference and the step count. Logged as learner/ref_model_syncs (syncs so far)."""
+    ref_model_mixup_alpha: float = setting(0.6, range="[0, 1]", finite=True)
+    """sync_ref_model: the policy's share in each sync (TRL's ref_model_mixup_alpha: 0.6; 1: a copy). In [0, 1]."""
+    ref_model_sync_steps: int = setting(512, range=">= 1", integer=True)
+    """sync_ref_model: optimizer steps between syncs, counted over the whole run (TRL's ref_model_sync_steps: 512;
+    an update makes num_minibatches x num_epochs steps). >= 1."""
     weight_decay: float = setting(0.0, range=">= 0", finite=True)
     """AdamW weight decay."""
     advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)

@@ -412,12 +412,18 @@ def _sequence_metrics(
     return metrics
 
 
+#: The aggregations GSPO's objective takes: its own mean over sequences (verl forces it), or each sequence's term
+#: times its length, then that mean (LUSPO, TRL's loss_type 'luspo' with sequence-level importance sampling).
+GSPO_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum")
+
+
 def _check_gspo(agg_mode: str, clip_low: float, clip_high: float) -> None:
-    if agg_mode != "seq-mean-token-mean":
-        # The objective is a mean over sequences of a per-sequence term; another reduction would weigh a
-        # sequence by its length (verl's GSPO forces this mode too).
+    if agg_mode not in GSPO_AGG_MODES:
+        # The objective is a mean over sequences of a per-sequence term; a token mean over the batch would weigh
+        # a sequence by its length in a way neither GSPO nor LUSPO defines.
         raise ValueError(
-            f"GSPO needs agg_mode 'seq-mean-token-mean' (a mean over sequences), got {agg_mode!r}"
+            f"GSPO needs agg_mode 'seq-mean-token-mean' (a mean over sequences) or 'seq-mean-token-sum' (LUSPO: "
+            f"each sequence's term times its length), got {agg_mode!r}"
         )
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
@@ -450,7 +456,8 @@ def gspo_policy_loss(
 
         loss = (1/N) sum_i max(-A_i s_i, -A_i clip(s_i, 1 - clip_low, 1 + clip_high))
 
-    over the ``N`` sequences with a valid token (``agg_mode`` must be ``'seq-mean-token-mean'``). A clipped
+    over the ``N`` sequences with a valid token (``agg_mode`` ``'seq-mean-token-mean'``; ``'seq-mean-token-sum'``
+    weighs each sequence's term by its number of valid tokens: LUSPO, TRL's ``loss_type='luspo'``). A clipped
     sequence gives no gradient to any of its tokens. ``log_ratio_clamp`` bounds the mean log-ratio before ``exp``.
 
     With token importance weights ``is_weights[b, t]`` (the behaviour-to-proximal correction) this is verl's GSPO:

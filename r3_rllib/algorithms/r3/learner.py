@@ -141,9 +141,8 @@ class R3Learner(TorchLearner):
         self._optimizer = torch.optim.AdamW(
             groups, lr=scheduled_value(self.config.lr, 0), weight_decay=self.config.weight_decay
         )
-        # The KL term's reference model (none held unless a term compares with it: learner_kl.py).
-        self._reference = KLReference.load(
-            self._method, self.config, self._lora, self._dtype, self._device, self._score
+        self._reference = KLReference.load(  # learner_kl.py
+            self._method, cfg, self._lora, self._dtype, self._device, self._score
         )
         self._proximal_rows = ProximalRows()  # what the sample records read (learner_rows.py)
         self._distill = DistillTerm(self.config)  # the teacher's term (learner_distill.py)
@@ -154,9 +153,8 @@ class R3Learner(TorchLearner):
             self.config, self._ranked, rank=self._rank, world=self._world, device=self._device
         )
         self._pad_id = int(getattr(policy.config, "pad_token_id", None) or 0)
-        self.policy_state = PolicyState(
-            policy, self._optimizer, rank=self._rank, world=self._world, config=self.config, lora=self._lora
-        )
+        kw = dict(rank=self._rank, world=self._world, config=cfg, lora=self._lora, reference=self._reference)
+        self.policy_state = PolicyState(policy, self._optimizer, **kw)
         self._peak_memory = PeakMemory(self._device)
         self._is_built = True
 
@@ -287,7 +285,7 @@ class R3Learner(TorchLearner):
         # The largest learner process is the one that meets a memory limit first.
         metrics |= self._all_reduce_max(self._peak_memory.read() | self._maxima.read())
         metrics["weight_sync_bytes"] = float(self.sync_nbytes())  # what one weight sync ships to the runners
-        metrics |= self._extras.update_metrics(self.policy_state.global_sum)
+        metrics |= self._extras.update_metrics(self.policy_state.global_sum) | self._reference.sync_metrics()
         self.policy_state.version += 1
         return metrics
 
@@ -486,6 +484,7 @@ class R3Learner(TorchLearner):
             self._optimizer.zero_grad(set_to_none=True)
             return grad_norm
         self._optimizer.step()
+        self._reference.after_optimizer_step(policy)  # sync_ref_model's clock (learner_kl.py)
         return grad_norm
 
     def _all_reduce_max(self, values: dict[str, float]) -> dict[str, float]:

@@ -7,11 +7,16 @@ the current base instead (from the training forward, e.g. R^2PO's stage A, :mod:
 aggregated otherwise than the policy term (R^2PO stage A's default, seq-mean-token-mean) is weighted per
 micro-batch by its own count (:func:`kl_weight_ratio`), so the minibatch's term is that aggregate whatever the
 micro-batching.
+
+With sync_ref_model (TRL's) the reference follows the policy: every ref_model_sync_steps optimizer steps it becomes
+``alpha * policy + (1 - alpha) * reference`` (`ReferenceSync`, `mix_toward`); the log-probs an update takes from it
+are those of the reference at the update's start (TRL's are scored when its batch is generated).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,14 +50,44 @@ def kl_weight_ratio(local: tuple[int, int], denom: tuple[int, int]) -> float:
     return (local[1] / denom[1]) / (local[0] / denom[0])
 
 
+@dataclass
+class ReferenceSync:
+    """sync_ref_model's clock: every ``every`` optimizer steps of the run the reference moves ``alpha`` of the way to
+    the policy. ``steps`` and ``syncs`` (so far) are saved in the learner's checkpoint."""
+
+    alpha: float
+    every: int
+    steps: int = 0
+    syncs: int = 0
+
+
+@torch.no_grad()
+def mix_toward(reference: torch.nn.Module, policy: torch.nn.Module, alpha: float) -> None:
+    """``reference <- alpha * policy + (1 - alpha) * reference``, parameter by parameter under the same names (TRL's
+    sync_target_model). A sharded policy's (FSDP2) parameters are gathered one by one, in the same order on every
+    rank: collective, call it on every rank at the same step. Mixed in fp32, then stored in the reference's dtype."""
+    ref_params = dict(reference.named_parameters())
+    for name, param in policy.named_parameters():
+        if name not in ref_params:
+            raise RuntimeError(f"sync_ref_model: the reference model has no parameter {name!r}")
+        target = param.detach()
+        target = target.full_tensor() if hasattr(target, "full_tensor") else target
+        ref = ref_params[name]
+        ref.copy_(ref.float().lerp_(target.float().to(ref.device), alpha))
+
+
 class KLReference:
     """The frozen reference model of an ``R3Learner`` (None when no KL term of the method compares with it) and the
     target log-probs each micro-batch's KL term is taken against. ``score(model, packed)`` is the learner's scoring
-    (at the rollout temperature; its first element: per-position log-probs)."""
+    (at the rollout temperature; its first element: per-position log-probs). ``sync``: sync_ref_model's clock (None
+    when off: the reference stays the policy as loaded)."""
 
-    def __init__(self, model: torch.nn.Module | None, score: Callable[..., tuple]) -> None:
+    def __init__(
+        self, model: torch.nn.Module | None, score: Callable[..., tuple], sync: ReferenceSync | None = None
+    ) -> None:
         self.model = model
         self._score = score
+        self.sync = sync
 
     @classmethod
     def load(
@@ -76,7 +111,23 @@ class KLReference:
         path = policy_path(config.model_path)
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         ref.eval().requires_grad_(False)
-        return cls(ref, score)
+        sync = ReferenceSync(config.ref_model_mixup_alpha, config.ref_model_sync_steps)
+        return cls(ref, score, sync if config.sync_ref_model else None)
+
+    def after_optimizer_step(self, policy: torch.nn.Module) -> None:
+        """Count an applied optimizer step; on every ``sync.every``-th, move the reference toward ``policy``
+        (:func:`mix_toward`, collective). Nothing without sync_ref_model."""
+        sync = self.sync
+        if sync is None:
+            return
+        sync.steps += 1
+        if sync.steps % sync.every == 0:
+            mix_toward(self.model, policy, sync.alpha)
+            sync.syncs += 1
+
+    def sync_metrics(self) -> dict[str, float]:
+        """``ref_model_syncs`` (the reference's syncs so far) with sync_ref_model, else nothing."""
+        return {} if self.sync is None else {"ref_model_syncs": float(self.sync.syncs)}
 
     def used_by(self, term: KLTerm) -> bool:
         """Whether ``term`` compares with this reference model (and one is loaded)."""

@@ -42,7 +42,8 @@ class PolicyState:
 
     ``policy``: the placed (sharded or replicated) model; ``optimizer``: its AdamW; ``rank``/``world``: this
     learner's rank and the number of learners; ``config``: the run's (``use_fsdp``, the LoRA fields, ``model_path``);
-    ``lora``: the peft wrapper of a LoRA policy, else None.
+    ``lora``: the peft wrapper of a LoRA policy, else None; ``reference``: the learner's ``KLReference``, whose
+    weights and sync clock checkpoints hold with sync_ref_model (it is the initial policy otherwise: not saved).
 
     LoRA: the runners get the adapter only (:class:`LoraAdapterWeights`), checkpoints hold the adapter and its
     optimizer state (the base is the pretrained model the run starts from), and an export writes the merged model
@@ -58,6 +59,7 @@ class PolicyState:
         world: int,
         config: Any,
         lora,
+        reference: Any = None,
     ) -> None:
         self.policy = policy
         self.optimizer = optimizer
@@ -65,6 +67,8 @@ class PolicyState:
         self.world = world
         self.config = config
         self.lora = lora
+        #: The learner's `KLReference` (learner_kl.py): with sync_ref_model its moved weights and clock are saved.
+        self.reference = reference
         self.version = 0
         #: Parameters are sharded over the learners (FSDP2): state dicts and sums are gathered.
         self.sharded = world > 1 and bool(config.use_fsdp)
@@ -205,11 +209,21 @@ class PolicyState:
             # ignore_frozen_params still keeps a frozen weight tied to another (lm_head of tied embeddings).
             trainable = {n for n, p in self.policy.named_parameters() if p.requires_grad}
             msd = {k: v for k, v in msd.items() if k in trainable}
-        return {"model": msd, "optim": osd}
+        state = {"model": msd, "optim": osd}
+        if self._ref_sync is not None:
+            # The reference has moved away from the initial policy (sync_ref_model): its tensors are state too.
+            state["reference"] = self.reference.model.state_dict()
+        return state
+
+    @property
+    def _ref_sync(self):
+        """sync_ref_model's clock (`ReferenceSync`), None when the reference does not move."""
+        return getattr(self.reference, "sync", None)
 
     def save_dcp(self, path: str) -> None:
         """Write this rank's shard (DCP: fsynced files, metadata renamed into place) and its RNG state and policy
-        version (``rank{N}_extra.pt``: a tensor and an int, written atomically, readable with weights_only)."""
+        version (``rank{N}_extra.pt``: a tensor and an int, written atomically, readable with weights_only); with
+        sync_ref_model also the reference's tensors (under ``reference.``) and its sync clock (two ints)."""
         import torch.distributed.checkpoint as dcp
 
         from r3_rllib.algorithms.r3.checkpoint_files import atomic_open
@@ -217,6 +231,8 @@ class PolicyState:
         with _dcp_without_single_process_warning():
             dcp.save(self._dcp_state(), checkpoint_id=path)
         extra = {"torch": torch.get_rng_state(), "version": int(self.version)}
+        if self._ref_sync is not None:
+            extra["ref_sync"] = [self._ref_sync.steps, self._ref_sync.syncs]
         with atomic_open(os.path.join(path, f"rank{self.rank}_extra.pt")) as f:
             torch.save(extra, f)
 
@@ -248,7 +264,7 @@ class PolicyState:
         from r3_rllib.algorithms.r3.checkpoint_files import CorruptCheckpointError
         from r3_rllib.algorithms.r3.safe_pickle import check_dcp_metadata
 
-        check_dcp_metadata(path)
+        metadata = check_dcp_metadata(path)
         extra_path = os.path.join(path, f"rank{self.rank}_extra.pt")
         if not os.path.exists(extra_path):
             # Saved by fewer learners than this run has: DCP reshards the weights and the optimizer state, and this
@@ -259,6 +275,13 @@ class PolicyState:
         except Exception as e:  # unpickling errors of any kind; torch's message says what it refused
             raise CorruptCheckpointError(f"{extra_path}: not readable as a learner state file: {e}") from e
         state = self._dcp_state()
+        if "reference" in state and not _holds(metadata, "reference."):
+            # Saved without sync_ref_model: the reference stays the initial policy and its clock starts now.
+            del state["reference"]
+            warnings.warn(
+                f"{path}: saved without sync_ref_model; the reference model restarts from the initial policy",
+                stacklevel=2,
+            )
         with _dcp_without_single_process_warning():
             dcp.load(state, checkpoint_id=path)
         set_state_dict(
@@ -270,6 +293,8 @@ class PolicyState:
         )
         torch.set_rng_state(extra["torch"])
         self.version = int(extra["version"])
+        if self._ref_sync is not None and "reference" in state:
+            self._ref_sync.steps, self._ref_sync.syncs = (int(v) for v in extra.get("ref_sync", (0, 0)))
 
     # -- checksums (tests) --------------------------------------------------------------------------------------
     def parameter_checksum(self) -> float:
@@ -303,6 +328,11 @@ class PolicyState:
         from r3_rllib.models.rollout_head import get_rollout_head
 
         return get_rollout_head(self.policy)
+
+
+def _holds(metadata: Any, prefix: str) -> bool:
+    """Whether DCP ``metadata`` (None: unreadable, DCP reports that) names a tensor under ``prefix``."""
+    return metadata is None or any(name.startswith(prefix) for name in metadata.state_dict_metadata)
 
 
 def model_state_mismatch(

@@ -29,6 +29,7 @@ torch.set_num_threads(TORCH_THREADS)
 POLICY_LOSSES = [
     ("clipped_pg", "token-mean"),
     ("gspo", "seq-mean-token-mean"),
+    ("gspo", "seq-mean-token-sum"),  # LUSPO
     ("gspo_token", "seq-mean-token-mean"),
     ("cispo", "token-mean"),
     ("gpg", "token-mean"),

@@ -420,6 +420,25 @@ def test_gspo_clips_the_whole_sequence():
         gspo_policy_loss(lp, old, torch.zeros(2, 3), SEQ_MASK, **GSPO_PARAMS)
 
 
+def test_gspo_with_token_sums_is_luspo_each_sequence_weighed_by_its_length():
+    from r3_rllib import R3Config
+    from r3_rllib.core.losses import gspo_policy_loss, gspo_token_policy_loss
+
+    # As above: sequence 0 (2 tokens) clipped at -2 * 1.0004, sequence 1 (1 token) -(-1) * exp(-0.0001). LUSPO
+    # (TRL's loss_type 'luspo', sequence-level ratio): each term times its length, then the mean over sequences.
+    lp = _logp([[0.0005, 0.0015, 9.0], [-0.0001, 9.0, 9.0]])
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    params = GSPO_PARAMS | {"agg_mode": "seq-mean-token-sum"}
+    expected = (2 * (-2.0 * 1.0004) + 1 * math.exp(-0.0001)) / 2
+    loss, _ = gspo_policy_loss(lp, old, SEQ_ADV, SEQ_MASK, **params)
+    assert loss.item() == pytest.approx(expected, rel=F64_REL)
+    token_loss, _ = gspo_token_policy_loss(lp, old, SEQ_ADV, SEQ_MASK, **params)
+    assert token_loss.item() == pytest.approx(expected, rel=F64_REL)
+    R3Config().training(policy_loss="gspo", loss_agg_mode="seq-mean-token-sum").validate()
+    with pytest.raises(ValueError, match="'sapo' needs loss_agg_mode 'seq-mean-token-mean'"):
+        R3Config().training(policy_loss="sapo", loss_agg_mode="seq-mean-token-sum").validate()
+
+
 def test_gspo_token_has_gspos_value_and_gradient_for_sequence_advantages_and_per_token_gradient_otherwise():
     from r3_rllib.core.losses import gspo_policy_loss, gspo_token_policy_loss
 
