@@ -197,6 +197,10 @@ class RolloutCoordinator:
         none."""
         if not self.stages or not rollout.groups:
             return rollout
+        # This rollout's stage metrics only: RLlib would report a key of an earlier iteration that this one lacks
+        # (those of a stage the phase skips: the teacher's in R^2PO's stage A) as NaN.
+        for stage in self.stages:
+            self.metrics.delete(stage.name, key_error=False)
         groups = apply_stages(self.stages, rollout.groups, self._log_stage, phase)
         return dataclasses.replace(rollout, groups=tuple(groups))
 

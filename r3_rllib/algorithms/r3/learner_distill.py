@@ -84,12 +84,13 @@ class DistillTerm:
         correction: RolloutCorrection | None = None,
     ) -> torch.Tensor:
         """``loss`` plus the micro-batch's distillation term (its metrics added to ``metrics``, the same keys in
-        every pass, zeros when the batch has no teacher column or the phase does not distill); ``loss`` itself
-        without a teacher. ``old_logp``: the proximal log-probs of the trained logits, and ``correction``: the
-        phase's rollout correction, both read only when the trained logits are not the sampler's (stage B)."""
-        if not self.enabled:
+        every pass, zeros when the batch has no teacher column); ``loss`` itself, and no metric, without a teacher
+        or in a phase that does not distill (R^2PO's stage A: its update reports no distillation term rather than
+        a term of 0). ``old_logp``: the proximal log-probs of the trained logits, and ``correction``: the phase's
+        rollout correction, both read only when the trained logits are not the sampler's (stage B)."""
+        if not self.active:
             return loss
-        if "teacher_logprobs" not in packed or not self.active:
+        if "teacher_logprobs" not in packed:
             zero = torch.zeros((), device=logp.device)
             metrics["distill_reverse_kl"] = zero
             metrics["distill_loss" if self.mode == "loss" else "distill_advantage_mean"] = zero

@@ -100,6 +100,39 @@ def test_a_stage_the_phase_does_not_need_is_not_called_and_logged_skipped():
         assert calls == ["submit reward", "submit distill", "resolve reward", "resolve distill"], phase
 
 
+def test_a_stage_skipped_in_an_iteration_reports_only_skipped_there_not_its_earlier_metrics_as_nan():
+    """The coordinator logs each rollout's stage metrics alone: a teacher skipped in R^2PO's stage A, after it
+    scored stage B's rollout, reports ``skipped`` 1 and no ``scored_samples`` (RLlib would report that key, logged
+    in the iteration before, as NaN); the next stage B reports its own numbers again."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
+    from r3_rllib.algorithms.r3.rollout_types import Rollout
+    from r3_rllib.distill.teacher import TeacherStage
+    from r3_rllib.r2po.method import R2POPhase
+    from r3_rllib.r2po.stages import BASE_STAGE, HEAD_STAGE
+
+    class Teacherlike(AddStage):
+        needed_in = TeacherStage.needed_in
+
+        def resolve(self, pending, groups):
+            return list(groups), {"scored_samples": float(len(pending))}
+
+    coordinator = RolloutCoordinator(runners=None, config=None, metrics=MetricsLogger())
+    coordinator.stages = [AddStage("reward", 1.0, []), Teacherlike("distill", 0.0, [])]
+    rollout = Rollout(groups=(_group("a", [0.0, 1.0, 1.0]),))
+    results = []
+    for stage in (BASE_STAGE, HEAD_STAGE, BASE_STAGE):
+        coordinator.score(rollout, R2POPhase(stage))
+        results.append(MetricsLogger.peek_results(coordinator.metrics.reduce()))
+    assert [r["distill"] for r in results] == [
+        {"skipped": 0.0, "scored_samples": 3.0},
+        {"skipped": 1.0},
+        {"skipped": 0.0, "scored_samples": 3.0},
+    ]
+    assert [r["reward"]["delta"] for r in results] == [1.0, 1.0, 1.0]  # a stage every phase needs: unchanged
+
+
 def test_a_stage_that_drops_groups_is_an_error_naming_it():
     class Dropping(AddStage):
         def resolve(self, pending, groups):
