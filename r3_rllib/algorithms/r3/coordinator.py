@@ -84,6 +84,21 @@ def runner_states_for(saved: Mapping[int, RunnerState], num_runners: int) -> dic
     return out
 
 
+def resume_note(saved: Iterable[int], num_runners: int) -> str | None:
+    """What a restore logs when the runners ``1..num_runners`` are not those the checkpoint holds states for (worker
+    ids ``saved``), one to one: another number of EnvRunners, or a runner that had no state to save (one that never
+    delivered); None when they are, or when it holds none. Both numbers are those of runners, not the highest id."""
+    ids = sorted(saved)
+    if not ids or ids == list(range(1, num_runners + 1)):
+        return None
+    return (
+        f"The checkpoint holds the data positions of {len(ids)} EnvRunner(s) (worker ids {ids}); resuming on "
+        f"{num_runners}: a runner above those ids takes runner {ids[0]}'s, moved to its own share of the same step, "
+        "a saved one above the runners is dropped, one among them without a state is left as it is "
+        "(coordinator.runner_states_for)"
+    )
+
+
 class DataEpoch:
     """The data epoch of the run: the epoch of the slowest runner's last delivered rollout (runners that missed the
     latest one included). All shards move in step, so this is the global epoch; a runner restored after a crash
@@ -412,13 +427,9 @@ class RolloutCoordinator:
             int(wid): RunnerState.from_dict(runner, source=f"checkpoint state of runner {wid}")
             for wid, runner in state.runners.items()
         }
-        if saved and max(saved) != num_runners:
-            logger.info(
-                "The checkpoint holds the data positions of %d EnvRunner(s); resuming on %d: each runner moves to "
-                "its own share of the same step (coordinator.runner_states_for)",
-                max(saved),
-                num_runners,
-            )
+        note = resume_note(saved, num_runners)
+        if note:
+            logger.info(note)
         self.runner_states = runner_states_for(saved, num_runners)
         self.push_runner_states(self.runners.healthy_worker_ids())
 
