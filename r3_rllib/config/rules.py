@@ -373,6 +373,13 @@ def streaming_excludes_dynamic_sampling(config: Any) -> str | None:
     return None
 
 
+def passk_needs_two_responses(config: Any) -> str | None:
+    """Pass@k's advantage is the margin of a group's best response over its second (verl refuses a group of one)."""
+    if config.advantage_estimator == "grpo_passk" and config.group_size < 2:
+        return f"advantage_estimator 'grpo_passk' needs group_size >= 2 (a best and a second response), got {config.group_size}"
+    return None
+
+
 def rarity_is_not_a_policy_estimator(config: Any) -> str | None:
     """R^2PO's stage-A advantage trains the rollout head; on the policy itself it would reward wrong answers in a
     mostly-right group."""
@@ -737,6 +744,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     rollout_head_needs_an_engine_with_a_head,
     lora_needs_an_engine_that_applies_adapters,
     rarity_is_not_a_policy_estimator,
+    passk_needs_two_responses,
     renamed_estimators_name_the_new_one,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,

@@ -164,6 +164,45 @@ def rloo_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
     return r - (r.sum() - r) / (g - 1)
 
 
+@register_advantage("opo", sample_inputs=("token_counts",))
+def opo_advantages(
+    rewards: Sequence[float] | np.ndarray, *, token_counts: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """OPO (On-Policy RL with Optimal reward baseline, Hao et al. 2025, arXiv 2505.23585; verl's ``opo``):
+    ``A_i = R_i - b`` with the length-weighted baseline ``b = sum_j L_j R_j / sum_j L_j`` over the group (``L_j``:
+    response ``j``'s trained tokens, ``token_counts``), the baseline of least gradient variance when a response's
+    gradient norm grows with its length. A group of one gets ``b = 0`` (verl: ``A = R``); a group whose responses
+    have no trained token takes the plain mean (verl's would divide by zero)."""
+    r = _as_group(rewards)
+    lengths = np.asarray(token_counts, dtype=np.float64)
+    if lengths.shape != r.shape:
+        raise ValueError(f"need one token count per reward; got {lengths.shape} for rewards {r.shape}")
+    if r.size == 1:
+        return r.copy()
+    total = lengths.sum()
+    baseline = float(lengths @ r) / total if total > 0 else float(r.mean())
+    return r - baseline
+
+
+@register_advantage("grpo_passk", config_params={"eps": "adv_eps"})
+def grpo_passk_advantages(rewards: Sequence[float] | np.ndarray, *, eps: float = 1e-6) -> np.ndarray:
+    """Pass@k training (Chen et al. 2025, arXiv 2508.10751; verl's ``grpo_passk``): only the group's best response
+    gets an advantage, ``(R_max - R_second) / (std(R) + eps)`` (the sample std, ddof 1, as verl's ``torch.std``,
+    and verl's default of dividing by it), every other response 0. Ties for the best give 0 (the margin is 0), so a
+    group's first best response is the one named. A group of one has no second response and gets 0 (verl refuses
+    it: the config refuses group_size 1 with this estimator)."""
+    r = _as_group(rewards)
+    out = np.zeros_like(r)
+    if r.size < 2:
+        return out
+    order = np.argsort(
+        -r, kind="stable"
+    )  # the first best response first, as verl's topk keeps the earlier index
+    best, second = int(order[0]), int(order[1])
+    out[best] = (r[best] - r[second]) / (r.std(ddof=1) + eps)
+    return out
+
+
 #: The constant verl's ``masked_whiten`` adds to the variance under the square root (``rsqrt(var + 1e-8)``).
 WHITEN_EPS = 1e-8
 

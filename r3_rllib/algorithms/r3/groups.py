@@ -393,15 +393,20 @@ SAMPLE_INPUT_FIELDS: dict[str, str] = {
 
 
 def _sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, list]:
-    """The per-sample keys an estimator declared (none for the single-step estimators), from the group's members."""
+    """The per-sample keys an estimator declared (none for most single-step estimators), from the group's
+    members: a Sample field (:data:`SAMPLE_INPUT_FIELDS`) or a value read from the sample
+    (:data:`BATCH_SAMPLE_INPUTS`: ``token_counts``)."""
     out = {}
     for name in ADVANTAGE_FNS.sample_inputs.get(estimator, ()):
-        if name not in SAMPLE_INPUT_FIELDS:
+        if name in SAMPLE_INPUT_FIELDS:
+            out[name] = [getattr(s, SAMPLE_INPUT_FIELDS[name]) for s in members]
+        elif name in BATCH_SAMPLE_INPUTS:
+            out[name] = [BATCH_SAMPLE_INPUTS[name](s) for s in members]
+        else:
             raise ValueError(
                 f"advantage estimator {estimator!r} asks for sample input {name!r}; samples carry "
-                f"{sorted(SAMPLE_INPUT_FIELDS)}"
+                f"{sorted([*SAMPLE_INPUT_FIELDS, *BATCH_SAMPLE_INPUTS])}"
             )
-        out[name] = [getattr(s, SAMPLE_INPUT_FIELDS[name]) for s in members]
     return out
 
 

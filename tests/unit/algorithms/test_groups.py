@@ -241,6 +241,19 @@ def _sized(qid, rewards, lengths):
     )
 
 
+def test_opo_reads_each_members_trained_tokens():
+    # Rewards [1, 0, 0] of 1, 2 and 5 tokens: b = 1 / 8. A tool's tokens (loss_mask False) are not trained: the
+    # third response's 5 tokens count 2, and b = 1 / 5.
+    group = _sized("a", [1.0, 0.0, 0.0], [1, 2, 5])
+    batch, _ = build_training_batch([group], IterationSettings(advantage_estimator="opo"))
+    np.testing.assert_allclose([s.advantage for s in batch], [7 / 8, -1 / 8, -1 / 8])
+    masked = replace(group.samples[2], loss_mask=np.array([1, 0, 0, 0, 1], dtype=bool))
+    batch, _ = build_training_batch(
+        [Group("a", [*group.samples[:2], masked])], IterationSettings(advantage_estimator="opo")
+    )
+    np.testing.assert_allclose([s.advantage for s in batch], [4 / 5, -1 / 5, -1 / 5])
+
+
 def test_overlong_penalty_is_added_before_advantages():
     # L_max = 8, L_cache = 4: lengths 4, 6, 8 get 0, -0.5, -1. Rewards [1, 1, 0] -> [1, 0.5, -1]:
     # mean 1/6, population std sqrt(((5/6)^2 + (1/3)^2 + (7/6)^2) / 3) = sqrt(13/18).

@@ -164,7 +164,7 @@ REFUSED = [
     ({"adv_alpha": 0.5}, "adv_alpha=0.5 is read by advantage_estimator 'mixed' only"),
     (
         {"adv_eps": 1e-3, "advantage_estimator": "rloo"},
-        "adv_eps=0.001 is read by advantage_estimator 'grpo' or 'hgpo'",
+        "adv_eps=0.001 is read by advantage_estimator 'grpo' or 'grpo_passk' or 'hgpo'",
     ),
     ({"distill_coef": 0.5}, "distill_coef=0.5 only applies with distillation (distill_teacher)"),
     (

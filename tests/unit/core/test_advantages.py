@@ -124,6 +124,41 @@ def test_rloo_leave_one_out_hand_computed():
     np.testing.assert_array_equal(rloo_advantages([1.0, 1.0, 1.0]), [0.0, 0.0, 0.0])
 
 
+def test_opo_baseline_is_the_length_weighted_mean_hand_computed():
+    from r3_rllib.core.advantages import opo_advantages
+
+    # Rewards [1, 0, 1] of 2, 6 and 4 tokens: b = (2*1 + 6*0 + 4*1) / 12 = 0.5 (the plain mean would be 2/3).
+    np.testing.assert_allclose(
+        compute_group_advantages("opo", [1.0, 0.0, 1.0], token_counts=[2, 6, 4]), [0.5, -0.5, 0.5]
+    )
+    # Equal lengths: the plain mean (Dr.GRPO's advantage); a group of one keeps its reward (baseline 0, verl).
+    np.testing.assert_allclose(opo_advantages([3.0, 1.0], token_counts=[5, 5]), [1.0, -1.0])
+    np.testing.assert_array_equal(opo_advantages([0.7], token_counts=[3]), [0.7])
+    np.testing.assert_allclose(opo_advantages([1.0, 0.0], token_counts=[0, 0]), [0.5, -0.5])
+    with pytest.raises(ValueError, match="one token count per reward"):
+        opo_advantages([1.0, 0.0], token_counts=[3])
+
+
+def test_grpo_passk_gives_the_best_response_its_margin_over_the_std_hand_computed():
+    from r3_rllib.core.advantages import grpo_passk_advantages
+
+    # [0.2, 1.0, 0.5, 0.0]: best 1.0, second 0.5; sample std of the group: mean 0.425,
+    # sum of squares 0.050625 + 0.330625 + 0.005625 + 0.180625 = 0.5675, / 3 -> std sqrt(0.18917).
+    std = math.sqrt(0.5675 / 3)
+    np.testing.assert_allclose(
+        compute_group_advantages("grpo_passk", [0.2, 1.0, 0.5, 0.0], eps=0.0), [0.0, 0.5 / std, 0.0, 0.0]
+    )
+    # A tie for the best: margin 0, every advantage 0; binary rewards with one right answer: (1 - 0) / std.
+    np.testing.assert_array_equal(grpo_passk_advantages([1.0, 0.0, 1.0]), [0.0, 0.0, 0.0])
+    np.testing.assert_allclose(grpo_passk_advantages([0.0, 1.0, 0.0, 0.0], eps=0.0), [0.0, 2.0, 0.0, 0.0])
+    np.testing.assert_array_equal(grpo_passk_advantages([1.0]), [0.0])
+    from r3_rllib import R3Config
+
+    with pytest.raises(ValueError, match="'grpo_passk' needs group_size >= 2"):
+        R3Config().training(advantage_estimator="grpo_passk", group_size=1).validate()
+    R3Config().training(advantage_estimator="opo").validate()
+
+
 def _verl_masked_whiten_float64(per_seq: list[float], lengths: list[int]) -> np.ndarray:
     """verl's masked_whiten written out on the [B, T] token matrix in float64 (masked mean, masked variance with
     Bessel's correction over the token count, (x - mean) * rsqrt(var + 1e-8)), read back at each row's first
