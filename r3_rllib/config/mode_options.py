@@ -86,6 +86,18 @@ SWITCHED_OPTIONS: tuple[Mode, ...] = (
         ("overlong_buffer_len", "overlong_penalty_factor"),
     ),
     Mode(
+        "the KL penalty in the reward",
+        "use_kl_in_reward=True",
+        lambda c: bool(c.use_kl_in_reward),
+        ("kl_penalty", "kl_ctrl_type", "kl_ctrl_coef"),
+    ),
+    Mode(
+        "the adaptive KL controller",
+        "use_kl_in_reward=True and kl_ctrl_type='adaptive'",
+        lambda c: bool(c.use_kl_in_reward) and c.kl_ctrl_type == "adaptive",
+        ("kl_ctrl_target_kl", "kl_ctrl_horizon"),
+    ),
+    Mode(
         "LoRA",
         "lora_rank > 0",
         lambda c: c.lora_rank > 0,

@@ -149,9 +149,11 @@ class Method:
         return (DEFAULT_PHASE,)
 
     def needs_reference_model(self, config: Any) -> bool:
-        """Whether the learner holds a frozen reference model: when a KL term of some phase compares with it."""
+        """Whether the learner holds a frozen reference model: when a KL term of some phase compares with it, or
+        the rewards carry a KL penalty to it (``use_kl_in_reward``)."""
         terms = (phase.kl_term(config) for phase in self.phases(config))
-        return any(t.coef > 0 and t.target == "reference" for t in terms)
+        in_reward = bool(getattr(config, "use_kl_in_reward", False))
+        return in_reward or any(t.coef > 0 and t.target == "reference" for t in terms)
 
     def learner_extras(self, policy: torch.nn.Module, config: Any) -> LearnerExtras:
         """The learner-side pieces of the method for ``policy`` (built and placed)."""

@@ -98,6 +98,9 @@ class Sample:
     # On-policy distillation (r3_rllib.distill): the teacher's log-prob of each response token (float32, NaN on a
     # token the teacher did not score: tool output); None: no teacher scored this sample.
     teacher_logprobs: np.ndarray | None = None
+    # use_kl_in_reward (verl's KL in the reward): beta x the summed KL of its trained tokens to the reference model,
+    # subtracted from its reward where advantages are computed (groups.shaped_rewards); 0 otherwise.
+    reward_kl_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.env_reward is None:

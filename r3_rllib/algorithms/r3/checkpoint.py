@@ -89,6 +89,8 @@ class AlgorithmState:
     """The rollout gathered ahead of its iteration (overlap_generation), or None."""
     stream_queue: Any = None
     """Streaming rollouts (max_staleness >= 2): the delivered requests not yet trained (streaming.QueuedRollout)."""
+    reward_kl_coef: float | None = None
+    """use_kl_in_reward: the KL controller's beta for the next iteration (reward_kl.py); None without it."""
 
 
 def write_algorithm_state(checkpoint_dir: str, state: AlgorithmState) -> str:
@@ -138,6 +140,7 @@ def read_algorithm_state(checkpoint_dir: str) -> AlgorithmState:
         r3_settings=_field(data, "r3_settings", (Mapping, type(None)), path, default=None),
         ready_rollout=data.get("ready_rollout"),
         stream_queue=data.get("stream_queue"),
+        reward_kl_coef=_field(data, "reward_kl_coef", (numbers.Real, type(None)), path, default=None),
     )
 
 
@@ -207,6 +210,7 @@ _FIELDS = (
     "r3_settings",
     "ready_rollout",
     "stream_queue",
+    "reward_kl_coef",
 )
 
 

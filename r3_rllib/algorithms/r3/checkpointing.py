@@ -83,6 +83,7 @@ class R3Checkpoints(Algorithm):
             r3_settings=self.config.r3_settings(),
             ready_rollout=self.coordinator.ready,
             stream_queue=self.coordinator.saved_queue,
+            reward_kl_coef=self._reward_kl.coef if self._reward_kl is not None else None,
         )
         write_algorithm_state(checkpoint_dir, state)
         checkpoint_config.write_checkpoint_config(checkpoint_dir, self.config)  # R3.from_checkpoint reads it
@@ -136,6 +137,9 @@ class R3Checkpoints(Algorithm):
             self._replay.client.set_state(state.replay)
             self._replay.remember(state.replay)
         self.metrics.set_state(state.metrics)
+        # use_kl_in_reward: the KL controller goes on with the beta it had.
+        if self._reward_kl is not None and state.reward_kl_coef is not None:
+            self._reward_kl.coef = float(state.reward_kl_coef)
         self.weights.sync()
 
     @override(Algorithm)

@@ -41,9 +41,11 @@ from r3_rllib.algorithms.r3.iteration_settings import iteration_settings, max_st
 from r3_rllib.algorithms.r3.learner_calls import all_results, collective_results, first_result, to_learners
 from r3_rllib.algorithms.r3.learner_faults import learner_death_error
 from r3_rllib.algorithms.r3.learner_memory import learner_memory_error
+from r3_rllib.algorithms.r3.learner_reward_kl import reward_kl_sums
 from r3_rllib.algorithms.r3.partial_rollout import WeightBoard
 from r3_rllib.algorithms.r3.r3_schedule import Schedule, log_late_starts, schedule_for_config
 from r3_rllib.algorithms.r3.ranking_deferred import build_deferred_batch, defers_ranking, finish_deferred
+from r3_rllib.algorithms.r3.reward_kl import RewardKL
 from r3_rllib.algorithms.r3.rollout_stages import build_rollout_stages
 from r3_rllib.algorithms.r3.rollout_types import Rollout
 from r3_rllib.algorithms.r3.runner_group import r3_env_runner_group
@@ -120,6 +122,10 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         # learner-side weights are the ones the runners must sample with from the first rollout on.
         # The training method the config selects (core/method.py).
         self.training_method = method_for(self.config)
+        # verl's KL penalty in the reward: its controller's beta, restored from a checkpoint (reward_kl.py).
+        self._reward_kl = None
+        if self.config.use_kl_in_reward:
+            self._reward_kl = RewardKL(self.config, self._learner_reward_kl)
         if self.training_method.sync_before_first_rollout(self.config):
             self.weights.sync()
         # An earlier run's state with this run's settings (config/settings.py resume_from_checkpoint); not in a
@@ -231,6 +237,9 @@ class R3(R3Console, R3Checkpoints, Algorithm):
     ) -> tuple[list[Sample], dict[str, float]]:
         fetch = self._fetch_replay if (settings.replay and self._replay_available) else None
         entropy_metrics = {}
+        reward_kl = self._reward_kl if self.config.use_kl_in_reward else None
+        if reward_kl is not None:  # every row's KL penalty before its group's advantages (reward_kl.py)
+            groups, fetch = reward_kl.penalise_groups(groups), reward_kl.fetching(fetch)
         self._pending_ranking = None  # the groups the learners rank (ranking_deferred.py), if any
         if defers_ranking(settings, self.config.ranking_entropies_from_learner):
             batch, r3_metrics, self._pending_ranking = build_deferred_batch(groups, settings, fetch)
@@ -239,6 +248,8 @@ class R3(R3Console, R3Checkpoints, Algorithm):
                 groups, entropy_metrics = rescore_ranking_entropies(groups, self._learner_entropies)
             batch, r3_metrics = build_training_batch(groups, settings, fetch)
         r3_metrics.update(entropy_metrics)
+        if reward_kl is not None:  # current_kl and beta, then the controller's step
+            r3_metrics.update(reward_kl.finish())
         # TRL's mask_truncated_completions: after the advantages, which the truncated responses shaped too.
         if self.config.mask_truncated_completions:
             batch, r3_metrics["truncated_masked"] = without_truncated(batch)
@@ -255,6 +266,13 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         # A forward pass of the sharded policy: collectives, so a learner's failure is seen at once.
         return first_result(
             collective_results(self.learner_group, lambda learner, _sent=sent: learner.score_entropies(_sent))
+        )
+
+    def _learner_reward_kl(self, samples: list[Sample]) -> np.ndarray:
+        """Each sample's summed KL to the reference over its trained tokens, by the learners (use_kl_in_reward)."""
+        sent = to_learners(self.learner_group, TrainingBatch.from_samples(samples))
+        return first_result(
+            collective_results(self.learner_group, lambda learner, _sent=sent: reward_kl_sums(learner, _sent))
         )
 
     def _update_learners(self, batch: list[Sample], phase: TrainingPhase | None = None) -> dict[str, float]:
