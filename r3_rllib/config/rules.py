@@ -19,6 +19,7 @@ from r3_rllib.config.field import Rule, field_errors, field_rule, rules_errors
 from r3_rllib.config.mode_options import mode_options_are_read
 from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
 from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
+from r3_rllib.core.kl_reward import TOKEN_RETURN_ESTIMATORS
 from r3_rllib.core.losses import GSPO_AGG_MODES, LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
 from r3_rllib.core.reflection import build_reflection_prompt
@@ -445,6 +446,31 @@ def reflection_template_fills(config: Any) -> str | None:
     return None
 
 
+def reward_kl_needs_a_sequence_reward(config: Any) -> str | None:
+    """use_kl_in_reward subtracts each response's summed KL from its one reward, which is verl's KL in the reward for
+    an estimator that sums the token rewards (GRPO, RLOO, REINFORCE++-baseline). verl's REINFORCE++ takes per-token
+    returns of them (:data:`~r3_rllib.core.kl_reward.TOKEN_RETURN_ESTIMATORS`); a step-level estimator scores the
+    steps of an episode, whose KL would be counted per step; R^2PO's stages score two policies (the head's logits,
+    the base's) against one reference."""
+    if not config.use_kl_in_reward:
+        return None
+    estimator = config.advantage_estimator
+    if estimator in TOKEN_RETURN_ESTIMATORS:
+        return (
+            f"use_kl_in_reward with advantage_estimator {estimator!r}: verl's takes per-token returns of the KL-"
+            "penalised token rewards, ours one return per response; use 'reinforce_plus_plus_baseline', 'grpo' "
+            "or 'rloo', or the KL as a loss term (kl_coef)"
+        )
+    if isinstance(estimator, str) and is_step_level(estimator):
+        return (
+            f"use_kl_in_reward with the step-level advantage_estimator {estimator!r}: the penalty is per response "
+            "(a single-step estimator's sample); use the KL as a loss term (kl_coef)"
+        )
+    if config.rollout_head:
+        return "use_kl_in_reward with rollout_head (R^2PO): use the KL as a loss term (kl_coef)"
+    return None
+
+
 def lr_schedule_is_well_formed(config: Any) -> str | None:
     """``lr`` as a schedule (RLlib's ``[[timestep, value], ...]``, core/schedules.py): pairs of finite numbers
     from timestep 0, nondecreasing, values >= 0. RLlib's own check leaves out the values' sign and type."""
@@ -748,6 +774,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     renamed_estimators_name_the_new_one,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,
+    reward_kl_needs_a_sequence_reward,
     lr_schedule_is_well_formed,
     engine_kwargs_fit_the_engine,
     reflection_template_fills,

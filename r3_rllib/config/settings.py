@@ -18,6 +18,7 @@ from r3_rllib.config.field import Rule, setting
 from r3_rllib.core.advantages import ADVANTAGE_FNS
 from r3_rllib.core.distill import DISTILL_MODES
 from r3_rllib.core.hgpo import HGPO_BASE_STATS, HGPO_MODES, HGPO_SETTINGS
+from r3_rllib.core.kl_reward import KL_CTRL_TYPES
 from r3_rllib.core.losses import (
     AGG_MODES,
     CLIP_COV_LB,
@@ -224,6 +225,28 @@ class R3Settings:
     cispo_clip_low: float | None = setting(None, range="[0, 1)", none_ok=True)
     """'cispo': lower bound 1 - cispo_clip_low on the token weight; None (default): no lower bound, as in the
     MiniMax-M1 paper and verl's CISPO example (its clip_ratio_low=10). In [0, 1) or None."""
+    use_kl_in_reward: bool = False
+    """verl's algorithm.use_kl_in_reward: each response's reward, as its group's advantages see it, becomes its score
+    minus beta times its kl_penalty estimate of KL(policy || reference) summed over its trained tokens (the policy
+    before the update; the reference model as kl_coef's, loaded for it), which is verl's sum of token rewards for
+    GRPO, RLOO and REINFORCE++-baseline. The outcome R^3's replay, reflection, ranking and dynamic sampling read
+    stays the graded one. beta is kl_ctrl_coef, moved after each iteration by the kl_ctrl_type controller; logged as
+    r3/reward_kl_penalty (verl's current_kl: the token-mean KL averaged over the rows scored) and r3/reward_kl_coef
+    (the beta used). Not with 'reinforce_plus_plus' (verl's takes per-token returns), step-level estimators or
+    rollout_head. Costs a no-grad pass of the policy and the reference over the rows each iteration."""
+    kl_penalty: str = setting("k1", choices=KL_KINDS)
+    """use_kl_in_reward: the KL estimator (verl's kl_penalty: 'kl' is 'k1', the default as verl; 'mse' is 'k2';
+    'low_var_kl' is 'k3'; 'abs'; no 'full'). Any of kl_type's choices."""
+    kl_ctrl_type: str = setting("fixed", choices=KL_CTRL_TYPES)
+    """use_kl_in_reward: verl's kl_ctrl.type: 'fixed' (beta stays kl_ctrl_coef) or 'adaptive' (after each
+    iteration beta *= 1 + clip(current_kl / kl_ctrl_target_kl - 1, -0.2, 0.2) x rows / kl_ctrl_horizon)."""
+    kl_ctrl_coef: float = setting(0.001, range="> 0", finite=True)
+    """use_kl_in_reward: beta at the start (verl's kl_ctrl.kl_coef: 0.001). > 0."""
+    kl_ctrl_target_kl: float = setting(0.1, range="> 0", finite=True)
+    """kl_ctrl_type 'adaptive': the token-mean KL the controller steers to (verl's kl_ctrl.target_kl: 0.1). > 0."""
+    kl_ctrl_horizon: int = setting(10000, range=">= 1", integer=True)
+    """kl_ctrl_type 'adaptive': verl's kl_ctrl.horizon (10000); a batch of n rows moves beta by at most
+    0.2 x n / horizon of itself. >= 1."""
     kl_coef: float = setting(0.0, range=">= 0", finite=True)
     """Weight of the KL penalty to a frozen reference policy (0: no reference model is loaded)."""
     entropy_coef: float = setting(0.0, range=">= 0", finite=True)

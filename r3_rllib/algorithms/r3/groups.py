@@ -53,10 +53,11 @@ def replay_requests(groups: Sequence[Group], k: int) -> list[tuple[str, bool, in
 
 
 def shaped_rewards(samples: Sequence[Sample], overlong: OverlongShaping | None) -> np.ndarray:
-    """The rewards advantages are computed from: each sample's ``reward`` (the env's, or a ranking reward) plus
-    DAPO's overlong penalty of its length when ``overlong`` is set. Replayed samples are shaped by their own length
-    like fresh ones, so a group mixes like with like."""
-    rewards = np.asarray([s.reward for s in samples], dtype=np.float64)
+    """The rewards advantages are computed from: each sample's ``reward`` (the env's, or a ranking reward) minus its
+    ``reward_kl_penalty`` (use_kl_in_reward; 0 otherwise), plus DAPO's overlong penalty of its length when
+    ``overlong`` is set. Replayed samples are shaped by their own length like fresh ones, so a group mixes like with
+    like."""
+    rewards = np.asarray([s.reward - s.reward_kl_penalty for s in samples], dtype=np.float64)
     if overlong is not None and len(samples):
         rewards = rewards + overlong.penalties([len(s.response_ids) for s in samples])
     return rewards
