@@ -45,6 +45,12 @@ ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "gpg": {"policy_loss": "gpg"},
     "sapo": {"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
     "kl_cov": {"policy_loss": "kl_cov"},
+    # TRL's loss_type 'luspo': GSPO's sequence terms, each times its length.
+    "luspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-sum"},
+    # A KL term toward the initial policy, and the same term toward a reference that follows the policy (TRL's
+    # sync_ref_model: 80 iterations of one optimizer step, so 10 syncs at 8 steps apart).
+    "grpo-kl": {"kl_coef": 0.04},
+    "grpo-kl-sync": {"kl_coef": 0.04, "sync_ref_model": True, "ref_model_sync_steps": 8},
 }
 #: GRPO training a LoRA adapter only (rank 16 on every linear layer); LoRA's updates are smaller per step, so its
 #: learning rate is LORA_LR_SCALE times the full fine-tuning one (``--lr``): 3x read best of 3x, 10x, 20x (seed 0).
