@@ -1,12 +1,13 @@
 """The loss options the unit tier tests through the learner's update, here in Ray runs: policy_loss 'clip_cov',
 'sapo', 'kl_cov' and 'gpg', with top_entropy_quantile, mask_truncated_completions and the KL term's 'abs'
-estimator in every case, and loss_agg_mode 'seq-mean-token-sum' and advantage_estimator 'grpo_batch_std' in the
-first. The first case trains on two FSDP learners (gloo): each rank builds the loss from the config it was shipped
-and takes the entropy quantile of its own micro-batches, and the ranks report the same metric keys (the update's
-metrics are reduced over them); the others, whose losses differ from it only in the learner's code, train on the
-driver's learner: no learner actor to start, most of a case's cost. Each case trains two iterations with one
-runner: its metrics are present and finite, its own ones nonzero, truncated responses were masked, the policy term
-had a signal and the policy moved."""
+estimator in every case, and loss_agg_mode 'seq-mean-token-sum', advantage_estimator 'grpo_batch_std',
+sync_ref_model and use_kl_in_reward in the first. The first case trains on two FSDP learners (gloo): each rank
+builds the loss from the config it was shipped, takes the entropy quantile of its own micro-batches and gathers the
+shards its copy of the reference moves toward, and the ranks report the same metric keys (the update's metrics are
+reduced over them); the others, whose losses differ from it only in the learner's code, train on the driver's
+learner: no learner actor to start, most of a case's cost. Each case trains two iterations with one runner: its
+metrics are present and finite, its own ones nonzero, truncated responses were masked, the policy term had a signal
+and the policy moved."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ CASES = {
             clip_cov_ub=1e6,
             loss_agg_mode="seq-mean-token-sum",
             advantage_estimator="grpo_batch_std",
+            # The reference follows the policy after every optimizer step (each rank gathers the shards it moves
+            # its own copy with), and verl's in-reward KL: the learners score every row before the advantages.
+            sync_ref_model=True,
+            ref_model_sync_steps=1,
+            use_kl_in_reward=True,
+            kl_ctrl_type="adaptive",
         ),
         ("clip_cov_frac",),
     ),
@@ -81,3 +88,11 @@ def test_loss_options_train_end_to_end(ray_session, case):
     masked = [r["r3"]["truncated_masked"] for r in results]
     assert any(n > 0 for n in masked), masked
     assert any(m["pg_loss"] != 0.0 for m in values) and after != before, (values, before, after)
+    if options.get("sync_ref_model"):
+        # One optimizer step per iteration (one minibatch, one epoch), a sync after each.
+        assert [m["ref_model_syncs"] for m in learner] == [1.0, 2.0]
+    if options.get("use_kl_in_reward"):
+        penalty = [r["r3"]["reward_kl_penalty"] for r in results]
+        # The first rows are scored before any update: the policy is the reference, KL exactly 0; then > 0.
+        assert penalty[0] == 0.0 and math.isfinite(penalty[1]) and penalty[1] > 0, penalty
+        assert [r["r3"]["reward_kl_coef"] for r in results][0] == 0.001
