@@ -108,6 +108,11 @@ class Sample:
         if self.task_reward is None:
             self.task_reward = self.env_reward
 
+    @property
+    def trained_tokens(self) -> int:
+        """The response tokens this sample is trained on (a tool's tokens, ``loss_mask`` False, are not)."""
+        return int(np.count_nonzero(self.loss_mask)) if self.loss_mask is not None else len(self.response_ids)
+
     def to_replay(self) -> ReplaySample:
         """The replay buffer's compact form (int32/float32 arrays) of this fresh sample, keeping its task reward
         (the env's, or the reward server's composition), not a ranking reward given within one batch's group."""

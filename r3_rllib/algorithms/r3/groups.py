@@ -411,15 +411,8 @@ def _sample_inputs(estimator: str, members: Sequence[Sample]) -> dict[str, list]
     return out
 
 
-def _trained_tokens(sample: Sample) -> int:
-    """The response tokens a sample is trained on (a tool's tokens, loss_mask False, are not)."""
-    return (
-        int(np.count_nonzero(sample.loss_mask)) if sample.loss_mask is not None else len(sample.response_ids)
-    )
-
-
 #: Batch-step keyword (a registered ``batch_sample_inputs`` name) -> how it is read from one sample.
-BATCH_SAMPLE_INPUTS: dict[str, Callable[[Sample], Any]] = {"token_counts": _trained_tokens}
+BATCH_SAMPLE_INPUTS: dict[str, Callable[[Sample], Any]] = {"token_counts": lambda s: s.trained_tokens}
 #: The batch-step keyword for the rewards the groups' advantages were computed from (shaped, ranked), aligned with
 #: the concatenated advantages: given by the batch builder itself, not read from a sample.
 BATCH_REWARDS = "rewards"

@@ -27,13 +27,6 @@ ScoreFn = Callable[[list[Sample]], np.ndarray]
 FetchFn = Callable[[list[tuple[str, bool, int]]], list[list[Sample]]]
 
 
-def trained_tokens(sample: Sample) -> int:
-    """The response tokens of ``sample`` its KL sum is over (tool output, ``loss_mask`` False, is not trained)."""
-    return (
-        int(np.count_nonzero(sample.loss_mask)) if sample.loss_mask is not None else len(sample.response_ids)
-    )
-
-
 class RewardKL:
     """verl's in-reward KL controller on the driver: ``coef`` (beta) and the rows scored in the current iteration.
     ``score``: the learners' scoring of samples."""
@@ -56,7 +49,7 @@ class RewardKL:
         if sums.shape != (len(samples),) or not np.all(np.isfinite(sums)):
             raise ValueError(f"use_kl_in_reward: the learners returned {sums!r} for {len(samples)} samples")
         self._sums.extend(sums.tolist())
-        self._tokens.extend(trained_tokens(s) for s in samples)
+        self._tokens.extend(s.trained_tokens for s in samples)
         return [
             replace(s, reward_kl_penalty=self.coef * float(k)) for s, k in zip(samples, sums, strict=True)
         ]
