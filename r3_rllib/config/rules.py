@@ -162,13 +162,17 @@ def clip_cov_band_is_ordered(config: Any) -> str | None:
 
 
 def ref_sync_needs_a_reference_model(config: Any) -> str | None:
-    """sync_ref_model moves the learner's frozen reference model: a run without one (kl_coef 0), with LoRA's (the
+    """sync_ref_model moves the learner's frozen reference model: a run without one (kl_coef 0 and no
+    use_kl_in_reward), with LoRA's (the
     adapter switched off: nothing to move) or with R^2PO's (its stage-A term's 'initial' target is that model too)
     would change nothing or something else."""
     if not config.sync_ref_model:
         return None
-    if config.kl_coef <= 0:
-        return "sync_ref_model needs kl_coef > 0: without a KL term there is no reference model to sync"
+    if config.kl_coef <= 0 and not config.use_kl_in_reward:
+        return (
+            "sync_ref_model needs kl_coef > 0 or use_kl_in_reward: without a KL term there is no reference model "
+            "to sync"
+        )
     if config.lora_rank > 0:
         return (
             "sync_ref_model with lora_rank > 0: LoRA's reference is the policy with its adapter switched off, not "

@@ -270,7 +270,8 @@ class R3Settings:
     sync_ref_model: bool = False
     """TRL's sync_ref_model (TR-DPO, Gorbatovski et al. 2024, arXiv 2404.09656): every ref_model_sync_steps optimizer
     steps the KL term's reference becomes ref_model_mixup_alpha * policy + (1 - ref_model_mixup_alpha) * reference,
-    tensor by tensor, so kl_coef holds the policy near a reference that follows it. Needs kl_coef > 0; not with LoRA
+    tensor by tensor, so kl_coef (or use_kl_in_reward's penalty) holds the policy near a reference that follows
+    it. Needs kl_coef > 0 or use_kl_in_reward; not with LoRA
     (the reference is the base with the adapter off) or rollout_head (whose stage-A term reads the same reference).
     Checkpoints hold the moved reference and the step count. Logged as learner/ref_model_syncs (syncs so far)."""
     ref_model_mixup_alpha: float = setting(0.6, range="[0, 1]", finite=True)

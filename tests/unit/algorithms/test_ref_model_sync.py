@@ -122,7 +122,7 @@ def test_a_checkpoint_keeps_the_moved_reference_and_its_clock(tiny_random_model,
 @pytest.mark.parametrize(
     ("settings", "error"),
     [
-        (dict(sync_ref_model=True), "sync_ref_model needs kl_coef > 0"),
+        (dict(sync_ref_model=True), "sync_ref_model needs kl_coef > 0 or use_kl_in_reward"),
         (dict(sync_ref_model=True, kl_coef=0.1, lora_rank=4), "sync_ref_model with lora_rank > 0"),
         (dict(sync_ref_model=True, kl_coef=0.1, rollout_head=True), "sync_ref_model with rollout_head"),
         (dict(kl_coef=0.1, ref_model_sync_steps=64), "ref_model_sync_steps"),
@@ -133,3 +133,4 @@ def test_sync_ref_model_is_refused_where_it_would_not_act(settings, error):
     with pytest.raises(ValueError, match=error):
         R3Config().training(**settings).validate()
     R3Config().training(sync_ref_model=True, kl_coef=0.1, ref_model_sync_steps=64).validate()
+    R3Config().training(sync_ref_model=True, use_kl_in_reward=True).validate()
