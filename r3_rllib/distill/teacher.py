@@ -103,7 +103,10 @@ class TeacherScorer:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, int(threads)))
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
+        from r3_rllib.models.progress_bars import no_progress_bars
+
+        with no_progress_bars():
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
         self.model.eval().requires_grad_(False)
         self.temperature = float(temperature) if temperature > 0 else 1.0
         self.micro_batch_size = max(1, int(micro_batch_size))

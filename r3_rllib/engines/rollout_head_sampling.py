@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from r3_rllib.engines.hf_engine import HFEngine
 from r3_rllib.models.dtypes import resolve_dtype
+from r3_rllib.models.progress_bars import no_progress_bars
 from r3_rllib.models.rollout_head import (
     RolloutHead,
     attach_rollout_head,
@@ -69,7 +70,8 @@ class RolloutHeadHFEngine(HFEngine):
             if head is None:  # the head saved with the model, else a fresh one
                 model = load_policy_with_head(path, dtype=resolve_dtype(dtype), seed=head_seed)
             else:
-                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
+                with no_progress_bars():
+                    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype))
             if tokenizer is None:
                 tokenizer = load_tokenizer(path)
         attached = get_rollout_head(model)

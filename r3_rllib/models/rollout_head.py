@@ -445,7 +445,10 @@ def load_policy_with_head(
     present, else a fresh near-zero head (``seed``), unless ``require_head``. Rollout logits start switched off."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    from r3_rllib.models.progress_bars import no_progress_bars
+
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     head_dir = Path(head_path) if head_path is not None else Path(path)
     if has_rollout_head(head_dir):
         head = load_rollout_head(head_dir, dtype=dtype, device=_output_embedding(model).weight.device)

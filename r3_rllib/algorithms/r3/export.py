@@ -262,8 +262,10 @@ def _save_lora(base: str, state: dict[str, Any], settings: dict[str, Any], path:
     from transformers import AutoModelForCausalLM
 
     from r3_rllib.models.lora import ADAPTER_DIR, add_lora
+    from r3_rllib.models.progress_bars import no_progress_bars
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     peft_model = add_lora(
         model,
         int(settings["lora_rank"]),

@@ -108,8 +108,11 @@ class KLReference:
             return cls(AdapterOff(lora), score)
         from transformers import AutoModelForCausalLM
 
+        from r3_rllib.models.progress_bars import no_progress_bars
+
         path = policy_path(config.model_path)
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        with no_progress_bars():  # the policy's own load shows none either (rl_module.py)
+            ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         ref.eval().requires_grad_(False)
         sync = ReferenceSync(config.ref_model_mixup_alpha, config.ref_model_sync_steps)
         return cls(ref, score, sync if config.sync_ref_model else None)

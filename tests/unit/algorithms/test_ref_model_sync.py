@@ -134,3 +134,14 @@ def test_sync_ref_model_is_refused_where_it_would_not_act(settings, error):
         R3Config().training(**settings).validate()
     R3Config().training(sync_ref_model=True, kl_coef=0.1, ref_model_sync_steps=64).validate()
     R3Config().training(sync_ref_model=True, use_kl_in_reward=True).validate()
+
+
+def test_loading_the_reference_draws_no_progress_bar(tiny_random_model, capfd):
+    """transformers 5 draws a "Loading weights" bar at each from_pretrained; the policy's load in every learner shows
+    none (rl_module.py), and the reference's neither (models/progress_bars.py)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    _learner(tiny_random_model)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # restored after the load
