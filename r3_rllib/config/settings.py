@@ -286,7 +286,8 @@ class R3Settings:
     lambda), 'rloo' (leave-one-out baseline), 'reinforce_plus_plus_baseline' (verl's: group mean, then whitened
     over the batch's tokens), 'reinforce_plus_plus' (verl's: the reward whitened over the batch's tokens, gamma 1,
     no group baseline), 'grpo_batch_std' (TRL's scale_rewards='batch': the group mean, then the batch's reward std),
-    'opo' (verl's: the length-weighted group mean as baseline), 'grpo_passk' (verl's Pass@k: only the best
+    'opo' (verl's: the length-weighted group mean as baseline), 'gpg' (verl's: the group mean, then the batch's
+    responses over those with a non-zero reward as a scale), 'grpo_passk' (verl's Pass@k: only the best
     response, by its margin over the second, over the sample std plus adv_eps), 'hgpo' (step advantages for
     multi-step envs, see hgpo_*). 'reinforce_pp' was renamed 'reinforce_plus_plus_baseline'."""
     adv_eps: float = setting(1e-6, range=">= 0", finite=True)

@@ -303,6 +303,31 @@ def grpo_batch_std_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarr
     return r - r.mean()
 
 
+def nonzero_reward_scale(
+    advantages: Sequence[float] | np.ndarray, *, rewards: Sequence[float] | np.ndarray
+) -> np.ndarray:
+    """GPG's batch step (verl's ``gpg`` estimator): every advantage times ``B / M``, ``B`` the batch's responses and
+    ``M`` those with a non-zero reward (at least 1), so a batch where few responses earn a reward is not learned
+    from more slowly (the paper's correction for the responses that carry no gradient)."""
+    a = np.asarray(advantages, dtype=np.float64)
+    r = np.asarray(rewards, dtype=np.float64)
+    if a.ndim != 1 or r.shape != a.shape:
+        raise ValueError(f"need advantages [B] and rewards [B]; got {a.shape} and {r.shape}")
+    return a * (a.size / max(int(np.count_nonzero(r)), 1))
+
+
+@register_advantage("gpg", batch_fn=nonzero_reward_scale, batch_sample_inputs=("rewards",))
+def gpg_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
+    """GPG (Group Policy Gradient, Chu et al. 2025, arXiv 2504.02546; verl's ``gpg`` estimator), per-group part:
+    ``R_i - mean(R)`` (a group of one keeps ``R``: verl's mean 0 for a lone response); the batch step
+    :func:`nonzero_reward_scale` multiplies by ``B / M``. verl's ``f_norm`` divisor is 1 (its default). The paper
+    pairs it with ``policy_loss: gpg``."""
+    r = _as_group(rewards)
+    if r.size == 1:
+        return r.copy()
+    return r - r.mean()
+
+
 def compute_group_advantages(name: str, rewards: Sequence[float] | np.ndarray, **params: float) -> np.ndarray:
     """Advantages of one group with the estimator registered as ``name`` (its per-group pass only: see
     :func:`apply_batch_step` for an estimator that declares a batch step)."""

@@ -159,6 +159,18 @@ def test_grpo_passk_gives_the_best_response_its_margin_over_the_std_hand_compute
     R3Config().training(advantage_estimator="opo").validate()
 
 
+def test_gpg_centres_each_group_then_scales_by_the_batch_over_its_nonzero_rewards_hand_computed():
+    # Two groups, [1, 0, 0, 0] and [0, 0, 0, 0], and a lone response of reward 2: B = 9 responses, M = 2 with a
+    # non-zero reward, scale 4.5. Centred: [0.75, -0.25 x 3], [0 x 4], [2] (a lone response keeps its reward).
+    rewards = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]
+    groups = ["a"] * 4 + ["b"] * 4 + ["c"]
+    out = compute_advantages_by_group("gpg", rewards, groups, batch_params={"rewards": rewards})
+    np.testing.assert_allclose(out, 4.5 * np.array([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0, 2.0]))
+    # No reward anywhere: M counts as 1 (verl's clamp), and every advantage is 0 anyway.
+    zeros = compute_advantages_by_group("gpg", [0.0] * 4, ["a"] * 4, batch_params={"rewards": [0.0] * 4})
+    np.testing.assert_array_equal(zeros, [0.0] * 4)
+
+
 def _verl_masked_whiten_float64(per_seq: list[float], lengths: list[int]) -> np.ndarray:
     """verl's masked_whiten written out on the [B, T] token matrix in float64 (masked mean, masked variance with
     Bessel's correction over the token count, (x - mean) * rsqrt(var + 1e-8)), read back at each row's first
