@@ -50,6 +50,7 @@ from r3_rllib.core.method import (
     TrainingPhase,
     config_kl_term,
 )
+from r3_rllib.core.metric_groups import log_group
 from r3_rllib.r2po.rarity import skip_flat_group
 from r3_rllib.r2po.stages import BASE_STAGE, FIRST_STAGES, HEAD_STAGE, STAGES, Stage, active_stage
 
@@ -267,14 +268,13 @@ class R2POPhase(TrainingPhase):
 
     def log_metrics(self, logger: Any, r3_metrics: dict, learner_metrics: dict) -> None:
         """The stage (0 = A, head; 1 = B, base) and the update's numbers under the stage they belong to, so a
-        stage's curve is not averaged with the other's."""
-        logger.log_value(("r2po", "stage"), STAGE_CODES[self.stage], reduce="mean", window=1)
+        stage's curve is not averaged with the other's; the other stage's numbers are absent, not NaN."""
         per_stage = {
             "train_samples": r3_metrics.get("train_samples", 0.0),
             "zero_adv_frac": r3_metrics.get("zero_adv_frac", 0.0),
         }
         per_stage |= {key: learner_metrics[key] for key in STAGE_KEYS if key in learner_metrics}
-        logger.log_dict(per_stage, key=("r2po", str(self.stage)))
+        log_group(logger, "r2po", {"stage": STAGE_CODES[self.stage], str(self.stage): per_stage})
 
 
 def param_groups(

@@ -45,6 +45,7 @@ from r3_rllib.algorithms.r3.runner_faults import (
     wait_for_runners,
 )
 from r3_rllib.core.method import TrainingPhase
+from r3_rllib.core.metric_groups import clear_groups
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.core.reward_shaping import DynamicSamplingShortfall, another_gen_batch, shortfall_message
 from r3_rllib.types.samples import Group
@@ -214,8 +215,7 @@ class RolloutCoordinator:
             return rollout
         # This rollout's stage metrics only: RLlib would report a key of an earlier iteration that this one lacks
         # (those of a stage the phase skips: the teacher's in R^2PO's stage A) as NaN.
-        for stage in self.stages:
-            self.metrics.delete(stage.name, key_error=False)
+        clear_groups(self.metrics, *(stage.name for stage in self.stages))
         groups = apply_stages(self.stages, rollout.groups, self._log_stage, phase)
         return dataclasses.replace(rollout, groups=tuple(groups))
 

@@ -5,8 +5,8 @@
 The same line comes from a plain ``algo.train()`` loop (``console.R3Console.log_result``, when the config's
 ``progress`` is on) and from ``r3 train``, where Tune runs the algorithm in a trial actor whose output the
 console does not show: there the driver prints it from Tune's results (``tune_output.ProgressLineCallback``). A
-value the result lacks, or holds as NaN (the held-out accuracy between evaluations, the zero-advantage fraction of an
-iteration without groups), leaves its field out rather than printing ``nan``.
+value the result lacks (the held-out accuracy between evaluations) or holds as NaN (the zero-advantage fraction of an
+iteration without groups) leaves its field out rather than printing ``nan``.
 """
 
 from __future__ import annotations

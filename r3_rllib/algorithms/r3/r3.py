@@ -55,6 +55,7 @@ from r3_rllib.algorithms.r3.streaming import StreamingCoordinator
 from r3_rllib.algorithms.r3.weight_sync import PolicyWeights
 from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.method import TrainingPhase, method_for
+from r3_rllib.core.metric_groups import log_group
 from r3_rllib.core.reward_shaping import without_truncated
 from r3_rllib.core.schedules import scheduled_value
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
@@ -222,8 +223,9 @@ class R3(R3Console, R3Checkpoints, Algorithm):
                 if syncing is not None:  # the driver's time in the sync: its send and its wait for the loads
                     timer = ("timers_s", "weight_sync_s")
                     self.metrics.log_value(timer, syncing.collect(), reduce="mean", window=1)
-            if cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0:
-                self.metrics.log_dict(self.evaluate_heldout(), key="eval")
+            # Held-out evaluation: ``eval/*`` in the iterations that evaluate, absent (not NaN) in the others.
+            evaluates = cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0
+            log_group(self.metrics, "eval", self.evaluate_heldout() if evaluates else {})
             # 6. Synchronous loop: the next rollout asked for now, while RLlib and Tune log (prefetch_rollout).
             self.coordinator.prefetch(self.iteration_settings().reflection)
         return None
@@ -443,5 +445,4 @@ def _env_size(env) -> int | None:
 def log_learner_metrics(metrics: Any, learner_metrics: dict[str, float]) -> None:
     """Log this iteration's learner metrics, and only them, under ``learner`` (RLlib would report an earlier
     iteration's key this one lacks as NaN). An iteration that trained nothing reports ``trained_tokens`` 0."""
-    metrics.delete("learner", key_error=False)
-    metrics.log_dict(learner_metrics or {"trained_tokens": 0.0}, key="learner")
+    log_group(metrics, "learner", learner_metrics or {"trained_tokens": 0.0})

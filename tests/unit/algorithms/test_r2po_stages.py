@@ -59,6 +59,30 @@ def test_stage_follows_the_iteration_count():
     assert iteration_stage(_cfg(rollout_head=False), 0) is None
 
 
+def test_each_iteration_reports_its_own_stage_numbers_and_not_the_other_stages_as_nan():
+    """A, B, A, B: ``r2po/<stage>`` holds the iteration's stage alone; the other stage's numbers, logged an iteration
+    before, are absent (RLlib would report them NaN), and a B that trained nothing has only its batch's numbers."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    from r3_rllib.r2po.method import R2POPhase
+    from r3_rllib.r2po.stages import BASE_STAGE, HEAD_STAGE
+
+    logger = MetricsLogger()
+    batch = {"train_samples": 16.0, "zero_adv_frac": 0.25}
+    update = {"loss": 0.5, "grad_norm": 2.0, "trained_tokens": 40.0}
+    results = []
+    for stage, learner in zip((HEAD_STAGE, BASE_STAGE) * 2, (update, update, update, {}), strict=True):
+        R2POPhase(stage).log_metrics(logger, batch, learner)
+        results.append(MetricsLogger.peek_results(logger.reduce())["r2po"])
+    numbers = batch | {"loss": 0.5, "grad_norm": 2.0}  # the update's STAGE_KEYS, under its stage
+    assert results == [
+        {"stage": 0.0, "A": numbers},
+        {"stage": 1.0, "B": numbers},
+        {"stage": 0.0, "A": numbers},
+        {"stage": 1.0, "B": batch},
+    ]
+
+
 # -- batch settings and the skip rule -----------------------------------------------------------------------------
 def test_stage_settings_switch_estimator_and_r3_parts():
     cfg = (
