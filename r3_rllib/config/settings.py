@@ -697,8 +697,9 @@ class R3Settings:
     # --- health checks (core/health.py, algorithms/r3/health_monitor.py) ----------------------------------------
     health_checks: bool = True
     """Check the run's health every iteration: health/<check> metrics (1 while it fires), health/<check>_value and
-    health/<check>_threshold in the result, a warning logged once each time a check starts firing, and a stop on
-    NaN/inf in the loss or gradients. A health_* threshold set to None switches its check off."""
+    health/<check>_threshold in the result (absent while the check has nothing to measure), a warning logged once each
+    time a check starts firing, and a stop on NaN/inf in the loss or gradients. A health_* threshold set to None
+    switches its check off."""
     health_entropy_min: float | None = setting(0.01, range=">= 0", finite=True, none_ok=True)
     """entropy_collapse: warn when the mean token entropy (learner/entropy; rollout/entropy_mean with
     learner_entropy off) is at or below this many nats. 0.01 nats: the average token puts ~99.9 % on one choice, so

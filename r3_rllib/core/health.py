@@ -27,7 +27,8 @@ A check whose metric this iteration lacks (nothing trained, the baseline not com
 window) is *unmeasured*: not fired, value and threshold NaN. :func:`update_episodes` turns findings into warnings once
 per episode of a condition: a check warns when it fires and did not fire at its last measurement, and its episode
 ends at the first measurement where it does not fire. :func:`health_metrics` gives the ``health/*`` metrics:
-``<check>`` (1 while it fires, else 0), ``<check>_value`` and ``<check>_threshold``.
+``<check>`` (1 while it fires, else 0), and ``<check>_value`` and ``<check>_threshold`` of a measured check (absent,
+not NaN, while it is unmeasured).
 """
 
 from __future__ import annotations
@@ -331,13 +332,15 @@ def update_episodes(
 
 
 def health_metrics(findings: Sequence[Finding]) -> dict[str, float]:
-    """The ``health/*`` metrics of ``findings`` (without the prefix): ``<check>`` 1.0 or 0.0, ``<check>_value``,
-    ``<check>_threshold``, and ``firing``, the number of checks that fire."""
+    """The ``health/*`` metrics of ``findings`` (without the prefix): ``<check>`` 1.0 or 0.0, ``<check>_value`` and
+    ``<check>_threshold`` of a measured check (an unmeasured one has neither: absent, not NaN; a measured NaN, the
+    ``nonfinite`` check's NaN loss, stays NaN), and ``firing``, the number of checks that fire."""
     out: dict[str, float] = {}
     for f in findings:
         out[f.name] = float(f.fired)
-        out[f"{f.name}_value"] = f.value
-        out[f"{f.name}_threshold"] = f.threshold
+        if f.measured:
+            out[f"{f.name}_value"] = f.value
+            out[f"{f.name}_threshold"] = f.threshold
     out["firing"] = float(sum(f.fired for f in findings))
     return out
 

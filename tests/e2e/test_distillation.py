@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from ray.tune.utils import flatten_dict
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.rollout_stages import build_rollout_stages
@@ -70,7 +71,9 @@ def test_with_r2po_the_teacher_scores_only_the_rollouts_of_stage_b(ray_session, 
     """R^2PO (head and base stages alternating, one iteration each, stage A first) with a teacher: stage A trains
     the rollout head alone with no distillation term, so its rollouts are not sent to the teacher (``skipped``, no
     samples scored, no teacher token in the update); stage B's are all scored and distilled. Overlap: the rollout
-    trained in an iteration was asked for in the one before, in the other stage."""
+    trained in an iteration was asked for in the one before, in the other stage. No result holds a NaN for a metric
+    its iteration did not measure (the other stage's ``r2po/*``, ``eval/*`` between evaluations, a health check's
+    value and threshold while it is unmeasured): such a metric is absent."""
     config = _config(
         default_tiny_model_path(),
         tiny_random_model,
@@ -78,6 +81,8 @@ def test_with_r2po_the_teacher_scores_only_the_rollouts_of_stage_b(ray_session, 
         rollout_head=True,
         rollout_head_head_iters=1,
         rollout_head_base_iters=1,
+        eval_interval=2,
+        eval_num_queries=8,
     )
     results = _train(config, 4)
     stage = [r["distill"] for r in results]
@@ -91,6 +96,15 @@ def test_with_r2po_the_teacher_scores_only_the_rollouts_of_stage_b(ray_session, 
         distill = result["distill"] | {k: v for k, v in result["learner"].items() if k.startswith("distill")}
         assert not any(math.isnan(v) for v in distill.values()), distill
     assert [m["distill_teacher_token_frac"] for m in learner] == [0.0, 1.0, 0.0, 1.0]
+    # Each iteration reports its own stage's numbers, evaluations and measured health checks, and nothing as NaN.
+    assert [sorted(r["r2po"]) for r in results] == [["A", "stage"], ["B", "stage"]] * 2
+    assert [sorted(r.get("eval", {})) for r in results] == [[], ["accuracy", "num_queries"]] * 2
+    assert not any("reward_hacking_value" in r["health"] for r in results)  # a 10-iteration window
+    assert "length_blowup_value" not in results[0]["health"]  # no baseline yet
+    for result in results:
+        flat = flatten_dict({k: v for k, v in result.items() if k != "config"}, delimiter="/")
+        nan = [k for k, v in flat.items() if isinstance(v, float) and math.isnan(v)]
+        assert nan == [], (result["training_iteration"], nan)
 
 
 def test_a_lora_student_distills_with_the_advantage_term(ray_session, tiny_random_model):

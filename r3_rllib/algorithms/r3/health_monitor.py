@@ -40,6 +40,7 @@ from r3_rllib.core.health import (
     nonfinite_stop_message,
     update_episodes,
 )
+from r3_rllib.core.metric_groups import log_group
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def observe_health(algo: Any, learner_metrics: Mapping[str, float]) -> list[Find
         monitor = algo.__dict__["_health_monitor"] = HealthMonitor(config)
     iteration = int(algo.iteration) + 1  # training_step runs before RLlib counts the iteration
     findings, new = monitor.observe(iteration_metrics(algo, learner_metrics))
-    algo.metrics.log_dict(health_metrics(findings), key="health", window=1)
+    log_group(algo.metrics, "health", health_metrics(findings))
     for finding in findings:
         if finding.name == "nonfinite" and finding.fired and monitor.stop_on_nonfinite:
             raise NonFiniteTrainingError(

@@ -45,9 +45,7 @@ def test_health_metrics_are_logged_every_iteration_and_a_warning_once_per_episod
     healthy = algo.step(ROLLOUT | {"zero_adv_frac": 0.2}, LEARNER)
     assert {name for name in CHECK_NAMES if name != "is_weight_spike"} <= set(healthy)
     assert healthy["firing"] == 0.0 and healthy["entropy_collapse_value"] == 1.0
-    assert healthy["truncation_threshold"] == 0.5 and math.isnan(
-        healthy["length_blowup_value"]
-    )  # no baseline yet
+    assert healthy["truncation_threshold"] == 0.5 and "length_blowup_value" not in healthy  # no baseline yet
     for _ in range(3):
         truncated = algo.step(ROLLOUT | {"truncated_frac": 0.7}, LEARNER)
         assert truncated["truncation"] == 1.0 and truncated["truncation_value"] == 0.7
@@ -62,7 +60,7 @@ def test_health_metrics_are_logged_every_iteration_and_a_warning_once_per_episod
 def test_relative_checks_start_after_the_baseline_iterations():
     algo = _Algo(R3Config())
     for _ in range(3):
-        assert math.isnan(algo.step(ROLLOUT, LEARNER)["length_blowup_threshold"])
+        assert "length_blowup_threshold" not in algo.step(ROLLOUT, LEARNER)
     blown = algo.step(ROLLOUT | {"response_len_mean": 30.0}, LEARNER | {"entropy": 0.1})
     assert blown["length_blowup"] == 1.0 and blown["length_blowup_threshold"] == 30.0
     assert blown["entropy_collapse"] == 1.0 and blown["entropy_collapse_threshold"] == 0.1
@@ -71,7 +69,21 @@ def test_relative_checks_start_after_the_baseline_iterations():
 def test_an_iteration_without_an_update_leaves_the_learner_checks_unmeasured():
     algo = _Algo(R3Config())
     quiet = algo.step(ROLLOUT, {})
-    assert quiet["nonfinite"] == 0.0 and math.isnan(quiet["nonfinite_value"])
+    assert quiet["nonfinite"] == 0.0 and "nonfinite_value" not in quiet
+
+
+def test_a_check_measured_before_and_unmeasured_now_reports_no_value_rather_than_nan():
+    """RLlib would report the value and threshold of the iteration before as NaN; a measured NaN loss stays NaN."""
+    algo = _Algo(R3Config().training(health_stop_on_nonfinite=False))
+    trained = algo.step(ROLLOUT, LEARNER)
+    assert trained["entropy_collapse_value"] == 1.0 and trained["nonfinite_value"] == 0.0
+    quiet = algo.step(ROLLOUT, {})  # nothing trained: the learner's checks are unmeasured
+    learner_checks = ("entropy_collapse", "mismatch_kl", "nonfinite")
+    assert not {f"{name}_{part}" for name in learner_checks for part in ("value", "threshold")} & set(quiet)
+    assert [quiet[name] for name in learner_checks] == [0.0, 0.0, 0.0]
+    assert not any(math.isnan(v) for v in quiet.values()), quiet
+    nan_loss = algo.step(ROLLOUT, LEARNER | {"loss": float("nan")})
+    assert nan_loss["nonfinite"] == 1.0 and math.isnan(nan_loss["nonfinite_value"])
 
 
 def test_nan_loss_stops_naming_iteration_and_that_no_checkpoint_was_saved():
