@@ -55,6 +55,8 @@ ROLLOUT_TAG = "r3_rollout"
 
 #: Rollouts in a row that every runner asked may lose (crashes) before the iteration gives up.
 MAX_LOST_ROLLOUTS = 3
+#: The fresh samples' lag behind the trained policy: absent, not NaN, in an iteration without a fresh sample.
+LAG_METRICS = (("rollout", "policy_lag"), ("rollout", "staleness_max"))
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +194,7 @@ class RolloutCoordinator:
         if overlap and cfg.dynamic_sampling:  # the filter needed this batch's scores first
             self.request(cfg.queries_per_iteration, next_reflection())
         fresh_versions = [s.policy_version for g in rollout.groups if not g.is_reflection for s in g.samples]
+        clear_groups(self.metrics, *LAG_METRICS)
         if fresh_versions:  # updates between the weights a batch was sampled with and the ones it trains
             lag = policy_version - float(np.mean(fresh_versions))
             self._log("policy_lag", lag)

@@ -37,6 +37,7 @@ import numpy as np
 
 from r3_rllib.algorithms.r3.checkpoint import AlgorithmState
 from r3_rllib.algorithms.r3.coordinator import (
+    LAG_METRICS,
     MAX_LOST_ROLLOUTS,
     ROLLOUT_TAG,
     RolloutCoordinator,
@@ -45,6 +46,7 @@ from r3_rllib.algorithms.r3.coordinator import (
 from r3_rllib.algorithms.r3.rollout_types import Rollout, RolloutResult, merge_results
 from r3_rllib.algorithms.r3.runner_faults import raise_runner_errors, sample_or_error, wait_for_runners
 from r3_rllib.core.method import TrainingPhase
+from r3_rllib.core.metric_groups import clear_groups
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.types.samples import Group
 
@@ -94,6 +96,7 @@ class StreamingCoordinator(RolloutCoordinator):
         self._requests = 0
         self._issued: dict[int, int] = {}  # request number -> the policy version when it was issued
         self._runners_lost = 0  # runners taken out of service with requests in flight, this iteration
+        self._runners_timed_out = 0  # runners restarted as hung, this iteration
 
     # -- one iteration's rollout ------------------------------------------------------------------------------
     def rollout(
@@ -132,12 +135,14 @@ class StreamingCoordinator(RolloutCoordinator):
         staleness = [
             policy_version - s.policy_version for g in kept if not g.is_reflection for s in g.samples
         ]
+        clear_groups(self.metrics, *LAG_METRICS)
         if staleness:
             self._log("policy_lag", float(np.mean(staleness)))
             self._log("staleness_max", float(max(staleness)))
         self._log("stale_groups_dropped", len(stale))
         self._log("runners_failed", self._runners_lost)
-        self._runners_lost = 0
+        self._log("runners_timed_out", self._runners_timed_out)  # each iteration: 0, not NaN, after one
+        self._runners_lost = self._runners_timed_out = 0
         self._log("learner_wait_s", learner_wait_s)
         self._log("queue_depth", sum(q.fresh_groups for q in self.queue))
         self._log("requests_in_flight", sum(map(len, self._in_flight.values())))
@@ -216,7 +221,7 @@ class StreamingCoordinator(RolloutCoordinator):
             elif timeout is not None and time.perf_counter() - last_progress > timeout:
                 hung = [wid for wid, numbers in self._in_flight.items() if numbers]
                 self._restart_hung_runners(hung)
-                self._log("runners_timed_out", len(hung))
+                self._runners_timed_out += len(hung)
                 self._forget_lost_requests()
                 return
 

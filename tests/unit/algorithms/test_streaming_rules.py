@@ -130,3 +130,48 @@ def test_a_batch_takes_the_oldest_requests_and_waits_for_one_about_to_go_stale()
     assert not coordinator._at_risk(
         policy_version=None
     )  # draining for a checkpoint waits for everything anyway
+
+
+def test_the_iterations_after_a_timeout_report_zero_timeouts_and_one_without_fresh_samples_no_lag():
+    """Both were NaN there before (RLlib reports a key logged in an earlier iteration and not in this one as NaN):
+    ``runners_timed_out`` was logged only by the iteration with a timeout, and ``policy_lag`` / ``staleness_max``
+    only by one with a fresh sample (here every group went stale)."""
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    from r3_rllib.algorithms.r3.streaming import QueuedRollout, StreamingCoordinator
+
+    config = R3Config().training(max_staleness=2, queries_per_iteration=4, rollout_timeout_s=0.001)
+    coordinator = StreamingCoordinator(runners=None, config=config, metrics=MetricsLogger(), max_staleness=2)
+    hung = []
+    for name in ("_top_up", "_forget_lost_requests"):
+        setattr(coordinator, name, lambda *args: None)
+    coordinator._receive = lambda timeout_s: 0  # nothing comes back
+    coordinator._restart_hung_runners = hung.extend
+    results = []
+    for version, in_flight in ((0, {2: [9]}), (5, {})):
+        coordinator.queue = [QueuedRollout(version, _result(1, 2))]  # 2 fresh groups sampled at version 0
+        coordinator._in_flight, coordinator._issued = in_flight, {9: 0}
+        coordinator.rollout(None, lambda: None, version)
+        results.append(MetricsLogger.peek_results(coordinator.metrics.reduce())["rollout"])
+    assert hung == [2]  # the first iteration's wait for runner 2 timed out
+    picked = [{k: r.get(k) for k in ("runners_timed_out", "policy_lag", "staleness_max")} for r in results]
+    assert picked == [
+        {"runners_timed_out": 1.0, "policy_lag": 0.0, "staleness_max": 0.0},
+        {"runners_timed_out": 0.0, "policy_lag": None, "staleness_max": None},  # its 2 groups: 5 versions old
+    ]
+    assert results[1]["stale_groups_dropped"] == 2.0
+
+
+def test_a_synchronous_rollout_of_reflection_groups_alone_reports_no_lag_rather_than_nan():
+    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+    from r3_rllib.algorithms.r3.coordinator import RolloutCoordinator
+    from r3_rllib.algorithms.r3.rollout_types import Rollout
+
+    coordinator = RolloutCoordinator(runners=None, config=R3Config(), metrics=MetricsLogger())
+    lags = []
+    for groups in ((_group("q", [1, 1]),), (_group("q", [2, 2], reflection=True),)):
+        coordinator._next = lambda num_queries, reflection, groups=groups: Rollout(groups=groups)
+        coordinator.rollout(None, lambda: None, policy_version=2)
+        lags.append(MetricsLogger.peek_results(coordinator.metrics.reduce())["rollout"].get("policy_lag"))
+    assert lags == [1.0, None]  # fresh samples one version old; then no fresh sample: absent, not NaN
