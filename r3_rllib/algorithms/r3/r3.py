@@ -374,14 +374,14 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         self.metrics.log_dict(rollout_metrics, key="rollout")
         r3 = {k: v for k, v in r3_metrics.items() if k not in ("zero_adv_frac_before", "zero_adv_frac")}
         r3.update(reflection)
-        self.metrics.log_dict(r3, key="r3")
+        log_group(self.metrics, "r3", r3)  # keys some iterations lack (ranking's, with ranking off): absent
         log_learner_metrics(self.metrics, learner_metrics)
         self.metrics.log_value(
             "num_env_steps_sampled_lifetime", rollout.totals.get("samples", 0.0), reduce="lifetime_sum"
         )
         if self._replay is not None:
             replay_metrics = self._replay.call(lambda replay: replay.metrics(), {})
-            self.metrics.log_dict({**replay_metrics, **self._replay.health_metrics()}, key="replay")
+            log_group(self.metrics, "replay", {**replay_metrics, **self._replay.health_metrics()})
         if phase is not None:  # the method's own metrics
             phase.log_metrics(self.metrics, r3_metrics, learner_metrics)
 

@@ -39,3 +39,38 @@ def test_a_key_only_some_iterations_have_is_absent_in_the_others():
     logger = MetricsLogger()
     assert _iteration(logger, {"trained_tokens": 8.0, "is_weight_max": 3.0})["is_weight_max"] == 3.0
     assert _iteration(logger, {"trained_tokens": 8.0}) == {"trained_tokens": 8.0}
+
+
+def test_the_r3_and_replay_groups_hold_only_what_the_iteration_measured():
+    """``R3._log_metrics`` on a stand-in algorithm: a batch metric of one iteration only (the learner's ranking
+    entropies, with ranking on in one R^2PO stage and off in the other) and the replay actor's numbers in an
+    iteration where the actor is gone are absent, not NaN; the rest as measured."""
+    from types import SimpleNamespace
+
+    from r3_rllib.algorithms.r3.r3 import R3
+    from r3_rllib.algorithms.r3.rollout_types import Rollout
+
+    class Replay:
+        up = True
+
+        def call(self, fn, default):  # ReplaySupervisor.call: ``default`` when the actor is gone
+            return {"size": 3.0} if self.up else default
+
+        def health_metrics(self):
+            return {"available": float(self.up)}
+
+    algo = SimpleNamespace(
+        metrics=MetricsLogger(),
+        weights=SimpleNamespace(loads_skipped=0, version=1),
+        coordinator=SimpleNamespace(epoch=SimpleNamespace(value=0)),
+        _replay=Replay(),
+    )
+    batch = {"zero_adv_frac": 0.5, "trained_groups": 1.0, "train_samples": 4.0}
+    results = []
+    for r3_metrics, up in ((batch | {"ranking_entropy_tokens": 5.0}, True), (batch, False)):
+        algo._replay.up = up
+        R3._log_metrics(algo, Rollout(), r3_metrics, {"loss": 1.0})
+        results.append(MetricsLogger.peek_results(algo.metrics.reduce()))
+    assert [r["r3"].get("ranking_entropy_tokens") for r in results] == [5.0, None]
+    assert [r["r3"]["train_samples"] for r in results] == [4.0, 4.0]
+    assert [r["replay"] for r in results] == [{"size": 3.0, "available": 1.0}, {"available": 0.0}]
