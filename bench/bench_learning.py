@@ -49,6 +49,10 @@ ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "luspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-sum"},
     # A KL term toward the initial policy, and the same term toward a reference that follows the policy (TRL's
     # sync_ref_model: 80 iterations of one optimizer step, so 10 syncs at 8 steps apart).
+    "opo": {"advantage_estimator": "opo"},
+    "grpo_passk": {"advantage_estimator": "grpo_passk"},
+    # GPG's paper pairs its estimator (the batch over its rewarded responses as a scale) with its loss (no ratio).
+    "gpg-full": {"advantage_estimator": "gpg", "policy_loss": "gpg"},
     "grpo-kl": {"kl_coef": 0.04},
     "grpo-kl-sync": {"kl_coef": 0.04, "sync_ref_model": True, "ref_model_sync_steps": 8},
 }
