@@ -25,6 +25,9 @@ class _Metrics:
     def log_value(self, key, value, **kwargs) -> None:
         self.values[key[-1]] = value
 
+    def delete(self, *key, key_error=True) -> None:  # metric_groups.clear_groups
+        self.values.pop(key[-1], None)
+
 
 def _group(qid: str, correct: list[bool]) -> Group:
     samples = [
