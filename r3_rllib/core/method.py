@@ -96,7 +96,9 @@ class TrainingPhase:
 
     def log_metrics(self, logger: Any, r3_metrics: dict, learner_metrics: dict) -> None:
         """Log the phase's own metrics with ``logger`` (RLlib's MetricsLogger: ``log_value``, ``log_dict``) from
-        the iteration's batch (``r3_metrics``) and update (``learner_metrics``) metrics; nothing by default."""
+        the iteration's batch (``r3_metrics``) and update (``learner_metrics``) metrics; nothing by default. A key
+        some iterations do not log comes back NaN in them: log such a group with
+        :func:`~r3_rllib.core.metric_groups.log_group` (absent there instead)."""
 
 
 #: The default method's phase.
