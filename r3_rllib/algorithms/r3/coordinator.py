@@ -214,11 +214,14 @@ class RolloutCoordinator:
         """``rollout`` with its groups through the driver's rollout stages (reward server, distillation teacher:
         rollout_stages.py) that an update in ``phase`` (this iteration's) needs; the rollout itself when there are
         none."""
-        if not self.stages or not rollout.groups:
+        if not self.stages:
             return rollout
         # This rollout's stage metrics only: RLlib would report a key of an earlier iteration that this one lacks
-        # (those of a stage the phase skips: the teacher's in R^2PO's stage A) as NaN.
+        # (those of a stage the phase skips: the teacher's in R^2PO's stage A; every stage's after a rollout with
+        # no group) as NaN.
         clear_groups(self.metrics, *(stage.name for stage in self.stages))
+        if not rollout.groups:
+            return rollout
         groups = apply_stages(self.stages, rollout.groups, self._log_stage, phase)
         return dataclasses.replace(rollout, groups=tuple(groups))
 

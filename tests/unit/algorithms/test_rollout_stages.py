@@ -131,6 +131,10 @@ def test_a_stage_skipped_in_an_iteration_reports_only_skipped_there_not_its_earl
         {"skipped": 0.0, "scored_samples": 3.0},
     ]
     assert [r["reward"]["delta"] for r in results] == [1.0, 1.0, 1.0]  # a stage every phase needs: unchanged
+    # A rollout with no group (every runner lost, say): no stage ran, and none reports its earlier numbers.
+    coordinator.score(Rollout(groups=()), R2POPhase(BASE_STAGE))
+    empty = MetricsLogger.peek_results(coordinator.metrics.reduce())
+    assert "distill" not in empty and "reward" not in empty, empty
 
 
 def test_a_stage_that_drops_groups_is_an_error_naming_it():
