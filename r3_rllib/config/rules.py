@@ -18,7 +18,7 @@ from typing import Any
 from r3_rllib.config.field import Rule, field_errors, field_rule, rules_errors
 from r3_rllib.config.mode_options import mode_options_are_read
 from r3_rllib.config.settings import RLLIB_FIELD_RULES, R3Settings
-from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level
+from r3_rllib.core.advantages import ADVANTAGE_FNS, is_step_level, needs_greedy_baseline
 from r3_rllib.core.kl_reward import TOKEN_RETURN_ESTIMATORS
 from r3_rllib.core.losses import GSPO_AGG_MODES, LOSS_FNS
 from r3_rllib.core.objects import ObjectPathError, is_object_path
@@ -382,6 +382,39 @@ def passk_needs_two_responses(config: Any) -> str | None:
     """Pass@k's advantage is the margin of a group's best response over its second (verl refuses a group of one)."""
     if config.advantage_estimator == "grpo_passk" and config.group_size < 2:
         return f"advantage_estimator 'grpo_passk' needs group_size >= 2 (a best and a second response), got {config.group_size}"
+    return None
+
+
+def greedy_baseline_is_graded_like_the_samples(config: Any) -> str | None:
+    """ReMax's baseline (``remax``) is the env's reward of one greedy response per prompt, decoded by the policy's
+    engine; its advantage ``R_i - b`` is verl's only while ``R_i`` is on the same scale. Refused: reward_models
+    (the reward server composes the sampled responses' rewards, the greedy one keeps the env's), R^3's ranking
+    (an all-wrong group's ranking rewards replace the env's), DAPO's overlong shaping (a penalty on the sampled
+    responses only), R^2PO's rollout head (its sampler decodes outside the engine; a stage-A estimator scores the
+    head's samples, which have no greedy response)."""
+    estimator, head = config.advantage_estimator, config.rollout_head_advantage
+    if needs_greedy_baseline(head):
+        return (
+            f"rollout_head_advantage {head!r}: R^2PO's stage A has no greedy response to take a baseline from"
+        )
+    if not needs_greedy_baseline(estimator):
+        return None
+    with_others = [
+        (
+            config.reward_models,
+            "reward_models: the reward server composes the sampled responses' rewards, the "
+            "greedy response would keep the env's",
+        ),
+        (config.ranking, "ranking: R^3's ranking rewards replace the env's on all-wrong groups"),
+        (config.overlong_shaping, "overlong_shaping: its penalty lowers the sampled responses' rewards only"),
+        (config.rollout_head, "rollout_head (R^2PO): its sampler decodes outside the engine"),
+    ]
+    errors = [why for on, why in with_others if on]
+    if errors:
+        return (
+            f"advantage_estimator {estimator!r} subtracts the env's reward of a greedy response from each sampled "
+            f"response's; not with {'; '.join(errors)}"
+        )
     return None
 
 
@@ -775,6 +808,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     lora_needs_an_engine_that_applies_adapters,
     rarity_is_not_a_policy_estimator,
     passk_needs_two_responses,
+    greedy_baseline_is_graded_like_the_samples,
     renamed_estimators_name_the_new_one,
     registry_entries_find_their_fields,
     r3_parts_are_single_step,

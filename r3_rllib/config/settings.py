@@ -288,8 +288,10 @@ class R3Settings:
     no group baseline), 'grpo_batch_std' (TRL's scale_rewards='batch': the group mean, then the batch's reward std),
     'opo' (verl's: the length-weighted group mean as baseline), 'gpg' (verl's: the group mean, then the batch's
     responses over those with a non-zero reward as a scale), 'grpo_passk' (verl's Pass@k: only the best
-    response, by its margin over the second, over the sample std plus adv_eps), 'hgpo' (step advantages for
-    multi-step envs, see hgpo_*). 'reinforce_pp' was renamed 'reinforce_plus_plus_baseline'."""
+    response, by its margin over the second, over the sample std plus adv_eps), 'remax' (verl's ReMax: the env's
+    reward of one greedy response to the prompt as baseline, decoded alongside the group and not trained on;
+    single-step envs only), 'hgpo' (step advantages for multi-step envs, see hgpo_*). 'reinforce_pp' was renamed
+    'reinforce_plus_plus_baseline'."""
     adv_eps: float = setting(1e-6, range=">= 0", finite=True)
     """The epsilon in GRPO's (R - mean) / (std + eps) (the REINFORCE++ whitening adds verl's fixed 1e-8 to the
     variance instead)."""

@@ -67,6 +67,18 @@ def register_advantage(
     )
 
 
+#: The sample input of an estimator whose baseline is the reward of a greedy response to the prompt (ReMax): the
+#: single-step rollout kind then decodes one greedy response per prompt and records its reward on every sample
+#: of the group (``Sample.baseline_reward``).
+GREEDY_BASELINE_INPUT = "baselines"
+
+
+def needs_greedy_baseline(name: object) -> bool:
+    """Whether the registered estimator ``name`` reads a greedy response's reward (:data:`GREEDY_BASELINE_INPUT`);
+    False for a name that is not registered."""
+    return isinstance(name, str) and GREEDY_BASELINE_INPUT in ADVANTAGE_FNS.sample_inputs.get(name, ())
+
+
 #: Sample inputs that identify steps of a multi-step episode: an estimator declaring one of them scores step samples
 #: (e.g. 'hgpo'); other sample inputs (e.g. 'outcomes', the samples' correct flags) are per-response.
 STEP_SAMPLE_INPUTS: frozenset[str] = frozenset({"obs_keys", "traj_ids", "step_indices"})
@@ -182,6 +194,34 @@ def opo_advantages(
     total = lengths.sum()
     baseline = float(lengths @ r) / total if total > 0 else float(r.mean())
     return r - baseline
+
+
+@register_advantage("remax", sample_inputs=(GREEDY_BASELINE_INPUT,))
+def remax_advantages(
+    rewards: Sequence[float] | np.ndarray, *, baselines: Sequence[float | None] | np.ndarray
+) -> np.ndarray:
+    """ReMax (Li et al. 2023, arXiv 2310.10505; verl's ``remax``): ``A_i = R_i - b``, ``b`` the reward of a greedy
+    (temperature 0) response to the same prompt, graded like the sampled ones and never trained on. ``baselines``
+    holds each member's recorded greedy reward; a member without one (None: a replayed sample, which comes from
+    the replay store) takes its group's, the one its fresh members share. verl's advantage is the per-token return
+    minus ``b``: with the outcome reward on the last token and gamma 1 that is ``R_i - b`` on every token."""
+    r = _as_group(rewards)
+    if len(baselines) != r.size:
+        raise ValueError(f"need one baseline entry per reward; got {len(baselines)} for {r.size} rewards")
+    known = {float(b) for b in baselines if b is not None}
+    if not known:
+        raise ValueError(
+            "remax: no member of the group has a greedy baseline reward (the single-step rollout records it on "
+            "the samples it generates; a group of replayed samples alone has none)"
+        )
+    if len(known) > 1:
+        raise ValueError(
+            f"remax: the group's members carry different greedy baseline rewards {sorted(known)}"
+        )
+    (b,) = known
+    if not np.isfinite(b):
+        raise ValueError(f"remax: the greedy baseline reward must be finite, got {b}")
+    return r - b
 
 
 @register_advantage("grpo_passk", config_params={"eps": "adv_eps"})

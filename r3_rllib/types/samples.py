@@ -101,6 +101,9 @@ class Sample:
     # use_kl_in_reward (verl's KL in the reward): beta x the summed KL of its trained tokens to the reference model,
     # subtracted from its reward where advantages are computed (groups.shaped_rewards); 0 otherwise.
     reward_kl_penalty: float = 0.0
+    # ReMax (advantage_estimator 'remax'): the env's reward of the greedy response to the same prompt, generated
+    # alongside the group and not trained on; None: none was generated (other estimators, replayed samples).
+    baseline_reward: float | None = None
 
     def __post_init__(self) -> None:
         if self.env_reward is None:

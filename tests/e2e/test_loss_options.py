@@ -1,7 +1,8 @@
 """The loss options the unit tier tests through the learner's update, here in Ray runs: policy_loss 'clip_cov',
 'sapo', 'kl_cov' and 'gpg', with top_entropy_quantile, mask_truncated_completions and the KL term's 'abs'
 estimator in every case, and loss_agg_mode 'seq-mean-token-sum', advantage_estimator 'grpo_batch_std',
-sync_ref_model and use_kl_in_reward in the first. The first case trains on two FSDP learners (gloo): each rank
+sync_ref_model and use_kl_in_reward in the first, advantage_estimator 'remax' (a greedy response per prompt as
+baseline, its mean reward logged) in the kl_cov one. The first case trains on two FSDP learners (gloo): each rank
 builds the loss from the config it was shipped, takes the entropy quantile of its own micro-batches and gathers the
 shards its copy of the reference moves toward, and the ranks report the same metric keys (the update's metrics are
 reduced over them); the others, whose losses differ from it only in the learner's code, train on the driver's
@@ -45,7 +46,12 @@ CASES = {
         ("clip_cov_frac",),
     ),
     "sapo": (0, dict(policy_loss="sapo", loss_agg_mode="seq-mean-token-mean"), ()),  # SAPO's only mode
-    "kl_cov": (0, dict(policy_loss="kl_cov", kl_cov_ratio=0.5), ("kl_cov_frac",)),
+    # ReMax's baseline: the runner decodes one greedy response per prompt and grades it (rollout metric below).
+    "kl_cov": (
+        0,
+        dict(policy_loss="kl_cov", kl_cov_ratio=0.5, advantage_estimator="remax"),
+        ("kl_cov_frac",),
+    ),
     "gpg": (0, dict(policy_loss="gpg"), ()),
 }
 
@@ -88,6 +94,9 @@ def test_loss_options_train_end_to_end(ray_session, case):
     masked = [r["r3"]["truncated_masked"] for r in results]
     assert any(n > 0 for n in masked), masked
     assert any(m["pg_loss"] != 0.0 for m in values) and after != before, (values, before, after)
+    if options.get("advantage_estimator") == "remax":
+        greedy = [r["rollout"]["greedy_baseline_reward_mean"] for r in results]
+        assert all(0.0 <= g <= 1.0 for g in greedy), greedy
     if options.get("sync_ref_model"):
         # One optimizer step per iteration (one minibatch, one epoch), a sync after each.
         assert [m["ref_model_syncs"] for m in learner] == [1.0, 2.0]

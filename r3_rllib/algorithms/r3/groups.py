@@ -390,6 +390,7 @@ SAMPLE_INPUT_FIELDS: dict[str, str] = {
     "traj_ids": "trajectory_id",
     "step_indices": "step_index",
     "outcomes": "correct",
+    "baselines": "baseline_reward",
 }
 
 

@@ -47,6 +47,7 @@ from r3_rllib.rollout.kinds.base import (
     ratio,
     refuse_action_penalty,
     refuse_episode_cap,
+    refuse_greedy_baseline,
     refuse_tool_settings,
 )
 from r3_rllib.rollout.kinds.context import RolloutContext, check_finite_rewards
@@ -314,6 +315,7 @@ class AgentKind(RolloutKind[AgentEpisode]):
         (an agent program's steps report no invalid action)."""
         refuse_tool_settings(config, defaults)
         refuse_episode_cap(config, "an agent env")
+        refuse_greedy_baseline(config, "an agent env")
         refuse_action_penalty(config, defaults, "an agent env")
 
     def evaluate(

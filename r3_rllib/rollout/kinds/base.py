@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-from r3_rllib.core.advantages import group_is_degenerate, is_step_level
+from r3_rllib.core.advantages import group_is_degenerate, is_step_level, needs_greedy_baseline
 from r3_rllib.types.samples import Group
 
 if TYPE_CHECKING:
@@ -111,6 +111,17 @@ def refuse_step_level_estimator(config: Any) -> None:
         raise ValueError(
             f"advantage_estimator {name!r} needs a multi-step env (one with episode(query_id), e.g. "
             f"'gridworld'); env {env_label(config)!r} is single-step"
+        )
+
+
+def refuse_greedy_baseline(config: Any, what: str) -> None:
+    """An estimator whose baseline is a greedy response's reward (ReMax): only the single-step kind decodes one per
+    prompt; an env of another kind (``what``, as the message describes it) would leave every group without one."""
+    name = getattr(config, "advantage_estimator", None)
+    if needs_greedy_baseline(name):
+        raise ValueError(
+            f"advantage_estimator {name!r} takes the reward of a greedy response to each prompt as its baseline, "
+            f"which only single-step envs decode; env {env_label(config)!r} is {what}"
         )
 
 

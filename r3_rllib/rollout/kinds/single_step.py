@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from r3_rllib.core.advantages import needs_greedy_baseline
 from r3_rllib.core.reflection import ReflectionSettings
 from r3_rllib.engines.base import Completion, SamplingParams
 from r3_rllib.envs.base import TextEnv, supports_episodes, supports_tool_episodes
@@ -30,6 +31,8 @@ class PromptResponses:
     completions: Sequence[Completion]
     scores: Sequence[Score]
     gold: str | None = None  # the query's reference answer (the env's info["gold"]), for reward terms
+    # The grade of the greedy response to the prompt (ReMax's baseline), when one was decoded.
+    baseline: Score | None = None
 
 
 def gold_text(gold: Any) -> str | None:
@@ -38,6 +41,18 @@ def gold_text(gold: Any) -> str | None:
     if isinstance(gold, (list, tuple)):
         gold = gold[0] if gold else None
     return None if gold is None else str(gold)
+
+
+def greedy_responses(
+    ctx: RolloutContext, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+) -> list[Completion | None]:
+    """One greedy response per prompt when the configured estimator's baseline is a greedy response's reward
+    (ReMax, verl's ``do_sample=False`` on the same prompts): the same engine, ``max_new_tokens`` and stop tokens as
+    the sampled responses, temperature 0 (top-p and top-k off). None per prompt otherwise. Not trained on."""
+    if not needs_greedy_baseline(ctx.config.advantage_estimator):
+        return [None] * len(prompt_ids)
+    greedy = replace(params, temperature=0.0, top_p=1.0, top_k=-1)
+    return [comps[0] for comps in ctx.engine.generate(prompt_ids, 1, greedy)] if prompt_ids else []
 
 
 class SingleStepKind(RolloutKind[PromptResponses]):
@@ -66,7 +81,9 @@ class SingleStepKind(RolloutKind[PromptResponses]):
 
         prompt_ids = [ctx.tokenizer(text, add_special_tokens=False)["input_ids"] for _, _, text in prompts]
         t_gen = time.perf_counter()
-        completions = ctx.engine.generate(prompt_ids, ctx.config.group_size, ctx.sampling_params())
+        params = ctx.sampling_params()
+        completions = ctx.engine.generate(prompt_ids, ctx.config.group_size, params)
+        greedy = greedy_responses(ctx, prompt_ids, params)
         gen_s = time.perf_counter() - t_gen
         ctx.generation_done()
 
@@ -81,12 +98,16 @@ class SingleStepKind(RolloutKind[PromptResponses]):
                 comps,
                 [ctx.score(qid, content, c.text) for c in comps],
                 golds.get(qid),
+                None if b is None else ctx.score(qid, content, b.text),
             )
-            for (qid, content, text), ids, comps in zip(prompts, prompt_ids, completions, strict=True)
+            for (qid, content, text), ids, comps, b in zip(
+                prompts, prompt_ids, completions, greedy, strict=True
+            )
         ]
         groups = self.to_groups(records, version)
         grade_s = time.perf_counter() - t_grade
         tokens = sum(len(c.token_ids) for comps in completions for c in comps)
+        tokens += sum(len(b.token_ids) for b in greedy if b is not None)
         return KindRollout(groups, (gen_s, grade_s), tokens, self.totals(groups, records))
 
     def to_groups(
@@ -113,6 +134,7 @@ class SingleStepKind(RolloutKind[PromptResponses]):
                     is_reflection=reflected,
                     grade_reason=score.reason,
                     reward_parts=score.parts,
+                    baseline_reward=None if r.baseline is None else r.baseline.reward,
                 )
                 for c, score in zip(r.completions, r.scores, strict=True)
             ]
@@ -128,19 +150,30 @@ class SingleStepKind(RolloutKind[PromptResponses]):
         return groups
 
     def record_totals(self, records: Sequence[PromptResponses]) -> dict[str, float]:
-        """The env's grade reasons (``info["grade_reason"]``) of the query's own prompts, counted."""
+        """The env's grade reasons (``info["grade_reason"]``) of the query's own prompts, counted; with greedy
+        baselines (ReMax), their rewards summed over the query's own prompts and those prompts counted."""
         reasons: Counter[str] = Counter(
             s.reason for r in records if r.user_content is None for s in r.scores if s.reason is not None
         )
-        return {f"grade_reason/{reason}": float(n) for reason, n in reasons.items()}
+        out = {f"grade_reason/{reason}": float(n) for reason, n in reasons.items()}
+        baselines = [r.baseline.reward for r in records if r.user_content is None and r.baseline is not None]
+        if baselines:
+            out["greedy_baseline_reward"] = float(sum(baselines))
+            out["greedy_baseline_prompts"] = float(len(baselines))
+        return out
 
     @classmethod
     def means(cls, totals: Mapping[str, float]) -> dict[str, float]:
         """The envs' grade reasons (e.g. a verifier that raised, a grader that timed out), as fractions of
-        samples."""
-        return {
+        samples; the greedy responses' mean reward (ReMax's baseline) over the query's own prompts, when any."""
+        out = {
             f"{k}_frac": ratio(totals, k, "samples") for k in sorted(totals) if k.startswith("grade_reason/")
         }
+        if totals.get("greedy_baseline_prompts"):
+            out["greedy_baseline_reward_mean"] = ratio(
+                totals, "greedy_baseline_reward", "greedy_baseline_prompts"
+            )
+        return out
 
     def evaluate(
         self,

@@ -35,6 +35,7 @@ from r3_rllib.rollout.kinds.base import (
     refuse_action_penalty,
     refuse_agent_settings,
     refuse_episode_cap,
+    refuse_greedy_baseline,
     refuse_step_discount,
     refuse_step_level_estimator,
 )
@@ -300,6 +301,7 @@ class ToolUseKind(RolloutKind[ToolTrajectory]):
         is not: max_tool_turns bounds a trajectory)."""
         refuse_step_level_estimator(config)
         refuse_episode_cap(config, "a multi-turn tool env")
+        refuse_greedy_baseline(config, "a multi-turn tool env")
         refuse_agent_settings(config, defaults, "a multi-turn tool env")
         refuse_step_discount(config, defaults, "a multi-turn tool env")
         refuse_action_penalty(config, defaults, "a multi-turn tool env")

@@ -398,3 +398,28 @@ def test_grpo_batch_std_divides_group_centred_advantages_by_the_batchs_reward_st
         R3Config().training(advantage_estimator=name), dataset_epoch=0, policy_version=0
     )
     assert (made.batch_step, made.batch_step_params) == (name, {})
+
+
+def test_remax_replayed_members_take_their_groups_greedy_baseline():
+    # Fresh all-wrong group [0, 0] whose greedy response earned 0.25; replay adds a past success (no baseline).
+    fresh = Group("a", [replace(_sample("a", 0.0, False), baseline_reward=0.25) for _ in range(2)])
+    mixed = Group("b", [replace(_sample("b", r, r >= 1.0), baseline_reward=1.0) for r in (1.0, 0.0)])
+
+    def fetch(requests):
+        assert requests == [("a", True, 1)]
+        return [[_sample("a", 1.0, True)]]
+
+    settings = IterationSettings(replay=True, replay_k=1, advantage_estimator="remax")
+    batch, m = build_training_batch([fresh, mixed], settings, fetch)
+    # a: [0, 0, 1] - 0.25; b: [1, 0] - 1 (the greedy response was right: the wrong sample is pushed down).
+    assert [(s.query_id, s.is_replay) for s in batch] == [
+        ("a", False),
+        ("a", False),
+        ("a", True),
+        ("b", False),
+        ("b", False),
+    ]
+    np.testing.assert_allclose([s.advantage for s in batch], [-0.25, -0.25, 0.75, 0.0, -1.0])
+    assert m["zero_adv_frac"] == 0.0
+    with pytest.raises(ValueError, match="no member of the group has a greedy baseline reward"):
+        build_training_batch([_group("c", [1.0, 0.0])], settings)

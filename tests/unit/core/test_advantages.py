@@ -249,3 +249,47 @@ def test_batch_reward_std_scale_by_hand_and_its_edges():
     assert list(batch_reward_std_scale([0.0, 0.0], rewards=[1.0, 1.0], eps=0.0)) == [0.0, 0.0]
     with pytest.raises(ValueError, match="need advantages"):
         batch_reward_std_scale([1.0, 2.0], rewards=[1.0])
+
+
+def test_remax_subtracts_the_greedy_responses_reward_hand_computed():
+    from r3_rllib.core.advantages import needs_greedy_baseline, remax_advantages
+
+    # Rewards [1, 0, 0.5] against a greedy reward 0.5: [0.5, -0.5, 0]; no centring, no scaling.
+    np.testing.assert_allclose(
+        compute_group_advantages("remax", [1.0, 0.0, 0.5], baselines=[0.5, 0.5, 0.5]), [0.5, -0.5, 0.0]
+    )
+    # A replayed member (None) takes the group's baseline: [1, 0, 0, 1(replayed)] - 0 = the rewards.
+    np.testing.assert_array_equal(
+        remax_advantages([1.0, 0.0, 0.0, 1.0], baselines=[0.0, 0.0, 0.0, None]), [1, 0, 0, 1]
+    )
+    np.testing.assert_allclose(remax_advantages([0.2], baselines=[1.0]), [-0.8])
+    with pytest.raises(ValueError, match="no member of the group has a greedy baseline reward"):
+        remax_advantages([1.0, 0.0], baselines=[None, None])
+    with pytest.raises(ValueError, match="different greedy baseline rewards"):
+        remax_advantages([1.0, 0.0], baselines=[0.0, 1.0])
+    with pytest.raises(ValueError, match="one baseline entry per reward"):
+        remax_advantages([1.0, 0.0], baselines=[0.0])
+    assert needs_greedy_baseline("remax") and not needs_greedy_baseline("opo")
+    assert not needs_greedy_baseline("nope") and not needs_greedy_baseline(None)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"use_kl_in_reward": True}, "use_kl_in_reward with advantage_estimator 'remax'"),
+        ({"reward_models": [{"name": "r", "type": "rule"}]}, "not with reward_models: the reward server"),
+        ({"ranking": True}, "not with ranking: R\\^3's ranking rewards"),
+        ({"overlong_shaping": True}, "not with overlong_shaping"),
+        ({"rollout_head": True}, "not with rollout_head \\(R\\^2PO\\)"),
+        (
+            {"advantage_estimator": "grpo", "rollout_head_advantage": "remax"},
+            "rollout_head_advantage 'remax': R\\^2PO's stage A has no greedy response",
+        ),
+    ],
+)
+def test_remax_is_refused_where_its_baseline_would_not_be_verls(options, message):
+    from r3_rllib import R3Config
+
+    R3Config().training(advantage_estimator="remax").validate()
+    with pytest.raises(ValueError, match=message):
+        R3Config().training(**{"advantage_estimator": "remax", **options}).validate()

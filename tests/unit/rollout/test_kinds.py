@@ -74,6 +74,7 @@ def _config(**overrides):
         max_new_tokens=64,
         max_trajectory_tokens=None,
         invalid_action_penalty=0.0,
+        advantage_estimator="grpo",
     )
     return SimpleNamespace(**{**base, **overrides})
 
@@ -221,3 +222,95 @@ def test_multi_step_and_tool_kinds_through_the_same_interface():
     assert totals["tool_trajectories"] == 2 and ToolUseKind.means(totals)["tool_finish_answer_frac"] == 1.0
     counts = ToolUseKind().evaluate(ctx, tool_env, [tool_env.reset()], 3, SamplingParams())
     assert counts == {"queries": 1.0, "samples": 3.0, "correct": 3.0}
+
+
+class CharCountEnv(TextEnv):
+    """One prompt per query; a response's reward is its number of distinct characters over 10 (so two different
+    texts rarely tie), correct from 0.3 up."""
+
+    def __init__(self):
+        self.n = 0
+
+    def reset(self, *, seed=None, options=None):
+        if options is None:
+            self.n += 1
+        qid = options["query_id"] if options else f"q{self.n}"
+        return f"{qid}: 1+2=", {"query_id": qid}
+
+    def step(self, action):
+        reward = len(set(action)) / 10
+        return "", reward, True, False, {"correct": reward >= 0.3}
+
+
+def test_single_step_decodes_a_greedy_baseline_per_prompt_for_remax_graded_by_the_env():
+    import torch
+
+    from r3_rllib.engines.hf_engine import HFEngine
+    from r3_rllib.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+    torch.manual_seed(0)
+    tok = build_tiny_tokenizer()
+    engine = HFEngine(build_tiny_model(tok, seed=1), tok)
+    calls = []
+    generate = engine.generate
+
+    def recording(prompt_ids, n, params):
+        calls.append((n, params))
+        return generate(prompt_ids, n, params)
+
+    engine.generate = recording
+    params = SamplingParams(
+        max_new_tokens=6, temperature=1.0, top_k=5, stop_token_ids=(tok.eos_token_id,), seed=3
+    )
+    env = CharCountEnv()
+    ctx = RolloutContext(
+        env=env,
+        engine=engine,
+        tokenizer=tok,
+        config=_config(group_size=3, advantage_estimator="remax", sleep_between_rollouts=False),
+        sampling_params=lambda: params,
+    )
+    groups, _, tokens, totals = SingleStepKind().sample(ctx, 2, None)
+    # The sampled call, then one greedy response per prompt with the same length cap and stop tokens.
+    assert [n for n, _ in calls] == [3, 1]
+    greedy = calls[1][1]
+    assert (greedy.temperature, greedy.top_k, greedy.max_new_tokens) == (0.0, -1, 6)
+    assert greedy.stop_token_ids == params.stop_token_ids
+    expected, greedy_tokens = [], 0
+    for g in groups:
+        prompt = tok(f"{g.query_id}: 1+2=", add_special_tokens=False)["input_ids"]
+        (decoded,) = generate(
+            [prompt],
+            1,
+            SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=params.stop_token_ids),
+        )[0]
+        env.reset(options={"query_id": g.query_id})
+        expected.append(env.step(decoded.text)[1])
+        greedy_tokens += len(decoded.token_ids)
+        assert len(g.samples) == 3  # the greedy response is not a member
+        assert {s.baseline_reward for s in g.samples} == {expected[-1]}
+    assert tokens == sum(len(s.response_ids) for g in groups for s in g.samples) + greedy_tokens
+    assert totals["greedy_baseline_prompts"] == 2 and totals["samples"] == 6
+    means = rollout_means(totals)
+    assert math.isclose(means["greedy_baseline_reward_mean"], sum(expected) / 2)
+    assert means["reward_mean"] == sum(s.reward for g in groups for s in g.samples) / 6  # greedy not counted
+
+
+def test_remax_is_refused_by_the_kinds_that_decode_no_greedy_response():
+    from r3_rllib import R3Config
+    from r3_rllib.config.settings import default_values
+    from r3_rllib.rollout.kinds import AgentKind
+
+    cfg = R3Config().training(advantage_estimator="remax")
+    cfg.env = "python_tool"
+    SingleStepKind().check_config(cfg, default_values())
+    defaults = default_values()
+    with pytest.raises(
+        ValueError,
+        match="'remax' takes the reward of a greedy response .* 'python_tool' is a multi-turn tool env",
+    ):
+        ToolUseKind().check_config(cfg, defaults)
+    with pytest.raises(ValueError, match="only single-step envs decode; env 'python_tool' is an agent env"):
+        AgentKind().check_config(cfg, defaults)
+    with pytest.raises(ValueError, match="is multi-step"):
+        MultiStepKind().check_config(cfg, defaults)
