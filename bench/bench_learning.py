@@ -51,6 +51,7 @@ ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     # sync_ref_model: 80 iterations of one optimizer step, so 10 syncs at 8 steps apart).
     "opo": {"advantage_estimator": "opo"},
     "grpo_passk": {"advantage_estimator": "grpo_passk"},
+    "remax": {"advantage_estimator": "remax"},
     # GPG's paper pairs its estimator (the batch over its rewarded responses as a scale) with its loss (no ratio).
     "gpg-full": {"advantage_estimator": "gpg", "policy_loss": "gpg"},
     "grpo-kl": {"kl_coef": 0.04},
