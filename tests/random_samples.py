@@ -3,6 +3,8 @@ advantages (+1 for odd rows, -1 for even ones), behaviour log-probs of -3 per to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from r3_rllib.types.samples import Sample
@@ -35,3 +37,22 @@ def random_samples(
             )
         )
     return out
+
+
+def graded_sample(
+    qid: str, reward: float, response_ids: Sequence[int] = (2, 3, 4), *, truncated: bool = False
+) -> Sample:
+    """One graded sample of query ``qid`` (prompt ``[1]``, zero behaviour log-probs and entropies, correct when the
+    reward is positive): the batch builder's tests build their groups from these."""
+    n = len(response_ids)
+    return Sample(
+        query_id=qid,
+        prompt_ids=[1],
+        response_ids=list(response_ids),
+        behavior_logprobs=np.zeros(n, np.float32),
+        entropies=np.zeros(n, np.float32),
+        reward=reward,
+        correct=reward > 0,
+        truncated=truncated,
+        policy_version=0,
+    )

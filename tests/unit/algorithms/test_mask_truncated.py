@@ -4,8 +4,8 @@ rank on a part of a group's failures is refused (config/rules.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from random_samples import graded_sample
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
@@ -15,20 +15,7 @@ from r3_rllib.types.samples import Group, Sample
 
 
 def _group(qid: str, rewards: list[float], truncated: list[bool]) -> Group:
-    samples = [
-        Sample(
-            query_id=qid,
-            prompt_ids=[1],
-            response_ids=[2, 3, 4],
-            behavior_logprobs=np.zeros(3, np.float32),
-            entropies=np.zeros(3, np.float32),
-            reward=r,
-            correct=r > 0,
-            truncated=t,
-            policy_version=0,
-        )
-        for r, t in zip(rewards, truncated, strict=True)
-    ]
+    samples = [graded_sample(qid, r, truncated=t) for r, t in zip(rewards, truncated, strict=True)]
     return Group(query_id=qid, samples=samples)
 
 

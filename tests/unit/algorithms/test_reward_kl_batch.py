@@ -8,32 +8,20 @@ import math
 
 import numpy as np
 import pytest
+from random_samples import graded_sample
 
 from r3_rllib import R3Config
 from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
 from r3_rllib.algorithms.r3.r3 import R3
 from r3_rllib.algorithms.r3.reward_kl import RewardKL
-from r3_rllib.types.samples import Group, Sample
+from r3_rllib.types.samples import Group
 
 # Each response's summed KL as the learners would score it, keyed by its first token.
 KL_SUMS = {10: 2.0, 11: 0.0, 12: 1.0, 13: 0.0, 20: 1.0, 21: 0.0, 22: 0.0, 23: 0.0}
 
 
 def _group(qid: str, first_tokens: list[int], rewards: list[float]) -> Group:
-    samples = [
-        Sample(
-            query_id=qid,
-            prompt_ids=[1],
-            response_ids=[t, 3, 4],
-            behavior_logprobs=np.zeros(3, np.float32),
-            entropies=np.zeros(3, np.float32),
-            reward=r,
-            correct=r > 0,
-            truncated=False,
-            policy_version=0,
-        )
-        for t, r in zip(first_tokens, rewards, strict=True)
-    ]
+    samples = [graded_sample(qid, r, [t, 3, 4]) for t, r in zip(first_tokens, rewards, strict=True)]
     return Group(query_id=qid, samples=samples)
 
 
