@@ -73,12 +73,13 @@ class RewardKL:
         return penalised_fetch
 
     def finish(self) -> dict[str, float]:
-        """This iteration's metrics, ``reward_kl_penalty`` (verl's current_kl; NaN when nothing was scored) and
-        ``reward_kl_coef`` (the beta the rows were penalised with); then beta moved by the controller with the
-        rows scored and the rows forgotten."""
-        current_kl = mean_token_kl(self._sums, self._tokens)
-        metrics = {"reward_kl_penalty": current_kl, "reward_kl_coef": self.coef}
+        """This iteration's metrics, ``reward_kl_penalty`` (verl's current_kl; absent when nothing was scored, as
+        an unmeasured metric is: core/metric_groups.py) and ``reward_kl_coef`` (the beta the rows were penalised
+        with); then beta moved by the controller with the rows scored and the rows forgotten."""
+        metrics = {"reward_kl_coef": self.coef}
         if self._sums:
+            current_kl = mean_token_kl(self._sums, self._tokens)
+            metrics["reward_kl_penalty"] = current_kl
             self.coef = next_kl_coef(
                 self.coef,
                 current_kl,

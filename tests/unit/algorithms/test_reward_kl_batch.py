@@ -81,6 +81,14 @@ def test_without_use_kl_in_reward_the_rewards_are_the_scores():
     assert [s.reward for s in batch] == [1.0, 0.0, 0.0, 1.0]  # group b (all 0) left out
 
 
+def test_an_iteration_that_scored_nothing_reports_beta_and_no_kl():
+    """No row scored (every group dropped before the batch, say): current_kl is not measured, so absent rather than
+    NaN, and beta stays."""
+    reward_kl = RewardKL(_config(), lambda samples: pytest.fail("nothing to score"))
+    assert reward_kl.penalise([]) == []
+    assert reward_kl.finish() == {"reward_kl_coef": reward_kl.coef}
+
+
 def test_replayed_samples_are_penalised_as_fetched():
     reward_kl = RewardKL(_config(), lambda samples: np.array([KL_SUMS[s.response_ids[0]] for s in samples]))
     replayed = _group("a", [10, 12], [1.0, 0.0]).samples
