@@ -239,7 +239,7 @@ class R3(R3Console, R3Checkpoints, Algorithm):
     ) -> tuple[list[Sample], dict[str, float]]:
         fetch = self._fetch_replay if (settings.replay and self._replay_available) else None
         entropy_metrics = {}
-        reward_kl = self._reward_kl if self.config.use_kl_in_reward else None
+        reward_kl = self._reward_kl  # None without use_kl_in_reward
         if reward_kl is not None:  # every row's KL penalty before its group's advantages (reward_kl.py)
             groups, fetch = reward_kl.penalise_groups(groups), reward_kl.fetching(fetch)
         self._pending_ranking = None  # the groups the learners rank (ranking_deferred.py), if any

@@ -23,6 +23,7 @@ def _batch(mask: bool) -> tuple[list[Sample], dict]:
     algo = object.__new__(R3)  # the batch step alone: no runners, learners or replay
     algo.config = R3Config.grpo_preset().training(group_size=4, mask_truncated_completions=mask)
     algo._replay = None
+    algo._reward_kl = None  # use_kl_in_reward off (R3.setup)
     groups = [
         _group("a", [1.0, 0.0, 0.0, 1.0], [False, True, False, True]),
         _group("b", [0.0, 1.0, 0.0, 0.0], [False] * 4),

@@ -35,7 +35,7 @@ def _build(config: R3Config):
         scored.append(len(samples))
         return np.array([KL_SUMS[s.response_ids[0]] for s in samples])
 
-    algo._reward_kl = RewardKL(config, score)
+    algo._reward_kl = RewardKL(config, score) if config.use_kl_in_reward else None  # as R3.setup builds it
     groups = [_group("a", [10, 11, 12, 13], [1.0, 0.0, 0.0, 1.0]), _group("b", [20, 21, 22, 23], [0.0] * 4)]
     settings = iteration_settings(config, dataset_epoch=0, policy_version=0)
     batch, metrics = R3._build_batch(algo, groups, settings)
