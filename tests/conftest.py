@@ -196,3 +196,53 @@ def pytest_runtest_protocol(item, nextitem):
     cpu, wall = _TREE_CPU[0].total() - cpu0, time.monotonic() - wall0
     with open(f"{CPU_LOG}.{os.getpid()}", "a") as f:
         f.write(f"{cpu:.2f} {wall:.2f} {_TREE_CPU[0].seen() - seen0} {item.nodeid}\n")
+
+
+#: Metrics an iteration did not measure are absent from its result, not NaN (core/metric_groups.py): every result
+#: that `R3.train` returns in an e2e test's own process is scanned, and a float NaN anywhere in it (its config left
+#: out) fails the test, naming the iterations and keys. A test that makes a NaN on purpose (a NaN loss the health
+#: check measures) says so with ``@pytest.mark.nan_metrics(reason)``. Tune trials run in processes of their own and
+#: are not scanned.
+
+
+def _nan_scanning(train, seen: list):
+    """``train`` wrapped to record ``(iteration, NaN keys)`` of each result in ``seen``. Ray and Tune pickle R3 by
+    value in places (a trial's actor class), wrapper included, and their processes cannot import this conftest:
+    everything the wrapper reaches is defined inside this function (pickled by value) or importable anywhere."""
+
+    def nan_keys(value: object, key: str = "") -> list[str]:
+        """The '/'-joined keys under ``value`` (a result's ``config`` left out) that hold a float NaN."""
+        import math
+
+        if isinstance(value, dict):
+            return [
+                found
+                for k, v in value.items()
+                if not (key == "" and k == "config")
+                for found in nan_keys(v, f"{key}/{k}" if key else str(k))
+            ]
+        return [key] if isinstance(value, float) and math.isnan(value) else []
+
+    def scanned_train(self, *args, **kwargs):
+        result = train(self, *args, **kwargs)
+        keys = nan_keys(result)
+        if keys:
+            seen.append((result.get("training_iteration"), keys))
+        return result
+
+    return scanned_train
+
+
+@pytest.fixture(autouse=True)
+def _no_nan_in_results(request, monkeypatch):
+    if E2E not in Path(str(request.node.fspath)).resolve().parents or request.node.get_closest_marker(
+        "nan_metrics"
+    ):
+        yield
+        return
+    from r3_rllib.algorithms.r3.r3 import R3
+
+    seen: list = []
+    monkeypatch.setattr(R3, "train", _nan_scanning(R3.train, seen))
+    yield
+    assert not seen, f"results with NaN metrics (iteration, keys): {seen}"

@@ -269,10 +269,10 @@ class R2POPhase(TrainingPhase):
     def log_metrics(self, logger: Any, r3_metrics: dict, learner_metrics: dict) -> None:
         """The stage (0 = A, head; 1 = B, base) and the update's numbers under the stage they belong to, so a
         stage's curve is not averaged with the other's; the other stage's numbers are absent, not NaN."""
-        per_stage = {
-            "train_samples": r3_metrics.get("train_samples", 0.0),
-            "zero_adv_frac": r3_metrics.get("zero_adv_frac", 0.0),
-        }
+        per_stage = {"train_samples": r3_metrics.get("train_samples", 0.0)}
+        zero_adv = r3_metrics.get("zero_adv_frac", math.nan)
+        if not math.isnan(zero_adv):  # NaN: no fresh group scored; absent then, as rollout/zero_adv_frac
+            per_stage["zero_adv_frac"] = zero_adv
         per_stage |= {key: learner_metrics[key] for key in STAGE_KEYS if key in learner_metrics}
         log_group(logger, "r2po", {"stage": STAGE_CODES[self.stage], str(self.stage): per_stage})
 

@@ -19,6 +19,7 @@ from r3_rllib.algorithms.r3 import frozen_imports  # noqa: F401
 
 import functools
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -361,7 +362,7 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         reflection = {k: means.pop(k) for k in ("reflection_prompts", "reflection_success")}
         rollout_metrics = {
             **means,
-            # After replay and ranking (groups.py); nan: no group.
+            # After replay and ranking (groups.py); NaN when no fresh group was scored: absent then (below).
             "zero_adv_frac": r3_metrics["zero_adv_frac"],
             "trained_groups": r3_metrics.get("trained_groups", 0.0),  # fresh groups with a nonzero advantage
             "gen_tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
@@ -371,6 +372,11 @@ class R3(R3Console, R3Checkpoints, Algorithm):
             "dataset_epoch": float(self.coordinator.epoch.value),
             "policy_version": float(self.weights.version),
         }
+        if math.isnan(rollout_metrics["zero_adv_frac"]):
+            # Not measured this iteration: absent from its result, not NaN (core/metric_groups.py). Only the key:
+            # the coordinator logged the rest of the group during the rollout.
+            del rollout_metrics["zero_adv_frac"]
+            self.metrics.delete("rollout", "zero_adv_frac", key_error=False)
         self.metrics.log_dict(rollout_metrics, key="rollout")
         r3 = {k: v for k, v in r3_metrics.items() if k not in ("zero_adv_frac_before", "zero_adv_frac")}
         r3.update(reflection)

@@ -74,3 +74,38 @@ def test_the_r3_and_replay_groups_hold_only_what_the_iteration_measured():
     assert [r["r3"].get("ranking_entropy_tokens") for r in results] == [5.0, None]
     assert [r["r3"]["train_samples"] for r in results] == [4.0, 4.0]
     assert [r["replay"] for r in results] == [{"size": 3.0, "available": 1.0}, {"available": 0.0}]
+
+
+def test_zero_adv_frac_is_absent_in_an_iteration_that_scored_no_fresh_group():
+    """``rollout/zero_adv_frac`` is NaN in the batch builder's metrics when no fresh group was scored (DAPO's filter
+    kept none, every group a reflection): the iteration's result leaves it out, also after iterations that
+    measured it, and the next one that measures it reports its value (the rest of the group as logged)."""
+    from types import SimpleNamespace
+
+    from r3_rllib.algorithms.r3.r3 import R3
+    from r3_rllib.algorithms.r3.rollout_types import Rollout
+
+    algo = SimpleNamespace(
+        metrics=MetricsLogger(),
+        weights=SimpleNamespace(loads_skipped=0, version=1),
+        coordinator=SimpleNamespace(epoch=SimpleNamespace(value=0)),
+        _replay=None,
+    )
+    results = []
+    for zero_adv in (0.25, math.nan, 0.5):
+        R3._log_metrics(algo, Rollout(), {"zero_adv_frac": zero_adv, "trained_groups": 1.0}, {})
+        results.append(MetricsLogger.peek_results(algo.metrics.reduce())["rollout"])
+    assert [r.get("zero_adv_frac") for r in results] == [0.25, None, 0.5]
+    assert [r["trained_groups"] for r in results] == [1.0, 1.0, 1.0]
+
+
+def test_r2po_stage_zero_adv_frac_is_absent_when_not_measured():
+    """R^2PO's per-stage copy (``r2po/<stage>/zero_adv_frac``) follows the rollout's: absent when NaN."""
+    from r3_rllib.r2po.method import R2POPhase
+    from r3_rllib.r2po.stages import HEAD_STAGE
+
+    logger, phase, got = MetricsLogger(), R2POPhase(HEAD_STAGE), []
+    for zero_adv in (0.5, math.nan):
+        phase.log_metrics(logger, {"train_samples": 4.0, "zero_adv_frac": zero_adv}, {})
+        got.append(MetricsLogger.peek_results(logger.reduce())["r2po"][str(HEAD_STAGE)])
+    assert got == [{"train_samples": 4.0, "zero_adv_frac": 0.5}, {"train_samples": 4.0}]
