@@ -62,6 +62,16 @@ def entropy_chunks(lengths: Sequence[int], budget: int | None, micro_batch_size:
     return list(np.array_split(np.arange(n), max(1, -(-n // micro_batch_size))))
 
 
+def rank_share(chunks: Sequence[np.ndarray], rank: int, world: int) -> list[np.ndarray]:
+    """Rank ``rank``'s part of a no-grad pass that ``world`` ranks split: chunk ``i`` goes to rank ``i % world``,
+    and a rank with fewer gets empty chunks up to ``ceil(len(chunks) / world)``, the count every rank makes (a
+    sharded policy's forwards are collectives, pass by pass)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not one of {world} ranks")
+    mine = list(chunks[rank::world])
+    return mine + [np.zeros(0, dtype=np.int64)] * (-(-len(chunks) // world) - len(mine))
+
+
 def unit_minibatch_plan(units: Sequence[np.ndarray], num_minibatches: int, seed: int) -> list[np.ndarray]:
     """:func:`minibatch_plan` over units of rows that must stay together (a ranked group): the units are shuffled
     and split, each minibatch the concatenation of its units. With one row per unit (rows ``0..n-1`` in order)

@@ -57,6 +57,7 @@ from r3_rllib.algorithms.r3.learner_kl import KLReference, RowCache, agg_count, 
 from r3_rllib.algorithms.r3.learner_memory import PeakMemory, use_gradient_checkpointing
 from r3_rllib.algorithms.r3.learner_ranking import DeferredRankingUpdate, score_entropies
 from r3_rllib.algorithms.r3.learner_rows import ProximalRows, proximal_logprobs
+from r3_rllib.algorithms.r3.learner_scoring import RankShare
 from r3_rllib.algorithms.r3.learner_state import PolicyState, state_method
 from r3_rllib.algorithms.r3.learner_threads import UpdateThreads
 from r3_rllib.algorithms.r3.ranking_deferred import RANKING_RESULT
@@ -116,6 +117,7 @@ class R3Learner(TorchLearner):
         self._lora = lora_policy(self._module[DEFAULT_MODULE_ID].model, self.config)  # peft wrapper, or None
         self._rank = dist.get_rank() if dist.is_initialized() else 0
         self._world = dist.get_world_size() if dist.is_initialized() else 1
+        self._share = RankShare(self._rank, self._world, sharded=self._world > 1 and self.config.use_fsdp)
         device_type = torch.device(self._device).type
         self._dtype = resolve_dtype(self.config.dtype, device_type)
         warn_if_emulated_bf16(self._dtype, device_type, "the learner")
@@ -320,13 +322,12 @@ class R3Learner(TorchLearner):
         return self._proximal_rows.logprobs(rows)
 
     def score_entropies(self, batch: Any) -> list[np.ndarray]:
-        """Exact entropies of each row's response tokens under the current policy at the rollout temperature:
-        R^3's ranking entropies with ranking_entropy_source='learner' (`learner_ranking.score_entropies`). `batch`:
-        as for `update_from_samples`; every rank scores every row (FSDP's collectives need the same passes)."""
+        """R^3's ranking entropies with ranking_entropy_source='learner' (`learner_ranking.score_entropies`), every
+        row's on every rank, each rank scoring its share (learner_scoring.py). `batch`: as for `update_from_samples`."""
         score = functools.partial(
             self._score, self.policy, with_entropy=True, rollout=self._extras.has_rollout_logits
         )
-        return score_entropies(score, _fetched(batch), self._pad_id, self._device, self.config)
+        return score_entropies(score, _fetched(batch), self._pad_id, self._device, self.config, self._share)
 
     def _score(self, model, packed, *, rollout: bool = False, **flags: bool):
         # The KL reference is scored at the rollout temperature too (as verl does): the penalty then compares two

@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from r3_rllib.algorithms.r3.learner_kl import agg_count
-from r3_rllib.algorithms.r3.learner_memory import tokens_per_pass
+from r3_rllib.algorithms.r3.learner_scoring import RankShare
 from r3_rllib.algorithms.r3.rl_module import pack_batch
 from r3_rllib.core import mismatch
-from r3_rllib.core.batching import entropy_chunks, minibatch_plan, unit_chunks, unit_minibatch_plan
+from r3_rllib.core.batching import minibatch_plan, unit_chunks, unit_minibatch_plan
 from r3_rllib.core.ranking import ranked_group_scores
 from r3_rllib.types import DeferredRanking, TrainingBatch
 
@@ -62,7 +62,7 @@ class DeferredRankingUpdate:
             entropies = {int(i): h for i, h in zip(fresh, scored, strict=True)}
             for g in range(len(ranking.groups)):
                 self._rank_group(g, entropies)
-            self._everywhere = True  # every rank scored every group: rank 0 reports them
+            self._everywhere = True  # every rank has every group's entropies: rank 0 reports them
 
     def plan(self, batch: TrainingBatch, seed: int) -> list[np.ndarray]:
         """The update's minibatches: each deferred group whole in one."""
@@ -227,20 +227,26 @@ class DeferredRankingUpdate:
 
 @torch.no_grad()
 def score_entropies(
-    score: Callable[[dict], tuple], batch: TrainingBatch, pad_id: int, device: Any, config: Any
+    score: Callable[[dict], tuple],
+    batch: TrainingBatch,
+    pad_id: int,
+    device: Any,
+    config: Any,
+    share: RankShare = RankShare(),
 ) -> list[np.ndarray]:
     """Exact entropies (nats, full vocabulary) of the next-token distributions of each row's response tokens, by
     ``score(packed)`` (the learner's forward of the policy with entropies, on the logits the runners sample from),
-    in micro-batches of the learner's budget (``config``'s micro_batch_max_tokens / micro_batch_size)."""
-    budget = tokens_per_pass(config.micro_batch_max_tokens, config.model_path)
-    out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(batch)
-    for chunk in entropy_chunks(batch.lengths, budget, config.micro_batch_size):
-        if not len(chunk):
-            continue
+    in micro-batches of the learner's budget (``config``'s micro_batch_max_tokens / micro_batch_size). With several
+    learners each scores its ``share`` of the micro-batches and every rank gets every row's (learner_scoring.py)."""
+    part: dict[int, np.ndarray] = {}
+    for chunk, real in share.passes(batch, config):
         packed = pack_batch(batch, chunk, pad_id, device)
         entropy = score(packed)[1]
+        if not real:
+            continue
         mask = packed["response_mask"]
         flat = entropy[mask].float().cpu().numpy()  # row-major: each row's response positions in order
         for i, row in zip(chunk, np.split(flat, np.cumsum(batch.trained_tokens[chunk])[:-1]), strict=True):
-            out[int(i)] = row
-    return out
+            part[int(i)] = row
+    got = share.gather(part)
+    return [got.get(i, np.zeros(0, dtype=np.float32)) for i in range(len(batch))]

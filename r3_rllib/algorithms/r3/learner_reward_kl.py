@@ -2,11 +2,11 @@
 
 The driver asks for it before the advantages (``RewardKL`` in reward_kl.py) through
 ``collective_results(learner_group, lambda learner: reward_kl_sums(learner, sent))``: a no-grad pass over every
-row, as ``R3Learner.score_entropies`` makes (every rank scores every row, so a sharded policy's collectives see the
-same passes on all ranks). It reads the learner's scoring (``_score``: the rollout temperature, as verl scores
-``old_log_prob`` and ``ref_log_prob``), its policy before the update (verl's ``old_log_prob``) and its frozen
-reference (``_reference``, loaded when use_kl_in_reward is on: ``Method.needs_reference_model``; with LoRA the base
-with the adapter off).
+row, as ``R3Learner.score_entropies`` makes, split over the learner ranks (learner_scoring.py). It reads the
+learner's scoring (``_score``: the rollout temperature, as verl scores ``old_log_prob`` and ``ref_log_prob``), its
+policy before the update (verl's ``old_log_prob``), its frozen reference (``_reference``, loaded when
+use_kl_in_reward is on: ``Method.needs_reference_model``; with LoRA the base with the adapter off) and its share of
+the pass (``_share``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import numpy as np
 import ray
 import torch
 
-from r3_rllib.algorithms.r3.learner_memory import tokens_per_pass
+from r3_rllib.algorithms.r3.learner_scoring import RankShare
 from r3_rllib.algorithms.r3.rl_module import pack_batch
-from r3_rllib.core.batching import entropy_chunks
 from r3_rllib.core.kl_reward import sequence_kl
 from r3_rllib.types import TrainingBatch
 
@@ -28,7 +27,8 @@ from r3_rllib.types import TrainingBatch
 def reward_kl_sums(learner: Any, batch: TrainingBatch | ray.ObjectRef) -> np.ndarray:
     """Each row's ``kl_penalty`` estimate of KL(policy || reference) summed over its trained response tokens
     (``[B]``, float64), for the ``R3Learner`` ``learner``; ``batch``: a ``TrainingBatch`` or an ObjectRef to one.
-    Scored in micro-batches of the learner's budget (micro_batch_max_tokens / micro_batch_size)."""
+    Scored in micro-batches of the learner's budget (micro_batch_max_tokens / micro_batch_size), each rank its
+    share of them; every rank returns every row's (learner_scoring.py)."""
     if isinstance(batch, ray.ObjectRef):
         batch = ray.get(batch)
     cfg = learner.config
@@ -37,14 +37,14 @@ def reward_kl_sums(learner: Any, batch: TrainingBatch | ray.ObjectRef) -> np.nda
         raise RuntimeError(
             "use_kl_in_reward: the learner holds no reference model (Method.needs_reference_model)"
         )
-    budget = tokens_per_pass(cfg.micro_batch_max_tokens, cfg.model_path)
-    out = np.zeros(len(batch), dtype=np.float64)
-    for chunk in entropy_chunks(batch.lengths, budget, cfg.micro_batch_size):
-        if not len(chunk):
-            continue
+    share: RankShare = learner._share
+    part: dict[int, float] = {}
+    for chunk, real in share.passes(batch, cfg):
         packed = pack_batch(batch, chunk, learner._pad_id, learner._device)
         logp = learner._score(learner.policy, packed)[0]
         ref = reference.logprobs(packed)
-        sums = sequence_kl(logp.float(), ref.float(), packed["response_mask"], cfg.kl_penalty)
-        out[chunk] = sums.double().cpu().numpy()
-    return out
+        if real:
+            sums = sequence_kl(logp.float(), ref.float(), packed["response_mask"], cfg.kl_penalty)
+            part.update(zip(chunk.tolist(), sums.double().cpu().tolist(), strict=True))
+    got = share.gather(part)
+    return np.array([got[i] for i in range(len(batch))], dtype=np.float64)

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from r3_rllib.core.batching import entropy_chunks, minibatch_plan, row_count_chunks, token_budget_chunks
+from r3_rllib.core.batching import (
+    entropy_chunks,
+    minibatch_plan,
+    rank_share,
+    row_count_chunks,
+    token_budget_chunks,
+)
 
 
 def test_minibatch_plan_is_a_seeded_partition():
@@ -32,3 +39,15 @@ def test_row_count_chunks_give_every_rank_the_same_count():
 def test_entropy_chunks_use_the_budget_or_rows():
     assert [c.tolist() for c in entropy_chunks([2, 2, 2, 2, 2], None, 2)] == [[0, 1], [2, 3], [4]]
     assert [c.tolist() for c in entropy_chunks([2, 5, 2], 6, 2)] == [[1], [0, 2]]
+
+
+def test_rank_share_splits_chunks_round_robin_with_the_same_count_on_every_rank():
+    chunks = [np.array([0, 1]), np.array([2]), np.array([3, 4]), np.array([5])]
+    by_rank = [[c.tolist() for c in rank_share(chunks, r, 3)] for r in range(3)]
+    # 4 chunks over 3 ranks: two passes each, rank 0 both real, ranks 1 and 2 one real and one empty.
+    assert by_rank == [[[0, 1], [5]], [[2], []], [[3, 4], []]]
+    assert [c.tolist() for c in rank_share(chunks, 0, 1)] == [c.tolist() for c in chunks]
+    assert rank_share([], 1, 2) == []  # nothing to score: no pass on any rank
+    assert [c.tolist() for c in rank_share([np.array([0])], 1, 2)] == [[]]  # still one pass, empty
+    with pytest.raises(ValueError, match="rank 2 is not one of 2 ranks"):
+        rank_share(chunks, 2, 2)
