@@ -257,6 +257,14 @@ def test_learner_entropy_smoke(capsys):
     assert "| without |" in out and "without / with entropy pass" in out
 
 
+@pytest.mark.bench
+def test_scoring_split_smoke(capsys):
+    mod = load("bench_scoring_split")
+    assert mod.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "| fsdp | entropies |" in out and "| replicated | kl |" in out
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_learner_phase_smoke(tiny_random_model, capsys, dtype):
     mod = load("bench_learner_phase")
