@@ -676,6 +676,11 @@ class R3Settings:
     # --- evaluation ------------------------------------------------------------------------------------------
     eval_interval: int = setting(0, range=">= 0", integer=True)
     """Held-out greedy accuracy every this many iterations (0: off)."""
+    eval_before_train: bool = False
+    """Also evaluate the policy before its first update, at the start of the run's first iteration (not again
+    after a restore): eval_start/* in that iteration's result, the start of the eval/accuracy curve in `r3 plot` and
+    `r3 report` (at iteration 0), start_acc on its progress line. verl's trainer.val_before_train (on there by
+    default), TRL's eval_on_start; works with eval_interval 0 as well."""
     eval_env_config: dict = setting(default_factory=lambda: {"split": "test"}, types=(dict,))
     """Overrides of env_config for the held-out env."""
     eval_num_queries: int = setting(64, range=">= 1", integer=True)

@@ -41,6 +41,9 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "eval/accuracy",
 )
 OPTIONAL_METRICS: frozenset[str] = frozenset({"eval/accuracy"})
+#: A metric's value before training, logged once by the first iteration (``eval_before_train``): drawn as the
+#: curve's point at iteration 0 and time 0.
+START_POINTS: dict[str, str] = {"eval/accuracy": "eval_start/accuracy"}
 
 
 @dataclass
@@ -187,6 +190,18 @@ def resolve_column(columns: dict[str, np.ndarray], metric: str) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
+def _with_start_point(
+    run: RunCurves, metric: str, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` with the metric's value before training (:data:`START_POINTS`) first, at x = 0, where the run
+    logged one."""
+    start_name = resolve_column(run.columns, START_POINTS[metric]) if metric in START_POINTS else None
+    start = run.columns[start_name][~np.isnan(run.columns[start_name])] if start_name else np.zeros(0)
+    if not len(start):
+        return x, y
+    return np.concatenate([[0.0], x]), np.concatenate([start[:1], y])
+
+
 def _x_values(run: RunCurves, key: str) -> np.ndarray | None:
     if key in run.columns:
         return run.columns[key]
@@ -252,7 +267,8 @@ def build_figure(
                     continue
                 y = run.columns[name]
                 keep = ~(np.isnan(x) | np.isnan(y))  # sparse metrics (eval every k iterations) leave gaps
-                ax.plot(x[keep], y[keep], marker="." if keep.sum() < 30 else None, label=run.label)
+                x, y = _with_start_point(run, metric, x[keep], y[keep])
+                ax.plot(x, y, marker="." if len(x) < 30 else None, label=run.label)
             ax.set_xlabel(x_key)
             ax.set_ylabel(metric)
             ax.set_title(f"{metric} vs {'iteration' if x_key == ITERATION_KEY else 'time (s)'}")

@@ -187,6 +187,12 @@ def _check_progress_output(
     assert iterations(first) == done_before, first[-3000:]
     assert iterations(resumed) == list(range(restart, total + 1)), resumed[-3000:]
     assert "eval_acc " in resumed and "nan" not in "".join(re.findall(r"^iter .*$", resumed, flags=re.M))
+    # The run file's eval_before_train: the accuracy before the first update on iteration 1's line alone, not again
+    # in the resumed run.
+    started = [
+        int(m) for m in re.findall(rf"^iter +(\d+)/{total} .*  start_acc ", first + resumed, flags=re.M)
+    ]
+    assert started == [1], first[-3000:]
     for text in (first, resumed):
         assert "== Status ==" not in text and "Result logdir" not in text and "Trial name" not in text
     # The trial is named after its method (the run file's grpo preset) and says where its results are (relative to

@@ -20,6 +20,7 @@ from typing import Any
 CARD_METRICS = (
     "rollout/accuracy",
     "rollout/reward_mean",
+    "eval_start/accuracy",  # before the first update (eval_before_train)
     "eval/accuracy",
     "rollout/response_len_mean",
     "rollout/entropy_mean",

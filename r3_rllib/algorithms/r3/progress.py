@@ -20,6 +20,7 @@ from typing import Any
 PROGRESS_FIELDS: tuple[tuple[str, tuple[str, ...], int], ...] = (
     ("reward", ("rollout", "reward_mean"), 3),
     ("acc", ("rollout", "accuracy"), 3),
+    ("start_acc", ("eval_start", "accuracy"), 3),  # eval_before_train: the first iteration's line only
     ("eval_acc", ("eval", "accuracy"), 3),
     ("zero_adv", ("rollout", "zero_adv_frac"), 2),
 )

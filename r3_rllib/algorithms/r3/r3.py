@@ -179,6 +179,9 @@ class R3(R3Console, R3Checkpoints, Algorithm):
                 self._replay.check()
             # The R^3 parts on at this data epoch, the estimator's parameters, the training phase of this iteration.
             settings = self.iteration_settings()
+            # verl's val_before_train: the policy before any update, once, at the start of the run's first iteration.
+            first = cfg.eval_before_train and self.iteration == 0
+            log_group(self.metrics, "eval_start", self.evaluate_heldout() if first else {})
             # 1. Rollouts: groups from the runners (DAPO's dynamic sampling refills; overlap asks for the next, with
             # the settings after this rollout's data epoch, which may have switched reflection on).
             with self._timed("sample_s"):

@@ -66,6 +66,7 @@ def _trial(tmp_path: Path, settings: dict = SETTINGS, name: str = "grpo_0") -> P
         {
             "training_iteration": 1,
             "rollout": {"accuracy": 0.25, "reward_mean": 0.5},
+            "eval_start": {"accuracy": 0.125},  # eval_before_train
             "eval": {"accuracy": 0.4},
         },
         {
@@ -104,6 +105,7 @@ def test_full_export_loads_with_transformers_and_round_trips_text(tmp_path):
     assert "# tiny: GRPO" in card and "`arithmetic`" in card and '{"digits": 2}' in card
     assert "| rollout/accuracy | 0.5 |" in card  # iteration 2's, the checkpoint's
     assert "| eval/accuracy | 0.4 |" in card  # the last measured at or before it
+    assert "| eval_start/accuracy | 0.125 |" in card  # before the first update
     assert "| group_size | `4` |" in card and "tiny arithmetic model" in card
     assert json.loads((out / "r3_config.json").read_text())["group_size"] == 4
     assert not list(tmp_path.glob(".export*"))  # the temporary folder was renamed

@@ -196,3 +196,10 @@ def test_progress_settings_through_reporting_training_and_run_files():
         load_run_file(tiny, ["reporting.progress=false", "reporting.progress_total_iterations=5"])
     with pytest.raises(ConfigError, match="progress_total_iterations must be >= 1"):
         load_run_file(tiny, ["reporting.progress_total_iterations=0"])
+
+
+def test_the_first_iteration_shows_the_accuracy_before_training():
+    """eval_before_train: iteration 1's result holds eval_start/*, shown as start_acc before the periodic eval_acc."""
+    first = result(1, eval_start={"accuracy": 0.4375, "num_queries": 64.0}, eval={"accuracy": 0.5})
+    assert "acc 0.332  start_acc 0.438  eval_acc 0.500  zero_adv" in format_progress_line(first, total=40)
+    assert "start_acc" not in format_progress_line(result(2), total=40)

@@ -118,6 +118,37 @@ def test_eval_accuracy_absent_is_silent(tmp_path):
     assert len(fig.get_axes()) == 8
 
 
+def test_the_accuracy_before_training_starts_the_eval_curve_at_iteration_zero(tmp_path):
+    """eval_before_train: the first row's eval_start/accuracy is the eval/accuracy curve's point at iteration 0 and
+    time 0, before the periodic evaluations (every 2nd iteration here); a run without it starts at its first one."""
+    import csv
+
+    run = write_progress(tmp_path / "run", 4, 0.2)
+    rows = list(csv.DictReader(open(run / "progress.csv")))
+    for i, row in enumerate(rows):
+        row["eval_start/accuracy"] = "0.125" if i == 0 else ""
+    with open(run / "progress.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plain = write_progress(tmp_path / "plain", 4, 0.2)
+    fig = build_figure(load_runs([run, plain]))
+    by_axis = {(a.get_ylabel(), a.get_xlabel()): a for a in fig.get_axes()}
+    for x_key in ("training_iteration", "time_total_s"):
+        started, other = by_axis[("eval/accuracy", x_key)].get_lines()
+        assert list(started.get_xdata())[0] == 0.0 and list(started.get_ydata()) == pytest.approx(
+            [0.125, 0.4, 0.8]
+        )
+        assert list(other.get_ydata()) == pytest.approx([0.4, 0.8])
+    # Other curves do not get it.
+    assert list(by_axis[("rollout/accuracy", "training_iteration")].get_lines()[0].get_xdata()) == [
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
 def test_no_metric_at_all_is_clear_error(tmp_path):
     run = write_progress(tmp_path / "run", 3, 0.2, columns=["training_iteration", "time_total_s"])
     with (
