@@ -685,6 +685,12 @@ class R3Settings:
     """Overrides of env_config for the held-out env."""
     eval_num_queries: int = setting(64, range=">= 1", integer=True)
     """Held-out queries per evaluation (the first ones of the held-out env, split over the healthy runners)."""
+    eval_samples: int = setting(0, range=">= 0", integer=True)
+    """Responses (trajectories) sampled per held-out query in the run's evaluations (eval_interval,
+    eval_before_train), eval/accuracy then their mean: pass@1 over this many samples, as the 1.5B run's benchmarks
+    are read (16 at T = 0.6). Sampled as in training (temperature, top_p, top_k) with fixed evaluation seeds, the
+    same in every evaluation. 0: one greedy response per query. verl's val_kwargs.n with do_sample; pass@k after
+    the run: `r3 eval --n`."""
 
     # --- sampled completions (algorithms/r3/sample_log.py) -------------------------------------------------------
     sample_log_fraction: float = setting(0.1, range="[0, 1]")

@@ -34,3 +34,21 @@ def test_grpo_raises_heldout_accuracy(ray_session):
     # The same 500 queries before and after: a paired difference with a standard error of ~0.014 when about a tenth
     # of the answers change; 0.03 is two of them, and 0.042 below the smallest gain across seeds (+0.072).
     assert after >= before + 0.03, (before, after)
+
+
+def test_the_runs_evaluations_sample_eval_samples_responses_per_query(ray_session):
+    """eval_samples 4: the evaluation before training and each periodic one are the mean accuracy over 4 sampled
+    responses per held-out query (pass@1 over 4), with fixed evaluation seeds: the same numbers as
+    ``evaluate_heldout(samples=4)`` on the same weights, every 64 responses one 64th."""
+    config = arithmetic_learning_config(
+        eval_before_train=True, eval_interval=1, eval_num_queries=16, eval_samples=4
+    ).debugging(seed=0)
+    algo = config.build_algo()
+    try:
+        before = algo.evaluate_heldout(16, samples=4)
+        result = algo.train()
+        after = algo.evaluate_heldout(16, samples=4)
+    finally:
+        algo.stop()
+    assert result["eval_start"] == before and result["eval"] == after
+    assert before["num_queries"] == 16 and (before["accuracy"] * 64).is_integer()

@@ -8,7 +8,6 @@ seeds, which are fixed per part.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -36,7 +35,8 @@ def merge_eval_counts(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     Each part has ``queries``, ``samples`` (responses or trajectories scored) and ``correct`` (of them correct /
     successful); multi-step parts add ``length_sum`` (steps of all trajectories) and ``goal_steps_sum`` (steps of
     the successful ones). Returns ``accuracy`` and ``num_queries``, plus ``episode_len_mean`` and ``steps_to_goal``
-    (NaN when nothing succeeded: there is no length to report) for multi-step parts.
+    for multi-step parts (``steps_to_goal`` absent when nothing succeeded: there is no length to report, and a
+    result's metric that was not measured is absent, not NaN).
     """
     if not parts:
         raise ValueError("no evaluation results to merge")
@@ -45,5 +45,6 @@ def merge_eval_counts(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     out = {"accuracy": total["correct"] / max(1.0, samples), "num_queries": total["queries"]}
     if "length_sum" in total:
         out["episode_len_mean"] = total["length_sum"] / max(1.0, samples)
-        out["steps_to_goal"] = total["goal_steps_sum"] / total["correct"] if total["correct"] else math.nan
+        if total["correct"]:
+            out["steps_to_goal"] = total["goal_steps_sum"] / total["correct"]
     return out

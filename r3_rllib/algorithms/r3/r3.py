@@ -181,7 +181,7 @@ class R3(R3Console, R3Checkpoints, Algorithm):
             settings = self.iteration_settings()
             # verl's val_before_train: the policy before any update, once, at the start of the run's first iteration.
             first = cfg.eval_before_train and self.iteration == 0
-            log_group(self.metrics, "eval_start", self.evaluate_heldout() if first else {})
+            log_group(self.metrics, "eval_start", self._evaluation(due=first))
             # 1. Rollouts: groups from the runners (DAPO's dynamic sampling refills; overlap asks for the next, with
             # the settings after this rollout's data epoch, which may have switched reflection on).
             with self._timed("sample_s"):
@@ -228,11 +228,16 @@ class R3(R3Console, R3Checkpoints, Algorithm):
                     timer = ("timers_s", "weight_sync_s")
                     self.metrics.log_value(timer, syncing.collect(), reduce="mean", window=1)
             # Held-out evaluation: ``eval/*`` in the iterations that evaluate, absent (not NaN) in the others.
-            evaluates = cfg.eval_interval and (self.iteration + 1) % cfg.eval_interval == 0
-            log_group(self.metrics, "eval", self.evaluate_heldout() if evaluates else {})
+            evaluates = bool(cfg.eval_interval) and (self.iteration + 1) % cfg.eval_interval == 0
+            log_group(self.metrics, "eval", self._evaluation(due=evaluates))
             # 6. Synchronous loop: the next rollout asked for now, while RLlib and Tune log (prefetch_rollout).
             self.coordinator.prefetch(self.iteration_settings().reflection)
         return None
+
+    def _evaluation(self, *, due: bool) -> dict[str, float]:
+        """The run's held-out evaluation (eval_samples responses per query; greedy with 0) when ``due``; else no
+        values (the group is absent from the result)."""
+        return self.evaluate_heldout(samples=self.config.eval_samples) if due else {}
 
     def _timed(self, name: str):
         """RLlib's timer block for one phase, reported per iteration as timers_s/<name> (seconds)."""
