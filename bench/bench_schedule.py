@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         # 520 = 4 x 128 + 8: 4 iterations per epoch; the parts switch on in iteration 5 (outside 3 iterations).
         args.num_queries, args.iterations = 520, 3
-        extra = ["training.eval_interval=0"]
+        extra = ["training.eval_interval=0", "training.eval_before_train=false"]
 
     common.setup_process()
     common.print_header("R^3 schedule of the 1.5B run file, simulated on CPU", args)

@@ -53,6 +53,7 @@ def test_run_files_follow_the_paper_objective_and_verls_grpo_std():
 
     r3, grpo = load_run_file(R3_YAML).config, load_run_file(GRPO_YAML).config  # both validate
     assert r3.loss_agg_mode == grpo.loss_agg_mode == "seq-mean-token-mean"
+    assert r3.eval_before_train and grpo.eval_before_train  # both curves start before the first update
     assert r3.advantage_estimator == "mixed" and r3.adv_std_ddof == 0
     assert grpo.advantage_estimator == "grpo" and grpo.adv_std_ddof == 1
     # the length bonus keeps 8192 (the response limit), named as a departure from the paper's 32768
