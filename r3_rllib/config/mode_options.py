@@ -176,6 +176,13 @@ SWITCHED_OPTIONS: tuple[Mode, ...] = (
         ),
     ),
     Mode("the progress line", "progress=True", lambda c: bool(c.progress), ("progress_total_iterations",)),
+    # R3.evaluate_heldout() takes its samples as an argument: only the run's own evaluations read eval_samples.
+    Mode(
+        "the run's evaluations",
+        "eval_interval > 0 or eval_before_train=True",
+        lambda c: c.eval_interval > 0 or bool(c.eval_before_train),
+        ("eval_samples",),
+    ),
 )
 
 #: The field naming the entry -> (its registry, the options read only by the entries that declare them).

@@ -689,8 +689,9 @@ class R3Settings:
     """Responses (trajectories) sampled per held-out query in the run's evaluations (eval_interval,
     eval_before_train), eval/accuracy then their mean: pass@1 over this many samples, as the 1.5B run's benchmarks
     are read (16 at T = 0.6). Sampled as in training (temperature, top_p, top_k) with fixed evaluation seeds, the
-    same in every evaluation. 0: one greedy response per query. verl's val_kwargs.n with do_sample; pass@k after
-    the run: `r3 eval --n`."""
+    same in every evaluation. 0: one greedy response per query; refused without eval_interval or eval_before_train
+    (`R3.evaluate_heldout` takes its samples as an argument). verl's val_kwargs.n with do_sample; pass@k after the
+    run: `r3 eval --n`."""
 
     # --- sampled completions (algorithms/r3/sample_log.py) -------------------------------------------------------
     sample_log_fraction: float = setting(0.1, range="[0, 1]")

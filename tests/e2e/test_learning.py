@@ -39,10 +39,15 @@ def test_grpo_raises_heldout_accuracy(ray_session):
 def test_the_runs_evaluations_sample_eval_samples_responses_per_query(ray_session):
     """eval_samples 4: the evaluation before training and each periodic one are the mean accuracy over 4 sampled
     responses per held-out query (pass@1 over 4), with fixed evaluation seeds: the same numbers as
-    ``evaluate_heldout(samples=4)`` on the same weights, every 64 responses one 64th."""
-    config = arithmetic_learning_config(
-        eval_before_train=True, eval_interval=1, eval_num_queries=16, eval_samples=4
-    ).debugging(seed=0)
+    ``evaluate_heldout(samples=4)`` on the same weights, every 64 responses one 64th. Two runners (the queries
+    split between them) and the rollout temperature 0.6 (the 1.5B run's), which the sampled evaluation uses."""
+    config = (
+        arithmetic_learning_config(
+            eval_before_train=True, eval_interval=1, eval_num_queries=16, eval_samples=4, temperature=0.6
+        )
+        .env_runners(num_env_runners=2)
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     try:
         before = algo.evaluate_heldout(16, samples=4)

@@ -93,9 +93,9 @@ def _rank(rank: int, init_file: str, out: str) -> None:
 def test_two_ranks_split_the_scoring_passes_and_return_every_row(tmp_path):
     out = str(tmp_path / "rank")
     mp.spawn(_rank, args=(str(tmp_path / "init"), out), nprocs=WORLD)
-    alone = _scored(_learner(0, False), RankShare())
+    single = _learner(0, False)
+    alone, model = _scored(single, RankShare()), single.policy
     assert alone["passes"] == [2, 2, 1, 2, 2, 1]  # entropies, then the KL: 3 chunks each
-    model = _learner(0, False).policy
     for rank in range(WORLD):
         results = torch.load(f"{out}.{rank}", weights_only=False)
         for fsdp, got in results.items():
@@ -114,4 +114,5 @@ def test_two_ranks_split_the_scoring_passes_and_return_every_row(tmp_path):
                 np.testing.assert_allclose(a, b, rtol=0, atol=forward_atol(a, b))
             kl_tol = 6 * 2 * f32_tol(logprob_bound(model), FORWARD_ULPS)
             np.testing.assert_allclose(split["kl"], alone["kl"], rtol=0, atol=kl_tol)
-            assert np.abs(split["kl"]).max() > 1e3 * kl_tol  # the policy moved off its reference
+            # The policy moved off its reference: the largest sum was 28.0 on 2026-11-29, the tolerance 0.011.
+            assert np.abs(split["kl"]).max() > 1e3 * kl_tol

@@ -277,3 +277,12 @@ def test_the_message_agrees_in_number_with_the_settings_it_names():
         r"would be ignored: leave them at their defaults",
     ):
         refuse_tool_settings(both, defaults)
+
+
+def test_eval_samples_without_an_evaluation_of_the_run_is_refused():
+    """eval_samples is read by the run's evaluations alone (R3.evaluate_heldout takes its samples as an argument):
+    with neither eval_interval nor eval_before_train it would be ignored."""
+    with pytest.raises(ValueError, match=r"eval_samples=4 only applies with the run's evaluations"):
+        R3Config().training(eval_samples=4).validate()
+    R3Config().training(eval_samples=4, eval_interval=5).validate()
+    R3Config().training(eval_samples=4, eval_before_train=True).validate()
