@@ -47,6 +47,8 @@ ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "cispo": {"policy_loss": "cispo"},
     "gpg": {"policy_loss": "gpg"},
     "sapo": {"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
+    # TRL's loss_type 'vespo' (its token-mean normalisation is GRPO's preset's).
+    "vespo": {"policy_loss": "vespo"},
     "kl_cov": {"policy_loss": "kl_cov"},
     # TRL's loss_type 'luspo': GSPO's sequence terms, each times its length.
     "luspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-sum"},

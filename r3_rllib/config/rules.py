@@ -118,6 +118,25 @@ def gspo_needs_sequence_mean(config: Any) -> str | None:
     return None
 
 
+def vespo_weights_are_token_importance_weights(config: Any) -> str | None:
+    """VESPO folds the behaviour weights into each sequence's weight as a sum of token log-weights (TRL's way): a
+    sequence-level weight (the same number on every token) would enter once per token, and the entropy mask's zeros
+    are not importance weights (each would silence its whole sequence)."""
+    if config.policy_loss != "vespo":
+        return None
+    if config.rollout_is == "sequence":
+        return (
+            "policy_loss 'vespo' folds token importance weights into each sequence's weight: it needs rollout_is "
+            "'token' (TRL refuses its sequence modes too), got 'sequence'"
+        )
+    if config.top_entropy_quantile < 1.0:
+        return (
+            f"policy_loss 'vespo' reads the token weights as importance weights; top_entropy_quantile="
+            f"{config.top_entropy_quantile} would put the entropy mask's zeros among them: leave it at 1.0"
+        )
+    return None
+
+
 def replay_excludes_dynamic_sampling(config: Any) -> str | None:
     """Dynamic sampling drops exactly the all-equal groups replay acts on: together, replay would never act."""
     if config.replay and config.dynamic_sampling:
@@ -851,6 +870,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     overlong_buffer_fits_responses,
     ddof_only_for_grpo,
     gspo_needs_sequence_mean,
+    vespo_weights_are_token_importance_weights,
     replay_excludes_dynamic_sampling,
     ranking_survives_dynamic_sampling,
     truncation_mask_keeps_ranking_on_the_driver,

@@ -34,6 +34,10 @@ from r3_rllib.core.losses import (
     LOSS_FNS,
     SAPO_TAU_NEG,
     SAPO_TAU_POS,
+    VESPO_K_NEG,
+    VESPO_K_POS,
+    VESPO_LAMBDA_NEG,
+    VESPO_LAMBDA_POS,
 )
 from r3_rllib.core.mismatch import IS_LEVELS, RS_LEVELS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
@@ -194,8 +198,9 @@ class R3Settings:
     log-prob, no ratio and no clip), 'sapo' (a smooth sigmoid gate on the token ratio instead of a clip; needs loss_agg_mode 'seq-mean-token-mean'; see sapo_tau_*), 'kl_cov' (verl's KL-Cov:
     the unclipped surrogate plus a KL penalty on the tokens of largest advantage-log-prob covariance; see
     kl_cov_*), 'clip_cov' (verl's Clip-Cov: PPO's clip, and the gradient of a few random tokens in a band of that
-    covariance dropped; see clip_cov_*), or one added with register_loss (its parameters come from the config
-    fields it declares)."""
+    covariance dropped; see clip_cov_*), 'vespo' (TRL's VESPO: REINFORCE scaled by a smooth kernel of each
+    sequence's whole importance weight, no clip; needs rollout_is 'token' and no entropy mask; see vespo_*), or one
+    added with register_loss (its parameters come from the config fields it declares)."""
     gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
     """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
     ratio is a per-token geometric mean, so its range is far narrower than PPO's). In [0, 1)."""
@@ -219,6 +224,15 @@ class R3Settings:
     sapo_temperature_pos: 1.0); higher: the gradient fades faster as the ratio leaves 1. > 0."""
     sapo_tau_neg: float = setting(SAPO_TAU_NEG, range="> 0", finite=True)
     """'sapo': the gate's temperature for tokens of zero or negative advantage (1.05). > 0."""
+    vespo_k_pos: float = setting(VESPO_K_POS, range="> 0", finite=True)
+    """'vespo': the kernel's shape k for responses of advantage >= 0 (TRL's vespo_k_pos: 2.0); the kernel
+    phi(w) = e^lambda w^k e^(-lambda w) of the sequence weight w peaks at w = k / lambda. > 0."""
+    vespo_lambda_pos: float = setting(VESPO_LAMBDA_POS, range="> 0", finite=True)
+    """'vespo': the kernel's rate lambda for responses of advantage >= 0 (TRL's vespo_lambda_pos: 3.0). > 0."""
+    vespo_k_neg: float = setting(VESPO_K_NEG, range="> 0", finite=True)
+    """'vespo': the kernel's shape k for responses of negative advantage (TRL's vespo_k_neg: 3.0). > 0."""
+    vespo_lambda_neg: float = setting(VESPO_LAMBDA_NEG, range="> 0", finite=True)
+    """'vespo': the kernel's rate lambda for responses of negative advantage (TRL's vespo_lambda_neg: 2.0). > 0."""
     cispo_clip_high: float = setting(0.2, range=">= 0", finite=True)
     """'cispo': each token's detached importance weight is truncated at 1 + cispo_clip_high (the paper tunes only
     this bound and publishes no value; 0.2 is verl's CISPO example, docs/presets.md). >= 0."""

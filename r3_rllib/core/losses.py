@@ -33,6 +33,7 @@ follow verl, where both are always applied (``clip_ratio_c = 3.0``; the log-rati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -857,6 +858,121 @@ def sapo_policy_loss(
     return _weighted_unclipped_loss(per_token, log_ratio, mask, agg_mode, norm_len, is_weights)
 
 
+#: VESPO's kernel shapes and rates for responses of non-negative / negative advantage (TRL's vespo_k_pos,
+#: vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg defaults).
+VESPO_K_POS, VESPO_LAMBDA_POS, VESPO_K_NEG, VESPO_LAMBDA_NEG = 2.0, 3.0, 3.0, 2.0
+#: The sequence log-weight's bounds before ``exp`` (TRL's: ``log(1e-8)`` below, 20 above).
+_VESPO_LOG_W_MIN, _VESPO_LOG_W_MAX = math.log(1e-8), 20.0
+
+
+def vespo_sequence_weights(
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    k_pos: float = VESPO_K_POS,
+    lambda_pos: float = VESPO_LAMBDA_POS,
+    k_neg: float = VESPO_K_NEG,
+    lambda_neg: float = VESPO_LAMBDA_NEG,
+    is_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """VESPO's reshaping kernel on each sequence's importance weight, ``[B]``, detached:
+
+        phi(w) = exp(lambda + k log w - lambda w) = e^lambda w^k e^(-lambda w),   phi(1) = 1,
+
+    ``w`` the sequence's whole importance weight, not length-normalised: ``log w`` is the sum over its valid tokens
+    of ``log_ratio`` (each clamped to +-20) plus, when given, of ``log is_weights`` (the behaviour-to-proximal
+    token weights, each clamped below at ``log 1e-8``, so a zero weight all but silences its sequence), the sum
+    clamped to ``[log 1e-8, 20]``. ``(k, lambda)`` are ``(k_pos, lambda_pos)`` for ``A >= 0`` and ``(k_neg,
+    lambda_neg)`` below. The kernel peaks at ``w = k / lambda`` and falls to 0 at both ends, so a sequence the
+    policy has moved far from (either way) gets little weight. A non-finite ``phi`` is 0 (TRL's ``nan_to_num``)."""
+    with torch.no_grad():
+        m = mask.to(torch.float64)
+        log_w = (
+            torch.clamp(log_ratio.detach().double(), -DEFAULT_LOG_RATIO_CLAMP, DEFAULT_LOG_RATIO_CLAMP) * m
+        ).sum(-1)
+        if is_weights is not None:
+            log_is = torch.log(is_weights.detach().double()).clamp(_VESPO_LOG_W_MIN, _VESPO_LOG_W_MAX)
+            log_w = log_w + (log_is * m).sum(-1)
+        log_w = log_w.clamp(_VESPO_LOG_W_MIN, _VESPO_LOG_W_MAX)
+        nonneg = advantages.detach() >= 0
+        k = torch.where(nonneg, k_pos, k_neg).double()
+        lam = torch.where(nonneg, lambda_pos, lambda_neg).double()
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0).to(log_ratio.dtype)
+
+
+def vespo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k_pos: float = VESPO_K_POS,
+    lambda_pos: float = VESPO_LAMBDA_POS,
+    k_neg: float = VESPO_K_NEG,
+    lambda_neg: float = VESPO_LAMBDA_NEG,
+    agg_mode: str = "token-mean",
+    norm_len: float | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """VESPO (Variational sEquence-level Soft Policy Optimization, arXiv 2602.10693; TRL's ``loss_type='vespo'``):
+    REINFORCE scaled by a detached kernel of the sequence's importance weight, no clip,
+
+        per token: -phi(w_i) * A_i * logprobs,   phi: :func:`vespo_sequence_weights`,
+
+    reduced with :func:`aggregate_loss` (TRL normalises by the batch's token count: 'token-mean'). On-policy
+    (``w = 1``) it is the policy gradient (:func:`gpg_policy_loss`'s); off-policy the kernel smoothly shrinks the
+    steps of sequences whose weight left 1, as a bounded alternative to PPO's hard clip, so staleness and
+    engine mismatch cost weight instead of stability. The behaviour weights ``is_weights`` are folded into ``w``
+    (TRL folds its vLLM correction there too) rather than multiplying each token's term, so they must be per-token
+    importance weights (rollout_is 'token'; the config refuses a sequence weight and the entropy mask, whose
+    weights are not importance weights). One advantage per sequence: the kernel's side is chosen by its sign.
+
+    The value is not a surrogate of the return (its scale follows ``logprobs``); only its gradient is meaningful.
+    Metrics: the keys of :func:`clipped_policy_loss` (every clip fraction 0; ``approx_kl``, ``ratio_mean`` of the
+    token ratios) and ``vespo_phi_mean``, the mean kernel weight over sequences with a valid token.
+    """
+    _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, None)
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"VESPO needs one advantage per sequence [B]={tuple(logprobs.shape[:1])}, got "
+            f"{tuple(advantages.shape)}"
+        )
+    for name, value in (
+        ("k_pos", k_pos),
+        ("lambda_pos", lambda_pos),
+        ("k_neg", k_neg),
+        ("lambda_neg", lambda_neg),
+    ):
+        if not 0.0 < value < float("inf"):
+            raise ValueError(f"VESPO's {name} must be finite and > 0, got {value}")
+    log_ratio = logprobs.detach() - old_logprobs.detach()
+    phi = vespo_sequence_weights(
+        log_ratio,
+        mask,
+        advantages,
+        k_pos=k_pos,
+        lambda_pos=lambda_pos,
+        k_neg=k_neg,
+        lambda_neg=lambda_neg,
+        is_weights=is_weights,
+    )
+    adv = advantages.to(logprobs.dtype).detach()
+    per_token = -(phi * adv).unsqueeze(-1) * logprobs
+    with torch.no_grad():
+        has_tokens = mask.bool().any(dim=-1)
+        phi_mean = phi[has_tokens].mean() if bool(has_tokens.any()) else phi.new_zeros(())
+    loss, metrics = _weighted_unclipped_loss(
+        per_token, log_ratio, mask, agg_mode, norm_len, None, vespo_phi_mean=phi_mean
+    )
+    if is_weights is not None:
+        metrics["is_weight_mean"] = _masked_mean(
+            is_weights.detach().to(logprobs.dtype), mask.to(logprobs.dtype)
+        )
+    return loss, metrics
+
+
 _GSPO_PARAMS = {
     "clip_low": "gspo_clip_low",
     "clip_high": "gspo_clip_high",
@@ -910,6 +1026,18 @@ register_loss(
         "norm_len": "max_new_tokens",
     },
 )(sapo_policy_loss)
+
+register_loss(
+    "vespo",
+    config_params={
+        "k_pos": "vespo_k_pos",
+        "lambda_pos": "vespo_lambda_pos",
+        "k_neg": "vespo_k_neg",
+        "lambda_neg": "vespo_lambda_neg",
+        "agg_mode": "loss_agg_mode",
+        "norm_len": "max_new_tokens",
+    },
+)(vespo_policy_loss)
 
 
 def get_loss_fn(name: str) -> LossFn:

@@ -34,6 +34,7 @@ POLICY_LOSSES = [
     ("cispo", "token-mean"),
     ("gpg", "token-mean"),
     ("sapo", "seq-mean-token-mean"),
+    ("vespo", "token-mean"),
     ("kl_cov", "token-mean"),
     ("clip_cov", "token-mean"),
 ]

@@ -829,3 +829,95 @@ def test_gspo_takes_one_advantage_per_sequence():
         LOSS_FNS.get_fn("gspo")(
             logp, logp, torch.zeros(2, 3), torch.ones(2, 3), clip_low=3e-4, clip_high=4e-4
         )
+
+
+def _vespo_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row 0 (A = 1): log-probs -1, -2 at log-ratios 0 and log 2 (sequence weight w = 2); row 1 (A = -0.5): one
+    token, log-prob -0.5 at log-ratio log 0.5 (w = 0.5), then padding."""
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -9.0]], dtype=torch.float64, requires_grad=True)
+    log_ratio = torch.tensor([[0.0, math.log(2.0)], [math.log(0.5), 5.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    return logp, logp.detach() - log_ratio, mask, adv
+
+
+def test_vespo_kernel_and_loss_by_hand():
+    """VESPO: per token -phi(w) A logp, phi(w) = exp(lambda + k log w - lambda w), w the product of the sequence's
+    token ratios. Row 0 (A >= 0: k 2, lambda 3) at w = 2: phi = exp(3 + 2 log 2 - 6) = 4 e^-3; row 1 (A < 0: k 3,
+    lambda 2) at w = 0.5: phi = exp(2 + 3 log 0.5 - 1) = e / 8 (the padding's log-ratio 5 does not count). Token
+    mean over 3 tokens: (4 e^-3 (1 + 2) - (e / 8) 0.25) / 3; each token's gradient -phi A / 3."""
+    logp, old, mask, adv = _vespo_rows()
+    loss, m = get_loss_fn("vespo")(logp, old, adv, mask, agg_mode="token-mean")
+    phi0, phi1 = 4.0 * math.exp(-3.0), math.e / 8.0
+    tol = f64_tol(1.0, ulps=16)
+    assert float(loss.detach()) == pytest.approx((3.0 * phi0 - 0.25 * phi1) / 3.0, abs=tol)
+    assert float(m["vespo_phi_mean"]) == pytest.approx((phi0 + phi1) / 2.0, abs=tol)
+    assert float(m["clip_frac_high"]) == 0.0 and "is_weight_mean" not in m
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-phi0 / 3.0] * 2, abs=tol)
+    assert float(logp.grad[1, 0]) == pytest.approx(0.5 * phi1 / 3.0, abs=tol)
+    assert float(logp.grad[1, 1]) == 0.0
+
+
+def test_vespo_kernel_shape():
+    """phi(1) = 1 on both sides; its peak is at w = k / lambda; a weight far off either way goes to 0, finite
+    (a log-ratio sum past 20 is clamped first, a non-finite phi is 0)."""
+    from r3_rllib.core.losses import vespo_sequence_weights
+
+    mask = torch.ones(3, 1, dtype=torch.bool)
+    log_w = torch.tensor([[0.0], [-30.0], [30.0]], dtype=torch.float64)
+    for sign, (k, lam) in ((1.0, (2.0, 3.0)), (-1.0, (3.0, 2.0))):
+        adv = torch.full((3,), sign, dtype=torch.float64)
+        phi = vespo_sequence_weights(log_w, mask, adv)
+        assert float(phi[0]) == pytest.approx(1.0, abs=f64_tol(1.0, ulps=16))
+        peak = vespo_sequence_weights(
+            torch.full((1, 1), math.log(k / lam), dtype=torch.float64), mask[:1], adv[:1]
+        )
+        grid = torch.linspace(-3.0, 3.0, 601, dtype=torch.float64).unsqueeze(-1)
+        assert float(
+            vespo_sequence_weights(grid, torch.ones_like(grid, dtype=torch.bool), adv[:1].expand(601)).max()
+        ) <= float(peak[0])
+        assert 0.0 <= float(phi[1]) < 1e-10 and float(phi[2]) == 0.0 and bool(torch.isfinite(phi).all())
+
+
+def test_vespo_on_policy_is_the_policy_gradient_and_folds_the_behaviour_weights():
+    """At w = 1 every phi is 1: VESPO's loss and gradient are GPG's (-A logp). Behaviour weights enter w, not the
+    token's term: weights 1, 0.5 (row 0) and 2 (row 1) bring rows 0 and 1 of :func:`_vespo_rows` to w = 1, so the
+    loss is again GPG's without a weight; TRL folds its vLLM correction the same way."""
+    logp, old, mask, adv = _vespo_rows()
+    tol = f64_tol(1.0, ulps=16)
+    on, _ = get_loss_fn("vespo")(logp, logp.detach(), adv, mask)
+    gpg, _ = get_loss_fn("gpg")(logp, logp.detach(), adv, mask)
+    g_on = torch.autograd.grad(on, logp)[0]
+    g_gpg = torch.autograd.grad(gpg, logp)[0]
+    assert float(on.detach()) == pytest.approx(float(gpg.detach()), abs=tol)
+    assert torch.allclose(g_on, g_gpg, rtol=0.0, atol=tol)
+    is_w = torch.tensor([[1.0, 0.5], [2.0, 1.0]], dtype=torch.float64)
+    folded, m = get_loss_fn("vespo")(logp, old, adv, mask, is_weights=is_w)
+    assert float(folded.detach()) == pytest.approx(float(gpg.detach()), abs=tol)
+    assert float(m["vespo_phi_mean"]) == pytest.approx(1.0, abs=tol)
+    assert float(m["is_weight_mean"]) == pytest.approx((1.0 + 0.5 + 2.0) / 3.0, abs=tol)
+    # A zero weight (IcePop's token outside its band) all but silences its sequence: w <= 1e-8.
+    silenced, m = get_loss_fn("vespo")(logp, logp.detach(), adv, mask, is_weights=torch.zeros_like(is_w))
+    assert float(m["vespo_phi_mean"]) < 1e-10
+
+
+def test_vespo_refusals():
+    """One advantage per sequence (the kernel's side is its sign); positive finite shapes and rates; the config
+    needs token-level behaviour weights and no entropy mask, and one advantage per response (no critic)."""
+    from r3_rllib import R3Config
+
+    logp, old, mask, adv = _vespo_rows()
+    with pytest.raises(ValueError, match="VESPO needs one advantage per sequence"):
+        get_loss_fn("vespo")(logp, old, adv.unsqueeze(-1).expand(2, 2), mask)
+    with pytest.raises(ValueError, match="VESPO's lambda_neg must be finite and > 0"):
+        get_loss_fn("vespo")(logp, old, adv, mask, lambda_neg=0.0)
+    with pytest.raises(ValueError, match="needs rollout_is 'token'"):
+        R3Config().training(policy_loss="vespo", rollout_is="sequence").validate()
+    with pytest.raises(ValueError, match="top_entropy_quantile=0.2 would put the entropy mask's zeros"):
+        R3Config().training(policy_loss="vespo", top_entropy_quantile=0.2).validate()
+    with pytest.raises(ValueError, match="vespo_k_pos"):
+        R3Config().training(vespo_k_pos=1.5).validate()
+    with pytest.raises(ValueError, match="'vespo'"):
+        R3Config.ppo_preset().training(policy_loss="vespo").validate()
+    R3Config().training(policy_loss="vespo", vespo_k_pos=1.5, rollout_rs="icepop").validate()
