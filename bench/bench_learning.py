@@ -49,6 +49,10 @@ ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "sapo": {"policy_loss": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
     # TRL's loss_type 'vespo' (its token-mean normalisation is GRPO's preset's).
     "vespo": {"policy_loss": "vespo"},
+    # The same two with the rollout importance weights on (truncated at is_cap, per token): the staleness and
+    # engine-mismatch correction VESPO folds into its sequence weight and GRPO multiplies into each token's term.
+    "grpo-is": {"off_policy_correction": True},
+    "vespo-is": {"policy_loss": "vespo", "off_policy_correction": True},
     "kl_cov": {"policy_loss": "kl_cov"},
     # TRL's loss_type 'luspo': GSPO's sequence terms, each times its length.
     "luspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-sum"},
