@@ -931,7 +931,7 @@ def vespo_policy_loss(
 
     The value is not a surrogate of the return (its scale follows ``logprobs``); only its gradient is meaningful.
     Metrics: the keys of :func:`clipped_policy_loss` (every clip fraction 0; ``approx_kl``, ``ratio_mean`` of the
-    token ratios) and ``vespo_phi_mean``, the mean kernel weight over sequences with a valid token.
+    token ratios) and ``vespo_phi_mean``, the mean over valid tokens of their sequence's kernel weight.
     """
     _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, None)
     if advantages.shape != logprobs.shape[:1]:
@@ -960,9 +960,8 @@ def vespo_policy_loss(
     )
     adv = advantages.to(logprobs.dtype).detach()
     per_token = -(phi * adv).unsqueeze(-1) * logprobs
-    with torch.no_grad():
-        has_tokens = mask.bool().any(dim=-1)
-        phi_mean = phi[has_tokens].mean() if bool(has_tokens.any()) else phi.new_zeros(())
+    with torch.no_grad():  # per trained token: micro-batches and ranks then combine it exactly (token-mean)
+        phi_mean = _masked_mean(phi.unsqueeze(-1).expand_as(logprobs), mask.to(logprobs.dtype))
     loss, metrics = _weighted_unclipped_loss(
         per_token, log_ratio, mask, agg_mode, norm_len, None, vespo_phi_mean=phi_mean
     )

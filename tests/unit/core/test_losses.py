@@ -851,7 +851,7 @@ def test_vespo_kernel_and_loss_by_hand():
     phi0, phi1 = 4.0 * math.exp(-3.0), math.e / 8.0
     tol = f64_tol(1.0, ulps=16)
     assert float(loss.detach()) == pytest.approx((3.0 * phi0 - 0.25 * phi1) / 3.0, abs=tol)
-    assert float(m["vespo_phi_mean"]) == pytest.approx((phi0 + phi1) / 2.0, abs=tol)
+    assert float(m["vespo_phi_mean"]) == pytest.approx((2.0 * phi0 + phi1) / 3.0, abs=tol)  # per token
     assert float(m["clip_frac_high"]) == 0.0 and "is_weight_mean" not in m
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([-phi0 / 3.0] * 2, abs=tol)
