@@ -878,6 +878,12 @@ def test_vespo_kernel_shape():
             vespo_sequence_weights(grid, torch.ones_like(grid, dtype=torch.bool), adv[:1].expand(601)).max()
         ) <= float(peak[0])
         assert 0.0 <= float(phi[1]) < 1e-10 and float(phi[2]) == 0.0 and bool(torch.isfinite(phi).all())
+    # The docstring's figures for A >= 0: the peak e 4 / 9 at w = 2/3, half weight at w = 0.22 and 1.5.
+    pos = torch.ones(3, dtype=torch.float64)
+    w = torch.tensor([[math.log(2.0 / 3.0)], [math.log(0.22)], [math.log(1.5)]], dtype=torch.float64)
+    assert vespo_sequence_weights(w, mask, pos).tolist() == pytest.approx(
+        [math.e * 4 / 9, 0.5, 0.5], abs=3e-3
+    )
 
 
 def test_vespo_on_policy_is_the_policy_gradient_and_folds_the_behaviour_weights():
