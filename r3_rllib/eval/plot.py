@@ -40,12 +40,13 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "eval/accuracy",
     "learner/critic_vf_explained_var",
     "r3/reward_kl_penalty",
+    "learner/vespo_phi_mean",
 )
 #: Drawn when a run logs them, with no warning when none does: the held-out accuracy (periodic evaluation on), how
-#: much of the returns PPO's critic explains (advantage_estimator 'gae') and the KL in the reward (verl's current_kl,
-#: use_kl_in_reward).
+#: much of the returns PPO's critic explains (advantage_estimator 'gae'), the KL in the reward (verl's current_kl,
+#: use_kl_in_reward) and VESPO's mean kernel weight (policy_loss 'vespo': how far off-policy the steps were).
 OPTIONAL_METRICS: frozenset[str] = frozenset(
-    {"eval/accuracy", "learner/critic_vf_explained_var", "r3/reward_kl_penalty"}
+    {"eval/accuracy", "learner/critic_vf_explained_var", "r3/reward_kl_penalty", "learner/vespo_phi_mean"}
 )
 #: A metric's value before training, logged once by the first iteration (``eval_before_train``): drawn as the
 #: curve's point at iteration 0 and time 0.

@@ -122,11 +122,15 @@ def test_eval_accuracy_absent_is_silent(tmp_path):
 
 @pytest.mark.parametrize(
     "columns",
-    [("learner/critic_vf_explained_var",), ("learner/critic_vf_explained_var", "r3/reward_kl_penalty")],
+    [
+        ("learner/critic_vf_explained_var",),
+        ("learner/critic_vf_explained_var", "r3/reward_kl_penalty"),
+        ("learner/critic_vf_explained_var", "learner/vespo_phi_mean"),
+    ],
 )
 def test_a_ppo_run_draws_its_critics_explained_variance_and_its_kl_in_the_reward(tmp_path, columns):
-    """A PPO run draws its critic's explained variance; with use_kl_in_reward also verl's current_kl (each an
-    optional panel: a run without it draws none)."""
+    """A PPO run draws its critic's explained variance; with use_kl_in_reward also verl's current_kl, and a VESPO
+    run its mean kernel weight (each an optional panel: a run without it draws none)."""
     run = write_progress(tmp_path / "run", 4, 0.2)
     text = (run / "progress.csv").read_text().splitlines()
     rows = [",".join([text[0], *columns])] + [
@@ -135,7 +139,11 @@ def test_a_ppo_run_draws_its_critics_explained_variance_and_its_kl_in_the_reward
     (run / "progress.csv").write_text("\n".join(rows) + "\n")
     fig = build_figure(load_runs([run]))
     _, _, ylabels = all_axes_text(fig)
-    drawn = [m for m in DEFAULT_METRICS if m != "r3/reward_kl_penalty" or "r3/reward_kl_penalty" in columns]
+    drawn = [
+        m
+        for m in DEFAULT_METRICS
+        if m not in ("r3/reward_kl_penalty", "learner/vespo_phi_mean") or m in columns
+    ]
     assert ylabels == drawn * 2
 
 
