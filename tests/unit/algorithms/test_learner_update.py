@@ -250,6 +250,13 @@ def _response_logprob_sums(learner: R3Learner, samples: list[Sample]) -> np.ndar
     return np.array([float(old[i].sum()) for i in range(len(samples))])  # rows are 0 off the response
 
 
+def test_every_built_in_policy_loss_is_listed():
+    """A loss registered in core/losses.py gets this file's learner tests by being listed in POLICY_LOSSES."""
+    from r3_rllib.core.losses import LOSS_FNS
+
+    assert {loss for loss, _ in POLICY_LOSSES} == set(LOSS_FNS.names())
+
+
 @pytest.mark.parametrize("loss, agg_mode", POLICY_LOSSES)
 def test_each_registered_policy_loss_updates_the_policy_through_the_learner(
     tiny_random_model, loss, agg_mode
