@@ -228,6 +228,7 @@ def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool =
             _apply_section(config, section, raw[section], base_dir)
     stop, run = _schema_section(raw, "stop"), _schema_section(raw, "run")
     _check_paths(config)
+    _lr_total_from_stop(config, stop)
     # validate() refuses an env option the env does not take too (for a config built in Python), among the config's
     # other problems; checked first here, the run file's mistake is named alone, as a key of its section.
     if (error := env_config_fits_the_env(config)) is not None:
@@ -241,6 +242,17 @@ def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool =
     if check_env and (error := env_name_error(config)) is not None:
         raise ConfigError(error)
     return RunSpec(config=config, stop=dict(stop), run=dict(run))
+
+
+def _lr_total_from_stop(config, stop: dict) -> None:
+    """A learning-rate decay or a warm-up ratio left without lr_total_steps ends at the run file's stop iteration,
+    as verl derives total_training_steps from its run (an update per iteration)."""
+    iterations = stop.get("training_iteration")
+    shaped = config.lr_scheduler_type != "constant" or (
+        config.lr_warmup_steps is None and config.lr_warmup_steps_ratio > 0
+    )
+    if shaped and config.lr_total_steps is None and isinstance(iterations, int) and iterations >= 1:
+        config.training(lr_total_steps=iterations)
 
 
 def env_name_error(config) -> str | None:

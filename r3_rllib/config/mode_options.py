@@ -68,6 +68,12 @@ class Mode:
 SWITCHED_OPTIONS: tuple[Mode, ...] = (
     Mode("the KL penalty", "kl_coef > 0", lambda c: c.kl_coef > 0, ("kl_type",)),
     Mode(
+        "the learning rate's decay",
+        "lr_scheduler_type 'cosine' or 'linear'",
+        lambda c: c.lr_scheduler_type != "constant",
+        ("min_lr_ratio",),
+    ),
+    Mode(
         "the reference's sync",
         "sync_ref_model=True",
         lambda c: bool(c.sync_ref_model),

@@ -29,7 +29,7 @@ from r3_rllib.core.advantages import (
 from r3_rllib.core.losses import GSPO_AGG_MODES, LOSS_FNS, TOKEN_ADVANTAGE_LOSSES
 from r3_rllib.core.objects import ObjectPathError, is_object_path
 from r3_rllib.core.reflection import build_reflection_prompt
-from r3_rllib.core.schedules import schedule_error
+from r3_rllib.core.schedules import schedule_error, warmup_updates
 from r3_rllib.core.typo_hints import closest_name
 from r3_rllib.engines.options import engine_kwargs_error
 from r3_rllib.engines.registry import EngineCapabilities, engine_capabilities, engines_where
@@ -593,6 +593,32 @@ def lr_schedule_is_well_formed(config: Any) -> str | None:
     return schedule_error("lr", getattr(config, "lr", None))  # an R3Settings alone has no lr
 
 
+def lr_shape_is_complete(config: Any) -> str | None:
+    """lr_scheduler_type's decay ends at lr_total_steps, and a warm-up ratio is a share of it: both need it, and a
+    warm-up cannot outlast it. ``lr`` as RLlib's schedule already sets the rate at every sample: shaping it again
+    would multiply two schedules, so only 'constant' without a warm-up goes with it."""
+    kind, total = config.lr_scheduler_type, config.lr_total_steps
+    warmup = warmup_updates(config.lr_warmup_steps, config.lr_warmup_steps_ratio, total)
+    if not isinstance(getattr(config, "lr", None), int | float | type(None)) and (
+        kind != "constant" or warmup
+    ):
+        return (
+            f"lr is a schedule ([[timestep, value], ...]) and lr_scheduler_type={kind!r} with a warm-up of "
+            f"{warmup} updates shapes it again: use one, a fixed lr with lr_scheduler_type and lr_warmup_steps, or "
+            "lr's schedule alone"
+        )
+    ratio = config.lr_warmup_steps is None and config.lr_warmup_steps_ratio > 0
+    if total is None and (kind != "constant" or ratio):
+        what = f"lr_scheduler_type {kind!r}" if kind != "constant" else "lr_warmup_steps_ratio"
+        return (
+            f"{what} needs lr_total_steps, the run's number of updates (verl's total_training_steps; `r3 train` "
+            "takes it from the run file's stop.training_iteration)"
+        )
+    if total is not None and warmup > total:
+        return f"the warm-up ({warmup} updates) is longer than lr_total_steps={total}"
+    return None
+
+
 def head_schedule_has_a_stage(config: Any) -> str | None:
     """R^2PO's cycle runs at least one of its two stages (checked while rollout_head is off too)."""
     if config.rollout_head_head_iters == 0 and config.rollout_head_base_iters == 0:
@@ -896,6 +922,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     groups_fit_the_estimator,
     critic_fits_the_run,
     lr_schedule_is_well_formed,
+    lr_shape_is_complete,
     engine_kwargs_fit_the_engine,
     reflection_template_fills,
     head_schedule_has_a_stage,

@@ -42,6 +42,7 @@ from r3_rllib.core.losses import (
 from r3_rllib.core.mismatch import IS_LEVELS, RS_LEVELS
 from r3_rllib.core.reflection import DEFAULT_REFLECTION_GUIDANCE, REFLECTION_HARDNESS
 from r3_rllib.core.reward_shaping import FILTER_METRICS, SHORTFALL_MODES
+from r3_rllib.core.schedules import LR_SCHEDULER_TYPES
 from r3_rllib.engines import DEFAULT_ENGINE, ENGINE_KINDS
 from r3_rllib.r2po.rarity import DEFAULT_SKIP_RANGE, RARITY_COUNTS
 from r3_rllib.r2po.stages import FIRST_STAGES
@@ -298,6 +299,27 @@ class R3Settings:
     an update makes num_minibatches x num_epochs steps). >= 1."""
     weight_decay: float = setting(0.0, range=">= 0", finite=True)
     """AdamW weight decay."""
+    lr_scheduler_type: str = setting("constant", choices=LR_SCHEDULER_TYPES)
+    """The learning rate's shape over the run's updates (verl's actor.optim.lr_scheduler_type, earlier warmup_style):
+    'constant' (default, verl's: lr after the warm-up), 'cosine' (verl's: half a cosine from lr down to
+    min_lr_ratio x lr at update lr_total_steps) or 'linear' (transformers' and TRL's default: a straight line down to
+    min_lr_ratio x lr there); after lr_total_steps the rate stays at its end. An update is one training iteration
+    (verl steps its scheduler once per training step; TRL once per optimizer step, which is num_minibatches x
+    num_epochs of ours). Logged as learner/lr. With lr as a schedule of its own (RLlib's [[timestep, value], ...]) only
+    'constant' without a warm-up is accepted. The policy's rate only: critic_lr and rollout_head_lr stay as set."""
+    lr_warmup_steps: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
+    """Updates over which the learning rate rises linearly from 0 to lr, the first at 0 (verl's and transformers'
+    warm-up: update k of W runs at k / W x lr). None (default): lr_warmup_steps_ratio x lr_total_steps (verl's
+    lr_warmup_steps -1). >= 0."""
+    lr_warmup_steps_ratio: float = setting(0.0, range="[0, 1]", finite=True)
+    """The warm-up as a share of lr_total_steps when lr_warmup_steps is None (verl's lr_warmup_steps_ratio: 0.0).
+    In [0, 1]; > 0 needs lr_total_steps."""
+    lr_total_steps: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
+    """The run's number of updates, where 'cosine' and 'linear' end (verl's total_training_steps; the CLI sets it
+    from the run file's stop.training_iteration when left None). Needed by 'cosine', 'linear' and a warm-up ratio."""
+    min_lr_ratio: float = setting(0.0, range="[0, 1]", finite=True)
+    """'cosine'/'linear': the rate at and after lr_total_steps, as a share of lr (verl's min_lr_ratio: 0.0). In
+    [0, 1]."""
     advantage_estimator: str = setting("grpo", choices=ADVANTAGE_FNS)
     """Name in r3_rllib.core.advantages.ADVANTAGE_FNS: 'grpo' (std-normalised), 'drgrpo' (no std), 'mixed' (R^3: alpha,
     lambda), 'rloo' (leave-one-out baseline), 'reinforce_plus_plus_baseline' (verl's: group mean, then whitened over the

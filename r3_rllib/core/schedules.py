@@ -56,3 +56,54 @@ def schedule_error(name: str, value_or_schedule: object) -> str | None:
 
 def _finite_number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+#: The shapes of the learning rate over the run's updates (:func:`lr_factor`): verl's actor.optim.lr_scheduler_type
+#: ('constant', 'cosine') and transformers' linear decay (TRL's default lr_scheduler_type).
+LR_SCHEDULER_TYPES: tuple[str, ...] = ("constant", "cosine", "linear")
+
+
+def warmup_updates(
+    lr_warmup_steps: int | None, lr_warmup_steps_ratio: float, total_updates: int | None
+) -> int:
+    """The warm-up's length in updates: ``lr_warmup_steps`` when given, else ``int(lr_warmup_steps_ratio *
+    total_updates)`` (verl's rule: its lr_warmup_steps -1 reads the ratio of total_training_steps); 0 without
+    either."""
+    if lr_warmup_steps is not None:
+        return int(lr_warmup_steps)
+    if lr_warmup_steps_ratio > 0 and total_updates is not None:
+        return int(lr_warmup_steps_ratio * total_updates)
+    return 0
+
+
+def lr_factor(
+    update: int,
+    *,
+    scheduler_type: str = "constant",
+    warmup: int = 0,
+    total_updates: int | None = None,
+    min_lr_ratio: float = 0.0,
+) -> float:
+    """The learning rate of update ``update`` (0 for the run's first) as a share of ``lr``, as verl's
+    ``get_constant_schedule_with_warmup`` / ``get_cosine_schedule_with_warmup`` give it (half a cosine cycle):
+
+    - during the warm-up, ``update / warmup`` (so the first update of a warm-up runs at 0, as verl's and
+      transformers' schedulers step after each update);
+    - then 'constant': 1; 'cosine': ``m + (1 - m) (1 + cos(pi p)) / 2``; 'linear': ``m + (1 - m) (1 - p)``, with
+      ``p = (update - warmup) / (total_updates - warmup)`` and ``m = min_lr_ratio``.
+
+    Past ``total_updates`` the rate stays at ``m`` (verl's cosine would climb again past its horizon; transformers'
+    linear stops at 0 = ``m``'s default)."""
+    if scheduler_type not in LR_SCHEDULER_TYPES:
+        raise ValueError(f"scheduler_type must be one of {list(LR_SCHEDULER_TYPES)}, got {scheduler_type!r}")
+    if update < warmup:
+        return update / max(1, warmup)
+    if scheduler_type == "constant":
+        return 1.0
+    if total_updates is None:
+        raise ValueError(
+            f"lr_scheduler_type {scheduler_type!r} needs the run's number of updates (lr_total_steps)"
+        )
+    progress = min(1.0, (update - warmup) / max(1, total_updates - warmup))
+    decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if scheduler_type == "cosine" else 1.0 - progress
+    return min_lr_ratio + (1.0 - min_lr_ratio) * decay
