@@ -303,10 +303,11 @@ class R3Settings:
     """The learning rate's shape over the run's updates (verl's actor.optim.lr_scheduler_type, earlier warmup_style):
     'constant' (default, verl's: lr after the warm-up), 'cosine' (verl's: half a cosine from lr down to
     min_lr_ratio x lr at update lr_total_steps) or 'linear' (transformers' and TRL's default: a straight line down to
-    min_lr_ratio x lr there); after lr_total_steps the rate stays at its end. An update is one training iteration
-    (verl steps its scheduler once per training step; TRL once per optimizer step, which is num_minibatches x
-    num_epochs of ours). Logged as learner/lr. With lr as a schedule of its own (RLlib's [[timestep, value], ...]) only
-    'constant' without a warm-up is accepted. The policy's rate only: critic_lr and rollout_head_lr stay as set."""
+    min_lr_ratio x lr there); after lr_total_steps the rate stays at its end. An update is one training iteration,
+    PPO's critic_warmup iterations left out (verl steps its scheduler once per training step; TRL once per
+    optimizer step, which is num_minibatches x num_epochs of ours). Logged as learner/lr. With lr as a schedule of
+    its own (RLlib's [[timestep, value], ...]) only 'constant' without a warm-up is accepted. The policy's rate
+    only: critic_lr and rollout_head_lr stay as set."""
     lr_warmup_steps: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
     """Updates over which the learning rate rises linearly from 0 to lr, the first at 0 (verl's and transformers'
     warm-up: update k of W runs at k / W x lr). None (default): lr_warmup_steps_ratio x lr_total_steps (verl's

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,3 +108,23 @@ def lr_factor(
     progress = min(1.0, (update - warmup) / max(1, total_updates - warmup))
     decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if scheduler_type == "cosine" else 1.0 - progress
     return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+def shaped_lr(lr: float, update: int, settings: Any) -> float:
+    """``lr`` times :func:`lr_factor` at ``update`` with the ``settings``' lr_scheduler_type, warm-up
+    (lr_warmup_steps, lr_warmup_steps_ratio), lr_total_steps and min_lr_ratio (an R3Settings or R3Config)."""
+    total = settings.lr_total_steps
+    return lr * lr_factor(
+        update,
+        scheduler_type=settings.lr_scheduler_type,
+        warmup=warmup_updates(settings.lr_warmup_steps, settings.lr_warmup_steps_ratio, total),
+        total_updates=total,
+        min_lr_ratio=settings.min_lr_ratio,
+    )
+
+
+def policy_updates(iterations: int, critic_warmup: int = 0) -> int:
+    """The policy's updates in a run's first ``iterations`` iterations: every iteration's, but those of PPO's
+    critic warm-up (critic_warmup N >= 2 leaves the first N - 1 to the critic: verl's actor, and its scheduler,
+    start at step N)."""
+    return max(0, iterations - max(0, critic_warmup - 1))

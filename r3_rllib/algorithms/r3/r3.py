@@ -58,7 +58,7 @@ from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.method import TrainingPhase, method_for
 from r3_rllib.core.metric_groups import log_group
 from r3_rllib.core.reward_shaping import without_truncated
-from r3_rllib.core.schedules import lr_factor, scheduled_value, warmup_updates
+from r3_rllib.core.schedules import policy_updates, scheduled_value, shaped_lr
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Group, Sample
@@ -300,16 +300,12 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         seed = int(self._rng.integers(2**31))
         # `lr` as a schedule (RLlib's form) reads num_env_steps_sampled_lifetime: the samples of the batches
         # before this one (restored with the metrics from a checkpoint); lr_scheduler_type's warm-up and decay read
-        # the iterations before this one (verl's training steps; restored with the iteration).
+        # the policy's updates before this one (verl's training steps, restored with the iteration; its actor's
+        # scheduler starts with the actor, after critic_warmup).
         cfg = self.config
-        lr = scheduled_value(
-            cfg.lr, self.metrics.peek("num_env_steps_sampled_lifetime", default=0.0)
-        ) * lr_factor(
-            self.iteration,
-            scheduler_type=cfg.lr_scheduler_type,
-            warmup=warmup_updates(cfg.lr_warmup_steps, cfg.lr_warmup_steps_ratio, cfg.lr_total_steps),
-            total_updates=cfg.lr_total_steps,
-            min_lr_ratio=cfg.min_lr_ratio,
+        samples = self.metrics.peek("num_env_steps_sampled_lifetime", default=0.0)
+        lr = shaped_lr(
+            scheduled_value(cfg.lr, samples), policy_updates(self.iteration, cfg.critic_warmup), cfg
         )
         results = None
         try:

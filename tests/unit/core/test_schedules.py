@@ -123,3 +123,19 @@ def test_r3_train_ends_the_decay_at_the_run_files_stop(tmp_path):
     assert total("lr_scheduler_type: linear, lr_total_steps: 100") == 100
     assert total("lr_warmup_steps_ratio: 0.1") == 40
     assert total("lr_warmup_steps: 3") is None
+
+
+def test_shaped_lr_reads_the_settings_and_counts_the_policys_updates():
+    """A config's shape applied to a rate (the driver's call); PPO's critic warm-up leaves its first N - 1
+    iterations out of the count (verl's actor scheduler starts with the actor)."""
+    from r3_rllib import R3Config
+    from r3_rllib.core.schedules import policy_updates, shaped_lr
+
+    cfg = R3Config().training(
+        lr_scheduler_type="linear", lr_warmup_steps=1, lr_total_steps=3, min_lr_ratio=0.5
+    )
+    assert [shaped_lr(2e-3, u, cfg) for u in range(5)] == pytest.approx(
+        [0.0, 2e-3, 1.5e-3, 1e-3, 1e-3], rel=1e-12
+    )
+    assert [policy_updates(i, 0) for i in range(3)] == [0, 1, 2] == [policy_updates(i, 1) for i in range(3)]
+    assert [policy_updates(i, 3) for i in range(5)] == [0, 0, 0, 1, 2]
