@@ -922,12 +922,12 @@ def vespo_policy_loss(
 
         per token: -phi(w_i) * A_i * logprobs,   phi: :func:`vespo_sequence_weights`,
 
-    reduced with :func:`aggregate_loss` (both references' default is 'token-mean'). On-policy
-    (``w = 1``) it is the policy gradient (:func:`gpg_policy_loss`'s); off-policy each sequence's step is scaled
-    by the kernel of its weight, a smooth and bounded alternative to PPO's hard clip (with the defaults and
-    ``A >= 0``: at most e 4 / 9 = 1.21, at ``w = 2/3``; 0.5 at ``w = 0.22`` and ``1.5``; toward 0 beyond), so
-    staleness and engine mismatch cost weight rather than stability. The behaviour weights ``is_weights`` are folded into ``w``
-    (TRL folds its vLLM correction there too) rather than multiplying each token's term, so they must be per-token
+    reduced with :func:`aggregate_loss` (both references' default is 'token-mean'). On-policy (``w = 1``) it is the
+    policy gradient (:func:`gpg_policy_loss`'s); off-policy each sequence's step is scaled by the kernel of its
+    weight, a smooth and bounded alternative to PPO's hard clip (with the defaults and ``A >= 0``: at most
+    e 4 / 9 = 1.21, at ``w = 2/3``; 0.5 at ``w = 0.22`` and ``1.5``; toward 0 beyond), so staleness and engine
+    mismatch cost weight rather than stability. The behaviour weights ``is_weights`` are folded into ``w`` (TRL
+    folds its vLLM correction there too) rather than multiplying each token's term, so they must be per-token
     importance weights (rollout_is 'token'; the config refuses a sequence weight and the entropy mask, whose
     weights are not importance weights). One advantage per sequence: the kernel's side is chosen by its sign.
 
