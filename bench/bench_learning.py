@@ -39,7 +39,8 @@ from typing import Any
 
 import common
 
-#: GRPO with one part replaced: the advantage estimator or the policy loss (everything else as GRPO's preset).
+#: GRPO with one part replaced: the advantage estimator, the policy loss or the rollout weights (everything else as
+#: GRPO's preset).
 ESTIMATOR_VARIANTS: dict[str, dict[str, Any]] = {
     "rloo": {"advantage_estimator": "rloo"},
     "reinforce_plus_plus_baseline": {"advantage_estimator": "reinforce_plus_plus_baseline"},

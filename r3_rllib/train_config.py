@@ -245,14 +245,18 @@ def build_run_spec(raw: dict, base_dir: Path | None = None, *, check_env: bool =
 
 
 def _lr_total_from_stop(config, stop: dict) -> None:
-    """A learning-rate decay or a warm-up ratio left without lr_total_steps ends at the run file's stop iteration,
-    as verl derives total_training_steps from its run (an update per iteration)."""
+    """A learning-rate decay or a warm-up ratio left without lr_total_steps ends with the run file's stop
+    iteration, as verl derives total_training_steps from its run: the policy's updates in that many iterations
+    (every iteration's, but PPO's critic warm-up's and R^2PO's head stage's: the method's count)."""
+    from r3_rllib.core.method import method_for
+
     iterations = stop.get("training_iteration")
     shaped = config.lr_scheduler_type != "constant" or (
         config.lr_warmup_steps is None and config.lr_warmup_steps_ratio > 0
     )
     if shaped and config.lr_total_steps is None and isinstance(iterations, int) and iterations >= 1:
-        config.training(lr_total_steps=iterations)
+        updates = method_for(config).policy_updates(config, iterations)
+        config.training(lr_total_steps=max(1, updates))
 
 
 def env_name_error(config) -> str | None:

@@ -120,19 +120,11 @@ def gspo_needs_sequence_mean(config: Any) -> str | None:
 
 def vespo_weights_are_token_importance_weights(config: Any) -> str | None:
     """VESPO folds the behaviour weights into each sequence's weight as a sum of token log-weights (TRL's way): a
-    sequence-level weight (the same number on every token) would enter once per token, and the entropy mask's zeros
-    are not importance weights (each would silence its whole sequence)."""
-    if config.policy_loss != "vespo":
-        return None
-    if config.rollout_is == "sequence":
+    sequence-level weight (the same number on every token) would enter once per token."""
+    if config.policy_loss == "vespo" and config.rollout_is == "sequence":
         return (
             "policy_loss 'vespo' folds token importance weights into each sequence's weight: it needs rollout_is "
             "'token' (TRL refuses its sequence modes too), got 'sequence'"
-        )
-    if config.top_entropy_quantile < 1.0:
-        return (
-            f"policy_loss 'vespo' reads the token weights as importance weights; top_entropy_quantile="
-            f"{config.top_entropy_quantile} would put the entropy mask's zeros among them: leave it at 1.0"
         )
     return None
 
@@ -616,6 +608,16 @@ def lr_shape_is_complete(config: Any) -> str | None:
         )
     if total is not None and warmup > total:
         return f"the warm-up ({warmup} updates) is longer than lr_total_steps={total}"
+    if config.lr_warmup_steps is not None and config.lr_warmup_steps_ratio > 0:
+        return (
+            f"lr_warmup_steps={config.lr_warmup_steps} and lr_warmup_steps_ratio={config.lr_warmup_steps_ratio} "
+            "both set the warm-up (verl takes the steps and ignores the ratio): give one"
+        )
+    if total is not None and kind == "constant" and not ratio:
+        return (
+            f"lr_total_steps={total} is read by lr_scheduler_type 'cosine' or 'linear' and by "
+            "lr_warmup_steps_ratio, none of which is set: it would be ignored"
+        )
     return None
 
 

@@ -200,7 +200,7 @@ class R3Settings:
     the unclipped surrogate plus a KL penalty on the tokens of largest advantage-log-prob covariance; see
     kl_cov_*), 'clip_cov' (verl's Clip-Cov: PPO's clip, and the gradient of a few random tokens in a band of that
     covariance dropped; see clip_cov_*), 'vespo' (TRL's VESPO: REINFORCE scaled by a smooth kernel of each
-    sequence's whole importance weight, no clip; needs rollout_is 'token' and no entropy mask; see vespo_*), or one
+    sequence's whole importance weight, no clip; needs rollout_is 'token'; see vespo_*), or one
     added with register_loss (its parameters come from the config fields it declares)."""
     gspo_clip_low: float = setting(GSPO_CLIP_LOW, range="[0, 1)")
     """'gspo'/'gspo_token': the sequence ratio is clipped below at 1 - gspo_clip_low (the GSPO paper's 3e-4; the
@@ -311,13 +311,16 @@ class R3Settings:
     lr_warmup_steps: int | None = setting(None, range=">= 0", integer=True, none_ok=True)
     """Updates over which the learning rate rises linearly from 0 to lr, the first at 0 (verl's and transformers'
     warm-up: update k of W runs at k / W x lr). None (default): lr_warmup_steps_ratio x lr_total_steps (verl's
-    lr_warmup_steps -1). >= 0."""
+    lr_warmup_steps -1); the two are not taken together. R^2PO counts the base's updates (stage B's iterations).
+    >= 0."""
     lr_warmup_steps_ratio: float = setting(0.0, range="[0, 1]", finite=True)
     """The warm-up as a share of lr_total_steps when lr_warmup_steps is None (verl's lr_warmup_steps_ratio: 0.0).
     In [0, 1]; > 0 needs lr_total_steps."""
     lr_total_steps: int | None = setting(None, range=">= 1", integer=True, none_ok=True)
-    """The run's number of updates, where 'cosine' and 'linear' end (verl's total_training_steps; the CLI sets it
-    from the run file's stop.training_iteration when left None). Needed by 'cosine', 'linear' and a warm-up ratio."""
+    """The run's number of policy updates, where 'cosine' and 'linear' end (verl's total_training_steps; `r3 train`
+    sets it from the run file's stop.training_iteration when left None: the updates of that many iterations, PPO's
+    critic warm-up and R^2PO's head stage left out). Needed by 'cosine', 'linear' and a warm-up ratio, refused
+    without them."""
     min_lr_ratio: float = setting(0.0, range="[0, 1]", finite=True)
     """'cosine'/'linear': the rate at and after lr_total_steps, as a share of lr (verl's min_lr_ratio: 0.0). In
     [0, 1]."""

@@ -33,6 +33,7 @@ follow verl, where both are always applied (``clip_ratio_c = 3.0``; the log-rati
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 
@@ -882,18 +883,19 @@ def vespo_sequence_weights(
 
     ``w`` the sequence's whole importance weight, not length-normalised: ``log w`` is the sum over its valid tokens
     of ``log_ratio`` (each clamped to +-20) plus, when given, of ``log is_weights`` (the behaviour-to-proximal
-    token weights, each clamped below at ``log 1e-8``, so a zero weight all but silences its sequence), the sum
-    clamped to ``[log 1e-8, 20]``. ``(k, lambda)`` are ``(k_pos, lambda_pos)`` for ``A >= 0`` and ``(k_neg,
+    token weights, each clamped to ``[log 1e-8, 20]``, so a zero weight all but silences its sequence), the sum
+    clamped to ``[log 1e-8, 20]``; padding counts nothing, even a NaN there. ``(k, lambda)`` are ``(k_pos, lambda_pos)`` for ``A >= 0`` and ``(k_neg,
     lambda_neg)`` below. The kernel peaks at ``w = k / lambda`` and falls to 0 at both ends, so a sequence the
     policy has moved far from (either way) gets little weight. A non-finite ``phi`` is 0 (TRL's ``nan_to_num``)."""
     with torch.no_grad():
-        m = mask.to(torch.float64)
-        log_w = (
-            torch.clamp(log_ratio.detach().double(), -DEFAULT_LOG_RATIO_CLAMP, DEFAULT_LOG_RATIO_CLAMP) * m
-        ).sum(-1)
+        valid = mask.bool()
+        zero = torch.zeros((), dtype=torch.float64, device=log_ratio.device)
+        # torch.where, not a product with the mask: a padding position's NaN must not reach its row's sum.
+        bounded = torch.clamp(log_ratio.detach().double(), -DEFAULT_LOG_RATIO_CLAMP, DEFAULT_LOG_RATIO_CLAMP)
+        log_w = torch.where(valid, bounded, zero).sum(-1)
         if is_weights is not None:
             log_is = torch.log(is_weights.detach().double()).clamp(_VESPO_LOG_W_MIN, _VESPO_LOG_W_MAX)
-            log_w = log_w + (log_is * m).sum(-1)
+            log_w = log_w + torch.where(valid, log_is, zero).sum(-1)
         log_w = log_w.clamp(_VESPO_LOG_W_MIN, _VESPO_LOG_W_MAX)
         nonneg = advantages.detach() >= 0
         k = torch.where(nonneg, k_pos, k_neg).double()
@@ -915,6 +917,7 @@ def vespo_policy_loss(
     agg_mode: str = "token-mean",
     norm_len: float | None = None,
     is_weights: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """VESPO (Variational sEquence-level Soft Policy Optimization, arXiv 2602.10693; its authors' verl recipe and
     TRL's ``loss_type='vespo'``, which agree): REINFORCE scaled by a detached kernel of the sequence's importance
@@ -928,8 +931,12 @@ def vespo_policy_loss(
     e 4 / 9 = 1.21, at ``w = 2/3``; 0.5 at ``w = 0.22`` and ``1.5``; toward 0 beyond), so staleness and engine
     mismatch cost weight rather than stability. The behaviour weights ``is_weights`` are folded into ``w`` (TRL
     folds its vLLM correction there too) rather than multiplying each token's term, so they must be per-token
-    importance weights (rollout_is 'token'; the config refuses a sequence weight and the entropy mask, whose
-    weights are not importance weights). One advantage per sequence: the kernel's side is chosen by its sign.
+    importance weights (rollout_is 'token'; the config refuses a sequence weight). ``token_weights`` (the entropy
+    mask of top_entropy_quantile, detached) multiply each token's term after the kernel, as TRL multiplies its
+    per-token loss by the mask; the normaliser keeps every token. They reach the sequence's weight only through
+    ``is_weights``, so they stay apart (:func:`takes_token_weights`). Staleness and engine mismatch enter ``w``
+    only through ``is_weights``: with ``off_policy_correction`` off (``preset: grpo``), ``w`` is the current
+    policy against the proximal one alone. One advantage per sequence: the kernel's side is chosen by its sign.
 
     The value is not a surrogate of the return (its scale follows ``logprobs``); only its gradient is meaningful.
     Metrics: the keys of :func:`clipped_policy_loss` (every clip fraction 0; ``approx_kl``, ``ratio_mean`` of the
@@ -962,6 +969,9 @@ def vespo_policy_loss(
     )
     adv = advantages.to(logprobs.dtype).detach()
     per_token = -(phi * adv).unsqueeze(-1) * logprobs
+    if token_weights is not None:
+        _check_same_shape(logprobs=logprobs, token_weights=token_weights)
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
     with torch.no_grad():  # per trained token: micro-batches and ranks then combine it exactly (token-mean)
         phi_mean = _masked_mean(phi.unsqueeze(-1).expand_as(logprobs), mask.to(logprobs.dtype))
     loss, metrics = _weighted_unclipped_loss(
@@ -1041,6 +1051,14 @@ register_loss(
 )(vespo_policy_loss)
 
 
+def takes_token_weights(fn: LossFn) -> bool:
+    """Whether a policy loss takes per-token weights that are not importance weights (the entropy mask of
+    top_entropy_quantile) as ``token_weights``, apart from ``is_weights``: a loss that reads the importance weights
+    as more than a per-token factor (VESPO folds them into each sequence's weight) declares it, and the objective
+    then passes the two separately; the others get their product as ``is_weights``."""
+    return "token_weights" in inspect.signature(fn).parameters
+
+
 def get_loss_fn(name: str) -> LossFn:
     """The policy loss registered as ``name``."""
     return LOSS_FNS.get_fn(name)
@@ -1092,11 +1110,15 @@ def rl_objective(
             is_w = w
         mask = mask.bool() & keep
         diagnostics = {PREFIX + k: v for k, v in diag.items()}
-    token_w, masked = policy_token_weights(is_w, entropy, mask, top_entropy_quantile, logprobs.dtype)
+    fn = get_loss_fn(policy_loss)
+    if takes_token_weights(fn):  # the entropy mask apart from the importance weights (VESPO folds the latter)
+        token_w, masked = policy_token_weights(None, entropy, mask, top_entropy_quantile, logprobs.dtype)
+        weights = {"is_weights": is_w, "token_weights": token_w}
+    else:
+        token_w, masked = policy_token_weights(is_w, entropy, mask, top_entropy_quantile, logprobs.dtype)
+        weights = {"is_weights": token_w}
     diagnostics |= masked
-    pg, metrics = get_loss_fn(policy_loss)(
-        logprobs, old_logprobs, advantages, mask, is_weights=token_w, **dict(loss_params or {})
-    )
+    pg, metrics = fn(logprobs, old_logprobs, advantages, mask, **weights, **dict(loss_params or {}))
     loss = pg
     kl = torch.zeros((), device=logprobs.device)
     if ref_logprobs is not None:

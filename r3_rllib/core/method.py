@@ -24,6 +24,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from r3_rllib.core.objects import load_object
+from r3_rllib.core.schedules import policy_updates
 
 if TYPE_CHECKING:
     import torch
@@ -149,6 +150,11 @@ class Method:
     def phases(self, config: Any) -> tuple[TrainingPhase, ...]:
         """Every phase an update of this method may be in (the default phase included: an update given none)."""
         return (DEFAULT_PHASE,)
+
+    def policy_updates(self, config: Any, iterations: int) -> int:
+        """How many of the run's first ``iterations`` iterations updated the policy: what lr_scheduler_type's
+        warm-up and decay count (core/schedules.py). All of them, but PPO's critic warm-up's."""
+        return policy_updates(iterations, int(getattr(config, "critic_warmup", 0)))
 
     def needs_reference_model(self, config: Any) -> bool:
         """Whether the learner holds a frozen reference model: when a KL term of some phase compares with it, or

@@ -52,7 +52,15 @@ from r3_rllib.core.method import (
 )
 from r3_rllib.core.metric_groups import log_group
 from r3_rllib.r2po.rarity import skip_flat_group
-from r3_rllib.r2po.stages import BASE_STAGE, FIRST_STAGES, HEAD_STAGE, STAGES, Stage, active_stage
+from r3_rllib.r2po.stages import (
+    BASE_STAGE,
+    FIRST_STAGES,
+    HEAD_STAGE,
+    STAGES,
+    Stage,
+    active_stage,
+    base_iterations,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -337,6 +345,16 @@ class R2POMethod(Method):
 
     def phase(self, config: Any, iteration: int) -> TrainingPhase:
         return R2POPhase(iteration_stage(config, iteration))
+
+    def policy_updates(self, config: Any, iterations: int) -> int:
+        """The base's updates (stage B's iterations): the lr shape warms up and decays the base policy's rate, and a
+        head without a rollout_head_lr of its own follows it."""
+        return base_iterations(
+            iterations,
+            head_iters=config.rollout_head_head_iters,
+            base_iters=config.rollout_head_base_iters,
+            first=FIRST_STAGES[config.rollout_head_first_stage],
+        )
 
     def phases(self, config: Any) -> tuple[TrainingPhase, ...]:
         return (DEFAULT_PHASE, R2POPhase(HEAD_STAGE), R2POPhase(BASE_STAGE))

@@ -81,3 +81,14 @@ def stage_position(
 def active_stage(iteration: int, *, head_iters: int, base_iters: int, first: Stage = HEAD_STAGE) -> Stage:
     """``"A"`` (train the head) or ``"B"`` (train the base) at 0-based ``iteration``; see :func:`stage_position`."""
     return stage_position(iteration, head_iters=head_iters, base_iters=base_iters, first=first).stage
+
+
+def base_iterations(iterations: int, *, head_iters: int, base_iters: int, first: Stage = HEAD_STAGE) -> int:
+    """How many of the first ``iterations`` iterations run stage B (train the base): ``base_iters`` per whole cycle,
+    and the stage-B part of the cycle under way."""
+    iterations = _check_count("iterations", iterations)
+    cycle, pos = divmod(
+        iterations, _check_count("head_iters", head_iters) + _check_count("base_iters", base_iters)
+    )
+    before_base = head_iters if Stage(first) == HEAD_STAGE else 0
+    return cycle * base_iters + min(max(0, pos - before_base), base_iters)

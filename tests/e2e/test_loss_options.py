@@ -1,14 +1,14 @@
 """The loss options the unit tier tests through the learner's update, here in Ray runs: policy_loss 'clip_cov',
-'sapo', 'kl_cov', 'gpg' and 'vespo' (a step off-policy, without the entropy mask it refuses), with top_entropy_quantile, mask_truncated_completions and the KL term's 'abs'
-estimator in every case, and loss_agg_mode 'seq-mean-token-sum', advantage_estimator 'grpo_batch_std',
-sync_ref_model and use_kl_in_reward in the first, advantage_estimator 'remax' (a greedy response per prompt as
-baseline, its mean reward logged) in the kl_cov one. The first case trains on two FSDP learners (gloo): each rank
-builds the loss from the config it was shipped, takes the entropy quantile of its own micro-batches and gathers the
-shards its copy of the reference moves toward, and the ranks report the same metric keys (the update's metrics are
-reduced over them); the others, whose losses differ from it only in the learner's code, train on the driver's
-learner: no learner actor to start, most of a case's cost. Each case trains two iterations with one runner: its
-metrics are present and finite, its own ones nonzero, truncated responses were masked, the policy term had a signal
-and the policy moved."""
+'sapo', 'kl_cov', 'gpg' and 'vespo' (a step off-policy), with top_entropy_quantile, mask_truncated_completions and
+the KL term's 'abs' estimator in every case, and loss_agg_mode 'seq-mean-token-sum', advantage_estimator
+'grpo_batch_std', sync_ref_model and use_kl_in_reward in the first, advantage_estimator 'remax' (a greedy response
+per prompt as baseline, its mean reward logged) in the kl_cov one. The first case trains on two FSDP learners (gloo):
+each rank builds the loss from the config it was shipped, takes the entropy quantile of its own micro-batches and
+gathers the shards its copy of the reference moves toward, and the ranks report the same metric keys (the update's
+metrics are reduced over them); the others, whose losses differ from it only in the learner's code, train on the
+driver's learner: no learner actor to start, most of a case's cost. Each case trains two iterations with one runner:
+its metrics are present and finite, its own ones nonzero, truncated responses were masked, the policy term had a
+signal and the policy moved."""
 
 from __future__ import annotations
 
@@ -53,13 +53,13 @@ CASES = {
         ("kl_cov_frac",),
     ),
     "gpg": (0, dict(policy_loss="gpg"), ()),
-    # VESPO folds the rollout weights into each response's weight, so no entropy mask (refused with it). A step
-    # off-policy (overlap) and two minibatches: the kernel sees weights away from 1 and scales the steps by them.
+    # VESPO folds the rollout weights into each response's weight and multiplies each token's term by the entropy
+    # mask. A step off-policy (overlap) and two minibatches: the kernel sees weights away from 1 and scales the
+    # steps by them.
     "vespo": (
         0,
         dict(
             policy_loss="vespo",
-            top_entropy_quantile=1.0,
             off_policy_correction=True,
             overlap_generation=True,
             num_minibatches=2,
@@ -105,9 +105,10 @@ def test_loss_options_train_end_to_end(ray_session, case):
     if masks_entropy:  # a third of the trained tokens, or a token more (torch.quantile interpolates)
         assert all(0.3 <= m["entropy_mask_frac"] < 0.5 for m in values), values
     if options.get("policy_loss") == "vespo":
-        # Off-policy rows at lr 1e-3: the kernel moved well off phi(1) = 1 (0.50 and 0.24 at seed 0), within (0, its
-        # peak e^3 (2/3)^2).
-        assert all(0.0 < m["vespo_phi_mean"] < math.exp(3.0) * 4.0 / 9.0 for m in values), values
+        # Off-policy rows at lr 1e-3: the kernel moved well off phi(1) = 1, within (0, its peak): e 4 / 9 at
+        # w = 2/3 for A >= 0, e^2 1.5^3 e^-3 = 3.375 / e at w = 1.5 below.
+        peak = max(4.0 * math.e / 9.0, 3.375 / math.e)
+        assert all(0.0 < m["vespo_phi_mean"] <= peak for m in values), values
         assert any(abs(m["vespo_phi_mean"] - 1.0) > 0.05 for m in values), values
     assert all(any(m[k] > 0 for m in values) for k in own), values
     masked = [r["r3"]["truncated_masked"] for r in results]

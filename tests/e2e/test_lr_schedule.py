@@ -48,9 +48,10 @@ def test_the_lr_warms_up_decays_and_resumes(ray_session, tmp_path):
     assert after_first == before and moved != before  # the warm-up's first update ran at lr 0
     restored = R3.from_checkpoint(checkpoint)
     try:
-        lrs += [restored.train()["learner"]["lr"] for _ in range(2)]
+        lrs += [restored.train()["learner"]["lr"] for _ in range(3)]
     finally:
         restored.stop()
-    # Updates 0-1: the warm-up (0, 1/2); 2: the top; 3: halfway down the cosine; 4: its end, held there.
+    # Updates 0-1: the warm-up (0, 1/2); 2: the top; 3: halfway down the cosine; 4: its end (lr_total_steps); 5:
+    # past it, held at the end (verl's cosine would climb again).
     middle = MIN + (1 - MIN) * (1 + math.cos(math.pi / 2)) / 2
-    assert lrs == pytest.approx([0.0, LR / 2, LR, LR * middle, LR * MIN], rel=1e-12, abs=1e-18)
+    assert lrs == pytest.approx([0.0, LR / 2, LR, LR * middle, LR * MIN, LR * MIN], rel=1e-12, abs=1e-18)

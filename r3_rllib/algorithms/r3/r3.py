@@ -58,7 +58,7 @@ from r3_rllib.core.iteration import IterationSettings
 from r3_rllib.core.method import TrainingPhase, method_for
 from r3_rllib.core.metric_groups import log_group
 from r3_rllib.core.reward_shaping import without_truncated
-from r3_rllib.core.schedules import policy_updates, scheduled_value, shaped_lr
+from r3_rllib.core.schedules import scheduled_value, shaped_lr
 from r3_rllib.core.stream_digest import stream_digest, stream_keys
 from r3_rllib.types import TrainingBatch
 from r3_rllib.types.samples import Group, Sample
@@ -300,13 +300,12 @@ class R3(R3Console, R3Checkpoints, Algorithm):
         seed = int(self._rng.integers(2**31))
         # `lr` as a schedule (RLlib's form) reads num_env_steps_sampled_lifetime: the samples of the batches
         # before this one (restored with the metrics from a checkpoint); lr_scheduler_type's warm-up and decay read
-        # the policy's updates before this one (verl's training steps, restored with the iteration; its actor's
-        # scheduler starts with the actor, after critic_warmup).
+        # the policy's updates in the iterations before this one (verl's training steps, but PPO's critic warm-up
+        # and R^2PO's head stage: the method's count, a function of the restored iteration).
         cfg = self.config
         samples = self.metrics.peek("num_env_steps_sampled_lifetime", default=0.0)
-        lr = shaped_lr(
-            scheduled_value(cfg.lr, samples), policy_updates(self.iteration, cfg.critic_warmup), cfg
-        )
+        updates = self.training_method.policy_updates(cfg, self.iteration)
+        lr = shaped_lr(scheduled_value(cfg.lr, samples), updates, cfg)
         results = None
         try:
             # A learner's failure is seen at once, not after the collective the others wait in times out.

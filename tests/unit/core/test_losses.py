@@ -910,7 +910,7 @@ def test_vespo_on_policy_is_the_policy_gradient_and_folds_the_behaviour_weights(
 
 def test_vespo_refusals():
     """One advantage per sequence (the kernel's side is its sign); positive finite shapes and rates; the config
-    needs token-level behaviour weights and no entropy mask, and one advantage per response (no critic)."""
+    needs token-level behaviour weights and one advantage per response (no critic)."""
     from r3_rllib import R3Config
 
     logp, old, mask, adv = _vespo_rows()
@@ -920,10 +920,55 @@ def test_vespo_refusals():
         get_loss_fn("vespo")(logp, old, adv, mask, lambda_neg=0.0)
     with pytest.raises(ValueError, match="needs rollout_is 'token'"):
         R3Config().training(policy_loss="vespo", rollout_is="sequence").validate()
-    with pytest.raises(ValueError, match="top_entropy_quantile=0.2 would put the entropy mask's zeros"):
-        R3Config().training(policy_loss="vespo", top_entropy_quantile=0.2).validate()
     with pytest.raises(ValueError, match="vespo_k_pos"):
         R3Config().training(vespo_k_pos=1.5).validate()
     with pytest.raises(ValueError, match="'vespo'"):
         R3Config.ppo_preset().training(policy_loss="vespo").validate()
     R3Config().training(policy_loss="vespo", vespo_k_pos=1.5, rollout_rs="icepop").validate()
+    R3Config().training(policy_loss="vespo", top_entropy_quantile=0.2).validate()  # TRL takes both too
+
+
+def test_vespo_folds_the_importance_weights_and_multiplies_by_the_entropy_mask():
+    """Through the objective, with a token importance weight and top_entropy_quantile 0.5 together: the weights
+    enter each response's w (row 0: 0.5 on its first token, w = 0.5, phi = exp(3 + 2 log 0.5 - 1.5) = e^1.5 / 4;
+    row 1: w = 1, phi = 1), the entropy mask multiplies each token's term (entropies 3, 1 | 2, 0.5: the median
+    1.5 keeps tokens (0, 0) and (1, 0)) and the normaliser keeps all 4 tokens: (phi_0 x 1 - 0.25) / 4. Had the
+    mask's zero entered w as a weight, row 0 would be silenced (phi ~ 1e-16)."""
+    from r3_rllib.core.losses import rl_objective
+    from r3_rllib.core.mismatch import RolloutCorrection
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach().clone()
+    behaviour = old.clone()
+    behaviour[0, 0] = old[0, 0] - math.log(0.5)  # pi_old / pi_behaviour = 0.5
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    entropy = torch.tensor([[3.0, 1.0], [2.0, 0.5]], dtype=torch.float64)
+    loss, m = rl_objective(
+        logp,
+        old,
+        behaviour,
+        torch.tensor([1.0, -0.5], dtype=torch.float64),
+        mask,
+        policy_loss="vespo",
+        loss_params={"agg_mode": "token-mean"},
+        correction=RolloutCorrection(is_level="token", is_threshold=2.0),
+        entropy=entropy,
+        top_entropy_quantile=0.5,
+    )
+    phi0 = math.exp(1.5) / 4.0
+    tol = f64_tol(1.0, ulps=16)
+    assert float(loss.detach()) == pytest.approx((phi0 - 0.25) / 4.0, abs=tol)
+    assert float(m["vespo_phi_mean"]) == pytest.approx((2 * phi0 + 2) / 4.0, abs=tol)
+    assert float(m["is_weight_mean"]) == pytest.approx(0.875, abs=tol)
+    assert float(m["entropy_mask_frac"]) == 0.5
+
+
+def test_vespo_weights_ignore_padding_and_zero_a_non_finite_kernel():
+    """A NaN log-ratio at a padding position leaves its row's w alone (row 0: w = 1, phi = 1); one at a trained
+    token makes phi NaN, which counts as 0 (TRL's nan_to_num): that response gives no gradient."""
+    from r3_rllib.core.losses import vespo_sequence_weights
+
+    log_ratio = torch.tensor([[0.0, float("nan")], [float("nan"), 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, False], [True, True]])
+    phi = vespo_sequence_weights(log_ratio, mask, torch.ones(2, dtype=torch.float64))
+    assert phi.tolist() == [1.0, 0.0]

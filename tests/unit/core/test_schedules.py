@@ -105,6 +105,8 @@ def test_the_lr_shape_is_refused_where_it_is_incomplete_or_doubled():
     )
     assert "shapes it again" in error(lr=SCHEDULE, lr_warmup_steps=2)
     assert "min_lr_ratio=0.1 only applies with the learning rate's decay" in error(min_lr_ratio=0.1)
+    assert "lr_total_steps=10 is read by" in error(lr_total_steps=10)
+    assert "both set the warm-up" in error(lr_warmup_steps=2, lr_warmup_steps_ratio=0.1, lr_total_steps=10)
     R3Config().training(lr=SCHEDULE).validate()
     R3Config().training(lr_scheduler_type="cosine", lr_total_steps=10, lr_warmup_steps_ratio=0.1).validate()
 
@@ -123,6 +125,9 @@ def test_r3_train_ends_the_decay_at_the_run_files_stop(tmp_path):
     assert total("lr_scheduler_type: linear, lr_total_steps: 100") == 100
     assert total("lr_warmup_steps_ratio: 0.1") == 40
     assert total("lr_warmup_steps: 3") is None
+    # R^2PO: the base's updates in 40 iterations of 1 head + 3 base iterations.
+    r2po = "lr_scheduler_type: cosine, rollout_head: true, rollout_head_head_iters: 1, rollout_head_base_iters: 3"
+    assert total(r2po) == 30
 
 
 def test_shaped_lr_reads_the_settings_and_counts_the_policys_updates():

@@ -54,3 +54,22 @@ def test_positions_count_up_inside_each_run():
 def test_bad_input_is_refused(iteration, kwargs, match):
     with pytest.raises(ValueError, match=match):
         active_stage(iteration, **kwargs)
+
+
+def test_base_iterations_count_stage_b_for_the_lr_shape():
+    """What lr_scheduler_type counts under R^2PO: the base's updates. Head first, 2 + 2: A A B B A A B B -> the
+    iterations before each have 0 0 0 1 2 2 2 3 base updates; base first, 3 + 2: B B B A A B ...; a stage of
+    length 0 never counts (or counts every iteration)."""
+    from r3_rllib import R3Config
+    from r3_rllib.core.method import method_for
+    from r3_rllib.r2po.stages import BASE_STAGE, base_iterations
+
+    assert [base_iterations(i, head_iters=2, base_iters=2) for i in range(9)] == [0, 0, 0, 1, 2, 2, 2, 3, 4]
+    counts = [base_iterations(i, head_iters=2, base_iters=3, first=BASE_STAGE) for i in range(11)]
+    assert counts == [0, 1, 2, 3, 3, 3, 4, 5, 6, 6, 6]
+    assert [base_iterations(i, head_iters=0, base_iters=2) for i in range(4)] == [0, 1, 2, 3]
+    assert [base_iterations(i, head_iters=2, base_iters=0) for i in range(4)] == [0, 0, 0, 0]
+    config = R3Config().training(rollout_head=True, rollout_head_head_iters=1, rollout_head_base_iters=3)
+    assert [method_for(config).policy_updates(config, i) for i in range(6)] == [0, 0, 1, 2, 3, 3]
+    plain = R3Config()
+    assert [method_for(plain).policy_updates(plain, i) for i in range(3)] == [0, 1, 2]
