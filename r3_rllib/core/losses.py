@@ -904,6 +904,17 @@ def vespo_sequence_weights(
         return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0).to(log_ratio.dtype)
 
 
+def _check_vespo(logprobs: torch.Tensor, advantages: torch.Tensor, **kernel: float) -> None:
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"VESPO needs one advantage per sequence [B]={tuple(logprobs.shape[:1])}, got "
+            f"{tuple(advantages.shape)}"
+        )
+    for name, value in kernel.items():
+        if not 0.0 < value < float("inf"):
+            raise ValueError(f"VESPO's {name} must be finite and > 0, got {value}")
+
+
 def vespo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -943,19 +954,7 @@ def vespo_policy_loss(
     token ratios) and ``vespo_phi_mean``, the mean over valid tokens of their sequence's kernel weight.
     """
     _check_loss_inputs(logprobs, old_logprobs, mask, is_weights, None)
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(
-            f"VESPO needs one advantage per sequence [B]={tuple(logprobs.shape[:1])}, got "
-            f"{tuple(advantages.shape)}"
-        )
-    for name, value in (
-        ("k_pos", k_pos),
-        ("lambda_pos", lambda_pos),
-        ("k_neg", k_neg),
-        ("lambda_neg", lambda_neg),
-    ):
-        if not 0.0 < value < float("inf"):
-            raise ValueError(f"VESPO's {name} must be finite and > 0, got {value}")
+    _check_vespo(logprobs, advantages, k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg, lambda_neg=lambda_neg)
     log_ratio = logprobs.detach() - old_logprobs.detach()
     phi = vespo_sequence_weights(
         log_ratio,
@@ -1059,6 +1058,24 @@ def takes_token_weights(fn: LossFn) -> bool:
     return "token_weights" in inspect.signature(fn).parameters
 
 
+def _loss_weights(
+    fn: LossFn,
+    is_w: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    mask: torch.Tensor,
+    top_entropy_quantile: float,
+    dtype: torch.dtype,
+) -> tuple[dict[str, torch.Tensor | None], dict[str, torch.Tensor]]:
+    """The weight keywords of policy loss ``fn`` (:func:`policy_token_weights`'s product as ``is_weights``, or the
+    importance weights and the entropy mask apart for a loss that :func:`takes_token_weights`) and the mask's
+    metrics."""
+    if takes_token_weights(fn):
+        token_w, masked = policy_token_weights(None, entropy, mask, top_entropy_quantile, dtype)
+        return {"is_weights": is_w, "token_weights": token_w}, masked
+    token_w, masked = policy_token_weights(is_w, entropy, mask, top_entropy_quantile, dtype)
+    return {"is_weights": token_w}, masked
+
+
 def get_loss_fn(name: str) -> LossFn:
     """The policy loss registered as ``name``."""
     return LOSS_FNS.get_fn(name)
@@ -1111,12 +1128,7 @@ def rl_objective(
         mask = mask.bool() & keep
         diagnostics = {PREFIX + k: v for k, v in diag.items()}
     fn = get_loss_fn(policy_loss)
-    if takes_token_weights(fn):  # the entropy mask apart from the importance weights (VESPO folds the latter)
-        token_w, masked = policy_token_weights(None, entropy, mask, top_entropy_quantile, logprobs.dtype)
-        weights = {"is_weights": is_w, "token_weights": token_w}
-    else:
-        token_w, masked = policy_token_weights(is_w, entropy, mask, top_entropy_quantile, logprobs.dtype)
-        weights = {"is_weights": token_w}
+    weights, masked = _loss_weights(fn, is_w, entropy, mask, top_entropy_quantile, logprobs.dtype)
     diagnostics |= masked
     pg, metrics = fn(logprobs, old_logprobs, advantages, mask, **weights, **dict(loss_params or {}))
     loss = pg
