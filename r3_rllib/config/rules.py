@@ -129,6 +129,29 @@ def vespo_weights_are_token_importance_weights(config: Any) -> str | None:
     return None
 
 
+def gdpo_reads_every_objective(config: Any) -> str | None:
+    """GDPO normalises the env's reward and each reward term's score apart: what changes only the composed reward
+    (a gate's override, R^3's ranking reward, the overlong penalty, the KL in the reward) would be ignored, and a
+    replayed sample carries no term scores."""
+    if config.advantage_estimator != "gdpo":
+        return None
+    gates = [t.get("name") for t in config.reward_models or () if isinstance(t, dict) and t.get("gate")]
+    reasons = {
+        f"the gate term {gates[0]!r} overrides only the composed reward" if gates else "": bool(gates),
+        "replay: a replayed sample carries no term scores": bool(config.replay),
+        "ranking replaces only the composed reward": bool(config.ranking),
+        "overlong_shaping changes only the composed reward": bool(config.overlong_shaping),
+        "use_kl_in_reward changes only the composed reward": bool(config.use_kl_in_reward),
+    }
+    on = [reason for reason, is_on in reasons.items() if is_on]
+    if on:
+        return (
+            "advantage_estimator 'gdpo' reads the env's reward and each term's score, not the composed reward "
+            f"(TRL's normalize_then_sum): {on[0]}; turn it off or use 'grpo'"
+        )
+    return None
+
+
 def replay_excludes_dynamic_sampling(config: Any) -> str | None:
     """Dynamic sampling drops exactly the all-equal groups replay acts on: together, replay would never act."""
     if config.replay and config.dynamic_sampling:
@@ -899,6 +922,7 @@ CROSS_FIELD_RULES: tuple[ConfigRule, ...] = (
     ddof_only_for_grpo,
     gspo_needs_sequence_mean,
     vespo_weights_are_token_importance_weights,
+    gdpo_reads_every_objective,
     replay_excludes_dynamic_sampling,
     ranking_survives_dynamic_sampling,
     truncation_mask_keeps_ranking_on_the_driver,

@@ -333,7 +333,10 @@ class R3Settings:
     as baseline), 'gpg' (verl's: the group mean, then the batch's responses over those with a non-zero reward as a
     scale), 'grpo_passk' (verl's Pass@k: only the best response, by its margin over the second, over the sample std plus
     adv_eps), 'remax' (verl's ReMax: the env's reward of one greedy response to the prompt as baseline, decoded
-    alongside the group and not trained on; single-step envs only), 'hgpo' (step advantages for multi-step envs, see
+    alongside the group and not trained on; single-step envs only), 'gdpo' (TRL's multi_objective_aggregation
+    'normalize_then_sum': the env's reward and each reward_models term normalised apart in the group, summed by their
+    weights, whitened over the batch; no gates, replay, ranking or reward shaping), 'hgpo' (step advantages for
+    multi-step envs, see
     hgpo_*), 'gae' (verl's PPO: a critic on the learners, token advantages by GAE, see gae_* and critic_*; a built-in
     policy_loss but 'gspo'; on a multi-step env each step row carries its episode's reward less its own invalid-action
     penalty, as verl-agent's PPO). 'reinforce_pp' was renamed 'reinforce_plus_plus_baseline'."""

@@ -358,6 +358,67 @@ def nonzero_reward_scale(
     return a * (a.size / max(int(np.count_nonzero(r)), 1))
 
 
+#: GDPO's name for the env's own reward among the objectives (the reward terms go by their names).
+GDPO_ENV_OBJECTIVE = "env"
+
+
+def gdpo_objectives(
+    reward_models: Sequence[Mapping] | None, env_reward_weight: float
+) -> list[tuple[str, float]]:
+    """GDPO's objectives and their weights: the env's reward (``env_reward_weight``) and each reward term of the
+    config's ``reward_models`` list (its ``weight``, 1.0 by default). Gate terms are not objectives: the config
+    refuses them with GDPO."""
+    terms = [(str(t["name"]), float(t.get("weight", 1.0))) for t in reward_models or ()]
+    return [(GDPO_ENV_OBJECTIVE, float(env_reward_weight)), *terms]
+
+
+def batch_whiten(advantages: Sequence[float] | np.ndarray) -> np.ndarray:
+    """GDPO's batch step: ``(a - mean) / (std + 1e-4)`` over every response of the batch, the sample std (TRL's
+    ``rewards.std()``); a batch of one keeps ``a - mean`` (0)."""
+    a = np.asarray(advantages, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"need advantages [B], got {a.shape}")
+    centred = a - a.mean() if a.size else a.copy()
+    return centred / (a.std(ddof=1) + BATCH_STD_EPS) if a.size > 1 else centred
+
+
+@register_advantage(
+    "gdpo",
+    config_params={"reward_models": "reward_models", "env_reward_weight": "env_reward_weight"},
+    sample_inputs=("env_rewards", "reward_parts"),
+    batch_fn=batch_whiten,
+)
+def gdpo_advantages(
+    rewards: Sequence[float] | np.ndarray,
+    *,
+    env_rewards: Sequence[float],
+    reward_parts: Sequence[Mapping[str, float] | None],
+    reward_models: Sequence[Mapping] | None = None,
+    env_reward_weight: float = 1.0,
+) -> np.ndarray:
+    """GDPO (group reward-decoupled normalisation; TRL's ``multi_objective_aggregation='normalize_then_sum'``),
+    per-group part: each objective of :func:`gdpo_objectives` normalised on its own within the group,
+    ``(v_k - mean_k) / (std_k + 1e-4)`` (sample std; 0 for a group of one), then their weighted sum; the batch step
+    :func:`batch_whiten` then whitens the sums over the batch. Summing first (GRPO on the composed reward) lets the
+    objective with the widest spread decide every group's ranking; normalising each first gives each its weight's
+    say. ``rewards`` (the composed reward) are not read: the objectives come from each sample's env reward and its
+    reward parts (a term's score, 0 for a failed one)."""
+    n = len(_as_group(rewards))
+    total = np.zeros(n, dtype=np.float64)
+    for name, weight in gdpo_objectives(reward_models, env_reward_weight):
+        if name == GDPO_ENV_OBJECTIVE:
+            values = np.asarray(env_rewards, dtype=np.float64)
+        else:
+            values = np.array(
+                [float((parts or {}).get(name, 0.0)) for parts in reward_parts], dtype=np.float64
+            )
+        if values.shape != (n,):
+            raise ValueError(f"GDPO objective {name!r}: {values.shape[0]} values for a group of {n}")
+        std = values.std(ddof=1) if n > 1 else 0.0
+        total += weight * (values - values.mean()) / (std + BATCH_STD_EPS)
+    return total
+
+
 @register_advantage("gpg", batch_fn=nonzero_reward_scale, batch_sample_inputs=("rewards",))
 def gpg_advantages(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
     """GPG (Group Policy Gradient, Chu et al. 2025, arXiv 2504.02546; verl's ``gpg`` estimator), per-group part:

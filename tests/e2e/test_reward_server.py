@@ -110,3 +110,64 @@ def test_composed_rewards_reach_the_batch_and_a_hanging_term_costs_a_timeout(
     # the gate's score is 0 when it timed out: its reward
     assert all(s.reward == -1.0 and s.reward_parts["slow"] == 0.0 for s in timed_out)
     assert all(r["rollout"]["policy_lag"] <= max_staleness for r in results)
+
+
+def test_gdpo_normalises_the_env_reward_and_each_term_apart(ray_session):
+    """advantage_estimator 'gdpo' (TRL's normalize_then_sum) on the server's composed samples: each trained
+    response's advantage is its group's weighted sum of the env reward and the rule term's score, each normalised
+    within the group on its own, whitened over the iteration's batch, recomputed here from the samples' env reward
+    and reward parts; every group of the batch trains (the whitening moves an all-equal group off zero)."""
+    import math
+
+    import numpy as np
+
+    rule = f"{PLUGINS / 'reward_scorers.py'}:digits_rule"
+    config = (
+        R3Config.grpo_preset()
+        .environment("arithmetic", env_config={"digits": 2, "num_queries": 200})
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=0)
+        .debugging(seed=3)
+        .training(
+            advantage_estimator="gdpo",
+            group_size=4,
+            queries_per_iteration=4,
+            max_new_tokens=4,
+            micro_batch_size=32,
+            reward_models=[{"name": "digits", "type": "rule", "function": rule, "weight": 0.5}],
+            reward_workers=1,
+            reward_num_cpus_per_worker=0.5,
+            reward_timeout_s=GRADING_TIMEOUT_S,
+        )
+    )
+    algo = config.build_algo()
+    batches, update = [], algo._update_learners
+
+    def keep_batch(batch, phase=None):
+        batches.append(list(batch))
+        return update(batch, phase)
+
+    algo._update_learners = keep_batch
+    try:
+        for _ in range(2):
+            algo.train()
+    finally:
+        algo.stop()
+    assert [len(b) for b in batches] == [16, 16]
+    for batch in batches:
+        sums = []
+        for start in range(0, 16, 4):
+            group = batch[start : start + 4]
+            assert len({s.query_id for s in group}) == 1
+            total = np.zeros(4)
+            for weight, values in (
+                (1.0, [s.env_reward for s in group]),
+                (0.5, [s.reward_parts["digits"] for s in group]),
+            ):
+                v = np.asarray(values, dtype=np.float64)
+                total += weight * (v - v.mean()) / (v.std(ddof=1) + 1e-4)
+            sums.extend(total)
+        sums = np.asarray(sums)
+        expected = (sums - sums.mean()) / (sums.std(ddof=1) + 1e-4)
+        assert [s.advantage for s in batch] == pytest.approx(expected.tolist(), rel=1e-9, abs=1e-12)
+        assert not math.isclose(float(np.abs(expected).sum()), 0.0)

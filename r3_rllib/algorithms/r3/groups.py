@@ -391,6 +391,8 @@ SAMPLE_INPUT_FIELDS: dict[str, str] = {
     "step_indices": "step_index",
     "outcomes": "correct",
     "baselines": "baseline_reward",
+    "env_rewards": "env_reward",
+    "reward_parts": "reward_parts",
 }
 
 

@@ -423,3 +423,54 @@ def test_remax_replayed_members_take_their_groups_greedy_baseline():
     assert m["zero_adv_frac"] == 0.0
     with pytest.raises(ValueError, match="no member of the group has a greedy baseline reward"):
         build_training_batch([_group("c", [1.0, 0.0])], settings)
+
+
+def test_gdpo_normalises_each_objective_apart_then_whitens_the_batch():
+    """TRL's normalize_then_sum. Group a: env rewards [1, 0, 0], term 'fmt' (weight 0.5) [1, 1, 0]. Each has sample
+    std sqrt(1/3) = s: env -> [2/3, -1/3, -1/3] / (s + 1e-4), fmt -> [1/3, 1/3, -2/3] / (s + 1e-4); the weighted sum
+    [5/6, -1/6, -2/3] / (s + 1e-4). Group b: env [1, 1, 0] and fmt all 1: fmt's spread is 0 and adds nothing (the
+    decoupling: GRPO on the composed reward would let it shift every score alike). The six sums are whitened over
+    the batch (mean, then the sample std + 1e-4)."""
+    s = math.sqrt(1 / 3) + 1e-4
+
+    def sample(qid, env, fmt):
+        return replace(_sample(qid, env + 0.5 * fmt, env >= 1.0), env_reward=env, reward_parts={"fmt": fmt})
+
+    groups = [
+        Group("a", [sample("a", 1.0, 1.0), sample("a", 0.0, 1.0), sample("a", 0.0, 0.0)]),
+        Group("b", [sample("b", 1.0, 1.0), sample("b", 1.0, 1.0), sample("b", 0.0, 1.0)]),
+    ]
+    terms = [{"name": "fmt", "type": "rule", "function": "math", "weight": 0.5}]
+    settings = IterationSettings(
+        advantage_estimator="gdpo",
+        advantage_params={"reward_models": terms, "env_reward_weight": 1.0},
+        batch_step="gdpo",
+    )
+    batch, _ = build_training_batch(groups, settings)
+    sums = np.array([5 / 6, -1 / 6, -2 / 3, 1 / 3, 1 / 3, -2 / 3]) / s
+    expected = (sums - sums.mean()) / (sums.std(ddof=1) + 1e-4)
+    np.testing.assert_allclose([x.advantage for x in batch], expected, rtol=1e-12)
+    # Through the config: the terms and the env's weight reach the estimator, the batch step is registered.
+    from r3_rllib import R3Config
+    from r3_rllib.algorithms.r3.iteration_settings import iteration_settings
+
+    cfg = R3Config().training(advantage_estimator="gdpo", reward_models=terms)
+    made = iteration_settings(cfg, dataset_epoch=0, policy_version=0)
+    assert made.batch_step == "gdpo" and made.advantage_params["reward_models"] == terms
+
+
+def test_gdpo_is_refused_with_what_changes_only_the_composed_reward():
+    from r3_rllib import R3Config
+
+    def error(config) -> str:
+        with pytest.raises(ValueError) as info:
+            config.validate()
+        return str(info.value)
+
+    gate = [{"name": "fmt", "type": "rule", "function": "math", "gate": True}]
+    gdpo = dict(advantage_estimator="gdpo")
+    assert "the gate term 'fmt' overrides only" in error(R3Config().training(reward_models=gate, **gdpo))
+    assert "a replayed sample carries no term scores" in error(R3Config.r3_preset().training(**gdpo))
+    assert "overlong_shaping changes only" in error(R3Config.dapo_preset().training(**gdpo))
+    assert "use_kl_in_reward changes only" in error(R3Config().training(use_kl_in_reward=True, **gdpo))
+    R3Config.dapo_preset().training(overlong_shaping=False, **gdpo).validate()  # dynamic sampling is fine
