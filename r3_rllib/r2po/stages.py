@@ -87,8 +87,9 @@ def base_iterations(iterations: int, *, head_iters: int, base_iters: int, first:
     """How many of the first ``iterations`` iterations run stage B (train the base): ``base_iters`` per whole cycle,
     and the stage-B part of the cycle under way."""
     iterations = _check_count("iterations", iterations)
-    cycle, pos = divmod(
-        iterations, _check_count("head_iters", head_iters) + _check_count("base_iters", base_iters)
-    )
+    cycle_len = _check_count("head_iters", head_iters) + _check_count("base_iters", base_iters)
+    if cycle_len == 0:
+        raise ValueError("head_iters and base_iters cannot both be 0 (no stage would ever run)")
+    cycle, pos = divmod(iterations, cycle_len)
     before_base = head_iters if Stage(first) == HEAD_STAGE else 0
     return cycle * base_iters + min(max(0, pos - before_base), base_iters)
