@@ -58,6 +58,18 @@ def _config(flag: Path, max_staleness: int) -> R3Config:
     )
 
 
+def _keep_trained_batches(algo) -> list[list]:
+    """The list every batch ``algo`` trains on is appended to (its learners' update, wrapped)."""
+    batches, update = [], algo._update_learners
+
+    def keep_batch(batch, phase=None):
+        batches.append(list(batch))
+        return update(batch, phase)
+
+    algo._update_learners = keep_batch
+    return batches
+
+
 def _expected(sample) -> float:
     parts = sample.reward_parts
     if parts["format"] < 0.5:
@@ -71,13 +83,7 @@ def test_composed_rewards_reach_the_batch_and_a_hanging_term_costs_a_timeout(
 ):
     flag = tmp_path / "hang"
     algo = _config(flag, max_staleness).build_algo()
-    batches, update = [], algo._update_learners
-
-    def keep_batch(batch, phase=None):
-        batches.append(list(batch))
-        return update(batch, phase)
-
-    algo._update_learners = keep_batch
+    batches = _keep_trained_batches(algo)
     try:
         (server,) = algo.coordinator.stages
         assert server.timeout_s == TIMEOUT_S  # reward_timeout_s reached the server
@@ -141,13 +147,7 @@ def test_gdpo_normalises_the_env_reward_and_each_term_apart(ray_session):
         )
     )
     algo = config.build_algo()
-    batches, update = [], algo._update_learners
-
-    def keep_batch(batch, phase=None):
-        batches.append(list(batch))
-        return update(batch, phase)
-
-    algo._update_learners = keep_batch
+    batches = _keep_trained_batches(algo)
     try:
         for _ in range(2):
             algo.train()
