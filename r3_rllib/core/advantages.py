@@ -374,12 +374,8 @@ def gdpo_objectives(
 
 def batch_whiten(advantages: Sequence[float] | np.ndarray) -> np.ndarray:
     """GDPO's batch step: ``(a - mean) / (std + 1e-4)`` over every response of the batch, the sample std (TRL's
-    ``rewards.std()``); a batch of one keeps ``a - mean`` (0)."""
-    a = np.asarray(advantages, dtype=np.float64)
-    if a.ndim != 1:
-        raise ValueError(f"need advantages [B], got {a.shape}")
-    centred = a - a.mean() if a.size else a.copy()
-    return centred / (a.std(ddof=1) + BATCH_STD_EPS) if a.size > 1 else centred
+    ``rewards.std()``): :func:`grpo_advantages`' normalisation with the batch as the group (a batch of one: 0)."""
+    return grpo_advantages(advantages, eps=BATCH_STD_EPS, ddof=1)
 
 
 @register_advantage(
@@ -414,8 +410,7 @@ def gdpo_advantages(
             )
         if values.shape != (n,):
             raise ValueError(f"GDPO objective {name!r}: {values.shape[0]} values for a group of {n}")
-        std = values.std(ddof=1) if n > 1 else 0.0
-        total += weight * (values - values.mean()) / (std + BATCH_STD_EPS)
+        total += weight * grpo_advantages(values, eps=BATCH_STD_EPS, ddof=1)  # the objective's own GRPO
     return total
 
 

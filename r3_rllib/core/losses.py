@@ -33,6 +33,7 @@ follow verl, where both are always applied (``clip_ratio_c = 3.0``; the log-rati
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -884,8 +885,8 @@ def vespo_sequence_weights(
     ``w`` the sequence's whole importance weight, not length-normalised: ``log w`` is the sum over its valid tokens
     of ``log_ratio`` (each clamped to +-20) plus, when given, of ``log is_weights`` (the behaviour-to-proximal
     token weights, each clamped to ``[log 1e-8, 20]``, so a zero weight all but silences its sequence), the sum
-    clamped to ``[log 1e-8, 20]``; padding counts nothing, even a NaN there. ``(k, lambda)`` are ``(k_pos, lambda_pos)`` for ``A >= 0`` and ``(k_neg,
-    lambda_neg)`` below. The kernel peaks at ``w = k / lambda`` and falls to 0 at both ends, so a sequence the
+    clamped to ``[log 1e-8, 20]``; padding counts nothing, even a NaN there. ``(k, lambda)`` are ``(k_pos,
+    lambda_pos)`` for ``A >= 0`` and ``(k_neg, lambda_neg)`` below. The kernel peaks at ``w = k / lambda`` and falls to 0 at both ends, so a sequence the
     policy has moved far from (either way) gets little weight. A non-finite ``phi`` is 0 (TRL's ``nan_to_num``)."""
     with torch.no_grad():
         valid = mask.bool()
@@ -1050,6 +1051,7 @@ register_loss(
 )(vespo_policy_loss)
 
 
+@functools.cache  # asked per micro-batch; a loss's signature does not change
 def takes_token_weights(fn: LossFn) -> bool:
     """Whether a policy loss takes per-token weights that are not importance weights (the entropy mask of
     top_entropy_quantile) as ``token_weights``, apart from ``is_weights``: a loss that reads the importance weights

@@ -119,10 +119,11 @@ def test_composed_rewards_reach_the_batch_and_a_hanging_term_costs_a_timeout(
 
 
 def test_gdpo_normalises_the_env_reward_and_each_term_apart(ray_session):
-    """advantage_estimator 'gdpo' (TRL's normalize_then_sum) on the server's composed samples: each trained
-    response's advantage is its group's weighted sum of the env reward and the rule term's score, each normalised
-    within the group on its own, whitened over the iteration's batch, recomputed here from the samples' env reward
-    and reward parts; every group of the batch trains (the whitening moves an all-equal group off zero)."""
+    """advantage_estimator 'gdpo' (TRL's normalize_then_sum) on the server's composed samples of two runners: each
+    trained response's advantage is its group's weighted sum of the env reward and the rule term's score, each
+    normalised within the group on its own, whitened over the iteration's batch, recomputed here from the samples'
+    env reward and reward parts; every group of a batch with some spread trains (the whitening moves an all-equal
+    group off zero), and a batch without any trains nothing."""
     import math
 
     import numpy as np
@@ -131,7 +132,7 @@ def test_gdpo_normalises_the_env_reward_and_each_term_apart(ray_session):
     config = (
         R3Config.grpo_preset()
         .environment("arithmetic", env_config={"digits": 2, "num_queries": 200})
-        .env_runners(num_env_runners=1)
+        .env_runners(num_env_runners=2, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .debugging(seed=3)
         .training(
@@ -149,11 +150,13 @@ def test_gdpo_normalises_the_env_reward_and_each_term_apart(ray_session):
     algo = config.build_algo()
     batches = _keep_trained_batches(algo)
     try:
-        for _ in range(2):
-            algo.train()
+        trained = [algo.train()["r3"]["train_samples"] for _ in range(4)]
     finally:
         algo.stop()
-    assert [len(b) for b in batches] == [16, 16]
+    # A batch trains whole or not at all: every group of it (16 samples), or none when no group had any spread
+    # (every sum 0, so every whitened advantage 0, as in TRL).
+    assert set(trained) <= {0.0, 16.0} and trained.count(16.0) == len(batches) >= 1, trained
+    assert all(len(b) == 16 for b in batches)
     for batch in batches:
         sums = []
         for start in range(0, 16, 4):
